@@ -1,0 +1,18 @@
+"""Shared test setup.
+
+Triton kernels only run on a machine without a GPU under the interpreter, and the switch must be
+set before any kernel is defined, so it is set here, before any test module imports `kernels`.
+"""
+import os
+
+try:
+    import torch
+
+    _HAS_CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover - torch is a hard requirement
+    _HAS_CUDA = False
+
+if not _HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
