@@ -1,0 +1,425 @@
+"""The one table of sampling defaults and limits, and request validation.
+
+`sampling_defaults` and `validate_request` are the only readers of `FAMILY_TABLE`; the UI's
+control updates, `/models`, the engine and the tests all go through them. Values come from
+cosmos3.md section 6 (with the project's choices marked there).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .action import (
+    ACTION_DOMAINS,
+    ACTION_KINDS,
+    CHUNK_RANGE,
+    MODEL_ACTION_WIDTH,
+    RESOLUTION_TIERS,
+    SUPPORTED_DOMAINS,
+    VIEW_POINTS,
+)
+from .variants import REQUEST_MODES, VariantInfo
+
+DEFAULT_FPS = 24.0
+SEED_MAX = 2**63 - 1
+STEPS_MAX = 200
+GUIDANCE_MAX = 30.0
+FLOW_SHIFT_MAX = 50.0
+FPS_MAX = 120.0
+PROMPT_MAX_CHARS = 50_000
+DEFAULT_ACTION_TIER = 480
+DEFAULT_ACTION_CHUNK = 16
+VIDEO_MODES = ("t2v", "i2v", "v2v")
+
+Size = tuple[int, int]  # (width, height)
+
+
+@dataclass(frozen=True)
+class ModeDefaults:
+    width: int
+    height: int
+    num_frames: int
+    steps: int
+    guidance_scale: float
+    guidance_interval: tuple[float, float] | None
+    flow_shift: float
+
+
+@dataclass(frozen=True)
+class FamilyLimits:
+    image_sizes: tuple[Size, ...]
+    video_sizes: tuple[Size, ...]
+    frame_range: tuple[int, int]
+    image: ModeDefaults
+    video: ModeDefaults
+    action: ModeDefaults
+
+
+_NANO_SUPER_SIZES: tuple[Size, ...] = ((1280, 720), (720, 1280), (832, 480), (480, 832), (1024, 1024), (640, 640))
+# Edge was trained at 256p/480p only; larger grids push M-RoPE past its trained range.
+_EDGE_SIZES: tuple[Size, ...] = (
+    (832, 480), (480, 832), (640, 480), (480, 640), (480, 480), (640, 640), (448, 256), (256, 448), (256, 256),
+)
+_ACTION_DEFAULTS = ModeDefaults(832, 480, DEFAULT_ACTION_CHUNK + 1, 30, 1.0, None, 10.0)
+# T2I guidance only where it helps: timesteps in [400, 1000] (project choice, cosmos3.md section 6).
+_T2I_INTERVAL = (400.0, 1000.0)
+
+_NANO_SUPER = FamilyLimits(
+    image_sizes=_NANO_SUPER_SIZES,
+    video_sizes=_NANO_SUPER_SIZES,
+    frame_range=(17, 189),
+    image=ModeDefaults(1024, 1024, 1, 50, 4.0, _T2I_INTERVAL, 3.0),
+    video=ModeDefaults(1280, 720, 121, 35, 6.0, None, 10.0),
+    action=_ACTION_DEFAULTS,
+)
+
+FAMILY_TABLE: dict[str, FamilyLimits] = {
+    "nano": _NANO_SUPER,
+    "super": _NANO_SUPER,
+    # An unknown architecture gets the widest validated table rather than a guess of its own.
+    "custom": _NANO_SUPER,
+    "edge": FamilyLimits(
+        image_sizes=_EDGE_SIZES,
+        video_sizes=_EDGE_SIZES,
+        frame_range=(49, 149),
+        image=ModeDefaults(640, 640, 1, 50, 7.0, _T2I_INTERVAL, 3.0),
+        video=ModeDefaults(832, 480, 121, 50, 5.0, None, 3.0),
+        action=_ACTION_DEFAULTS,
+    ),
+}
+
+
+def _limits(info: VariantInfo) -> FamilyLimits:
+    table = FAMILY_TABLE[info.family]
+    if info.tiny is None:
+        return table
+    tiny = info.tiny
+    image_w, image_h = tiny.image_sizes[0]
+    video_w, video_h = tiny.video_sizes[0]
+    return FamilyLimits(
+        image_sizes=tiny.image_sizes,
+        video_sizes=tiny.video_sizes,
+        frame_range=tiny.frame_range,
+        image=ModeDefaults(image_w, image_h, 1, table.image.steps, table.image.guidance_scale,
+                           table.image.guidance_interval, table.image.flow_shift),
+        video=ModeDefaults(video_w, video_h, tiny.default_frames, table.video.steps, table.video.guidance_scale,
+                           table.video.guidance_interval, table.video.flow_shift),
+        action=table.action,
+    )
+
+
+def _mode_key(mode: str) -> str:
+    if mode == "t2i":
+        return "image"
+    if mode in VIDEO_MODES or mode == "sound":
+        return "video"
+    if mode == "action":
+        return "action"
+    raise ValueError(f"Unknown mode {mode!r}; allowed: {list(REQUEST_MODES)}.")
+
+
+def sampling_defaults(info: VariantInfo, mode: str) -> dict[str, Any]:
+    """Defaults and limits for `mode` on this checkpoint, as one JSON-ready dict."""
+    limits = _limits(info)
+    key = _mode_key(mode)
+    defaults: ModeDefaults = getattr(limits, key)
+    if key == "image":
+        sizes = limits.image_sizes
+        frame_range = (1, 1)
+    elif key == "video":
+        sizes = limits.video_sizes
+        frame_range = limits.frame_range
+    else:
+        sizes = tuple((w, h) for (h, w) in RESOLUTION_TIERS[DEFAULT_ACTION_TIER].values())
+        frame_range = (CHUNK_RANGE[0] + 1, CHUNK_RANGE[1] + 1)
+    steps, guidance, interval, shift = defaults.steps, defaults.guidance_scale, defaults.guidance_interval, defaults.flow_shift
+    if info.is_distilled:
+        # Few-step checkpoints: the sigmas are the schedule, guidance is baked into the weights.
+        steps, guidance, interval, shift = len(info.distilled_sigmas), 1.0, None, 1.0
+    return {
+        "width": defaults.width,
+        "height": defaults.height,
+        "num_frames": defaults.num_frames,
+        "fps": DEFAULT_FPS,
+        "steps": steps,
+        "guidance_scale": guidance,
+        "guidance_interval": list(interval) if interval else None,
+        "flow_shift": shift,
+        "resolutions": [[w, h] for (w, h) in sizes],
+        "frame_range": list(frame_range),
+        "steps_locked": info.is_distilled,
+        "guidance_locked": info.is_distilled,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------
+
+REQUEST_KEYS = (
+    "mode", "prompt", "negative_prompt", "width", "height", "num_frames", "fps", "steps", "guidance_scale",
+    "guidance_interval", "flow_shift", "seed", "image", "video", "sound", "action",
+)
+ACTION_KEYS = ("kind", "domain", "chunk_size", "resolution_tier", "view_point", "actions")
+
+
+def _int(params: dict, key: str, lo: int, hi: int) -> int:
+    value = params[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key} must be an integer in [{lo}, {hi}], got {value!r}.")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ValueError(f"{key} must be an integer in [{lo}, {hi}], got {value!r}.")
+        value = int(value)
+    if not lo <= value <= hi:
+        raise ValueError(f"{key} must be in [{lo}, {hi}], got {value}.")
+    return value
+
+
+def _float(params: dict, key: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    value = params[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key} must be a number, got {value!r}.")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{key} must be a finite number, got {value!r}.")
+    if value < lo or value > hi or (lo_open and value == lo):
+        bracket = "(" if lo_open else "["
+        raise ValueError(f"{key} must be in {bracket}{lo:g}, {hi:g}], got {value:g}.")
+    return value
+
+
+def _size_list(sizes) -> str:
+    return ", ".join(f"{w}x{h}" for w, h in sizes)
+
+
+def _validate_canvas(params: dict, defaults: dict) -> None:
+    width = _int(params, "width", 16, 4096)
+    height = _int(params, "height", 16, 4096)
+    allowed = [tuple(s) for s in defaults["resolutions"]]
+    if (width, height) in allowed:
+        return
+    if width % 16 or height % 16:
+        raise ValueError(
+            f"Size {width}x{height} is not a multiple of 16 (the VAE's spatial factor). "
+            f"Allowed sizes (WxH): {_size_list(allowed)}."
+        )
+    raise ValueError(f"Size {width}x{height} is not allowed for this model. Allowed sizes (WxH): {_size_list(allowed)}.")
+
+
+def _validate_frames(params: dict, mode: str, defaults: dict) -> None:
+    lo, hi = defaults["frame_range"]
+    value = params["num_frames"]
+    if mode == "t2i":
+        if value != 1 or isinstance(value, bool):
+            raise ValueError(f"num_frames must be 1 for text-to-image, got {value!r}.")
+        params["num_frames"] = 1
+        return
+    frames = _int(params, "num_frames", 1, 100_000)
+    if (frames - 1) % 4:
+        below = max(lo, frames - (frames - 1) % 4)
+        raise ValueError(
+            f"num_frames must be 4k+1 (the VAE compresses time 4x), got {frames}; "
+            f"allowed: {lo}..{hi} in steps of 4, e.g. {below} or {min(hi, below + 4)}."
+        )
+    if not lo <= frames <= hi:
+        raise ValueError(f"num_frames must be in {lo}..{hi} (4k+1) for this model, got {frames}.")
+    params["num_frames"] = frames
+
+
+def _validate_interval(value) -> list[float] | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) != 2
+        or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in value)
+    ):
+        raise ValueError(f"guidance_interval must be null or [lo, hi] with 0 <= lo < hi <= 1000, got {value!r}.")
+    lo, hi = float(value[0]), float(value[1])
+    if not 0.0 <= lo < hi <= 1000.0:
+        raise ValueError(f"guidance_interval must satisfy 0 <= lo < hi <= 1000, got [{lo:g}, {hi:g}].")
+    return [lo, hi]
+
+
+def _validate_action(info: VariantInfo, action, params: dict) -> dict:
+    if not isinstance(action, dict):
+        raise ValueError(f"action must be an object with keys {list(ACTION_KEYS)}, got {type(action).__name__}.")
+    unknown = sorted(set(action) - set(ACTION_KEYS))
+    if unknown:
+        raise ValueError(f"Unknown action keys {unknown}; allowed: {list(ACTION_KEYS)}.")
+    kind = action.get("kind")
+    if kind not in ACTION_KINDS:
+        raise ValueError(f"action.kind must be one of {list(ACTION_KINDS)}, got {kind!r}.")
+    domain_name = action.get("domain")
+    if domain_name not in ACTION_DOMAINS:
+        raise ValueError(f"Unknown action domain {domain_name!r}; allowed: {list(SUPPORTED_DOMAINS)}.")
+    domain = ACTION_DOMAINS[domain_name]
+    if not domain.supported:
+        raise ValueError(
+            f"Action domain {domain_name!r} has no fixed action width ({domain.note}), so it cannot be used for "
+            f"inference; allowed: {list(SUPPORTED_DOMAINS)}."
+        )
+    model_width = info.action_dim or MODEL_ACTION_WIDTH
+    if domain.raw_dim > model_width:
+        raise ValueError(f"Domain {domain_name!r} needs {domain.raw_dim} action channels; this model has {model_width}.")
+    out = {"kind": kind, "domain": domain_name}
+    chunk = action.get("chunk_size", domain.typical_chunk)
+    out["chunk_size"] = _int({"action.chunk_size": chunk}, "action.chunk_size", *CHUNK_RANGE)
+    if out["chunk_size"] % 4:
+        raise ValueError(
+            f"action.chunk_size must be a multiple of 4 (the video has chunk_size + 1 = 4k+1 frames), "
+            f"got {out['chunk_size']}."
+        )
+    tier = action.get("resolution_tier", DEFAULT_ACTION_TIER)
+    if isinstance(tier, bool) or tier not in RESOLUTION_TIERS:
+        raise ValueError(f"action.resolution_tier must be one of {sorted(RESOLUTION_TIERS)}, got {tier!r}.")
+    out["resolution_tier"] = int(tier)
+    view = action.get("view_point", "ego_view")
+    if view not in VIEW_POINTS:
+        raise ValueError(f"action.view_point must be one of {list(VIEW_POINTS)}, got {view!r}.")
+    out["view_point"] = view
+    actions = action.get("actions")
+    if kind == "forward_dynamics":
+        out["actions"] = validate_action_array(actions, domain_name, model_width)
+    elif actions is not None:
+        raise ValueError(f"action.actions is only used by forward_dynamics; {kind} predicts or infers the actions.")
+    else:
+        out["actions"] = None
+    if kind == "inverse_dynamics":
+        if params.get("video") is None:
+            raise ValueError("inverse_dynamics needs a conditioning video (request key 'video').")
+        if params.get("image") is not None:
+            raise ValueError("inverse_dynamics takes a video, not an image; remove 'image'.")
+    elif params.get("image") is None and params.get("video") is None:
+        raise ValueError(f"{kind} needs a first frame: give 'image' (or a 'video', whose first frame is used).")
+    elif params.get("image") is not None and params.get("video") is not None:
+        raise ValueError(f"{kind} takes either 'image' or 'video', not both.")
+    return out
+
+
+def validate_action_array(actions, domain_name: str, model_width: int = MODEL_ACTION_WIDTH) -> list[list[float]]:
+    """Check a forward-dynamics action array `[T, D]` against the domain's raw width."""
+    width = ACTION_DOMAINS[domain_name].raw_dim
+    if not isinstance(actions, (list, tuple)) or not actions:
+        raise ValueError(f"forward_dynamics needs action.actions as a non-empty list of rows [T, {width}].")
+    rows = []
+    for t, row in enumerate(actions):
+        if not isinstance(row, (list, tuple)):
+            raise ValueError(f"action.actions[{t}] must be a list of {width} numbers, got {type(row).__name__}.")
+        if len(row) > model_width:
+            raise ValueError(
+                f"action.actions rows have {len(row)} values, wider than the model's action width {model_width}."
+            )
+        if len(row) != width:
+            raise ValueError(
+                f"action.actions[{t}] has {len(row)} values; domain {domain_name!r} takes exactly {width}."
+            )
+        values = []
+        for value in row:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"action.actions[{t}] holds a non-finite or non-numeric value {value!r}.")
+            values.append(float(value))
+        rows.append(values)
+    if len(rows) > CHUNK_RANGE[1]:
+        raise ValueError(f"action.actions has {len(rows)} rows; at most {CHUNK_RANGE[1]} are used.")
+    return rows
+
+
+def validate_request(info: VariantInfo, mode: str, params: dict) -> dict:
+    """Fill in defaults for `mode` and refuse anything this checkpoint cannot run.
+
+    Raises ValueError with a message that says what was received and what is allowed.
+    """
+    if mode not in REQUEST_MODES:
+        raise ValueError(f"Unknown mode {mode!r}; allowed: {list(REQUEST_MODES)}.")
+    if not info.supports(mode):
+        raise ValueError(
+            f"This {info.family} checkpoint{' (distilled)' if info.is_distilled else ''} does not support mode "
+            f"{mode!r}; it supports: {[m for m in info.modes if m != 'sound']}."
+        )
+    if not isinstance(params, dict):
+        raise ValueError(f"The request must be a JSON object, got {type(params).__name__}.")
+    unknown = sorted(set(params) - set(REQUEST_KEYS))
+    if unknown:
+        raise ValueError(f"Unknown request keys {unknown}; allowed: {list(REQUEST_KEYS)}.")
+    if params.get("mode", mode) != mode:
+        raise ValueError(f"The request says mode {params['mode']!r} but was submitted as {mode!r}.")
+
+    defaults = sampling_defaults(info, mode)
+    out: dict[str, Any] = {k: defaults[k] for k in ("width", "height", "num_frames", "fps", "steps",
+                                                     "guidance_scale", "guidance_interval", "flow_shift")}
+    out.update({"mode": mode, "prompt": "", "negative_prompt": "", "seed": -1, "image": None, "video": None,
+                "sound": False, "action": None})
+    for key, value in params.items():
+        if value is not None or key in ("guidance_interval", "image", "video", "action"):
+            out[key] = value
+
+    prompt, negative = out["prompt"], out["negative_prompt"]
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a string, got {type(prompt).__name__}.")
+    if not isinstance(negative, str):
+        raise ValueError(f"negative_prompt must be a string, got {type(negative).__name__}.")
+    for key, text in (("prompt", prompt), ("negative_prompt", negative)):
+        if len(text) > PROMPT_MAX_CHARS:
+            raise ValueError(f"{key} is {len(text)} characters long; at most {PROMPT_MAX_CHARS} are allowed.")
+        if "\x00" in text:
+            raise ValueError(f"{key} contains a NUL character.")
+    if mode != "action" and not prompt.strip():
+        raise ValueError("prompt is empty; describe the image or video (prose or a JSON caption).")
+
+    out["seed"] = _int(out, "seed", -1, SEED_MAX)
+    out["fps"] = _float(out, "fps", 0.0, FPS_MAX, lo_open=True)
+    out["steps"] = _int(out, "steps", 1, STEPS_MAX)
+    out["guidance_scale"] = _float(out, "guidance_scale", 0.0, GUIDANCE_MAX)
+    out["flow_shift"] = _float(out, "flow_shift", 0.0, FLOW_SHIFT_MAX, lo_open=True)
+    out["guidance_interval"] = _validate_interval(out["guidance_interval"])
+    if not isinstance(out["sound"], bool):
+        raise ValueError(f"sound must be true or false, got {out['sound']!r}.")
+
+    if info.is_distilled:
+        fixed = len(info.distilled_sigmas)
+        if out["steps"] != fixed:
+            raise ValueError(
+                f"This distilled checkpoint runs exactly {fixed} steps (its fixed sigmas "
+                f"{list(info.distilled_sigmas)}); got steps={out['steps']}."
+            )
+        if out["guidance_scale"] != 1.0:
+            raise ValueError(
+                f"This distilled checkpoint has guidance baked into its weights: guidance_scale must be 1.0, "
+                f"got {out['guidance_scale']:g}."
+            )
+        if out["flow_shift"] != 1.0:
+            raise ValueError(f"This distilled checkpoint uses its sigmas as given: flow_shift must be 1.0, got {out['flow_shift']:g}.")
+        out["guidance_interval"] = None
+        out["negative_prompt"] = ""
+
+    if mode == "action":
+        out["action"] = _validate_action(info, out["action"], out)
+        domain = ACTION_DOMAINS[out["action"]["domain"]]
+        if "fps" not in params or params["fps"] is None:
+            out["fps"] = domain.typical_fps
+        out["num_frames"] = out["action"]["chunk_size"] + 1
+        if out["sound"]:
+            raise ValueError("sound is not available in action mode.")
+        return out
+
+    if out["action"] is not None:
+        raise ValueError(f"action is only used in mode 'action', not {mode!r}.")
+    _validate_canvas(out, defaults)
+    _validate_frames(out, mode, defaults)
+    if mode == "i2v" and out["image"] is None:
+        raise ValueError("image-to-video needs a conditioning image (request key 'image').")
+    if mode != "i2v" and out["image"] is not None:
+        raise ValueError(f"image is only used by i2v and action, not {mode!r}.")
+    if mode == "v2v" and out["video"] is None:
+        raise ValueError("video-to-video needs a conditioning video (request key 'video').")
+    if mode != "v2v" and out["video"] is not None:
+        raise ValueError(f"video is only used by v2v and action, not {mode!r}.")
+    if out["sound"]:
+        if "sound" not in info.modes:
+            raise ValueError(f"This {info.family} checkpoint cannot generate sound; it supports: {list(info.modes)}.")
+        if mode == "t2i":
+            raise ValueError("sound needs a video mode (t2v, i2v or v2v), not t2i.")
+    return out

@@ -1,0 +1,279 @@
+"""Loading a checkpoint: sources, weight checks, components.
+
+`load_model(source)` takes a local folder or a Hugging Face repo id and returns a `LoadedModel`
+holding the diffusers components (bf16 on CUDA, fp32 on the CPU) and the `VariantInfo` read once
+at load. Weight files are checked before any tensor is read, so a corrupt or truncated file fails
+with a message naming it instead of a deep traceback.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .variants import CheckpointError, VariantInfo, inspect_checkpoint
+
+# Files the engine reads. Edge repos also carry Reasoner (VLM) files at the root, which we skip.
+HUB_PATTERNS = (
+    "model_index.json", "modular_model_index.json", "cosmos3_studio_tiny.json",
+    "transformer/*", "vae/*", "scheduler/*", "text_tokenizer/*", "sound_tokenizer/*",
+)
+HUB_CONFIG_PATTERNS = (
+    "model_index.json", "modular_model_index.json", "cosmos3_studio_tiny.json",
+    "transformer/config.json", "scheduler/scheduler_config.json", "text_tokenizer/*", "sound_tokenizer/config.json",
+)
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# ModelOpt exports carry calibration tensors such as `...to_q.input_quantizer._amax`.
+QUANTIZER_KEY = re.compile(r"_quantizer\.")
+
+_EXPECTED_CLASSES = {
+    "transformer": {"Cosmos3OmniTransformer"},
+    "vae": {"AutoencoderKLWan"},
+    "scheduler": {"UniPCMultistepScheduler", "FlowMatchEulerDiscreteScheduler"},
+    "sound_tokenizer": {"Cosmos3AVAEAudioTokenizer"},
+}
+
+
+def resolve_source(source: str | os.PathLike, *, config_only: bool = False) -> Path:
+    """A local folder for `source`: the folder itself, or a snapshot of a hub repo id.
+
+    Hub downloads honour `HF_HUB_OFFLINE` and the cache, and fetch only what the engine reads.
+    """
+    text = str(source).strip()
+    if not text:
+        raise CheckpointError("The model source is empty; give a checkpoint folder or a Hugging Face repo id.")
+    path = Path(text).expanduser()
+    if path.exists():
+        return path.resolve()
+    if text.startswith((".", "/", "~")) or os.sep in text.replace("/", "", 1) or not _REPO_ID.match(text):
+        raise CheckpointError(f"Checkpoint folder {text!r} does not exist (and it is not a hub repo id like 'org/name').")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        local = snapshot_download(text, allow_patterns=list(HUB_CONFIG_PATTERNS if config_only else HUB_PATTERNS))
+    except LocalEntryNotFoundError as exc:
+        raise CheckpointError(
+            f"Hub repo {text!r} is not in the local cache and downloads are off (HF_HUB_OFFLINE) or unreachable: {exc}"
+        ) from exc
+    except (RepositoryNotFoundError, HfHubHTTPError, OSError) as exc:
+        raise CheckpointError(f"Could not fetch hub repo {text!r}: {exc}") from exc
+    return Path(local)
+
+
+def check_safetensors(path: Path) -> dict[str, dict]:
+    """Read and check a safetensors header without loading tensors; return {name: info}."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise CheckpointError(f"Weight file {str(path)!r} is truncated: {size} bytes, no header.")
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > min(size - 8, 100 * 2**20):
+                raise CheckpointError(f"Weight file {str(path)!r} is corrupt: header length {header_len} exceeds the file.")
+            header = json.loads(handle.read(header_len))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"Weight file {str(path)!r} is corrupt: {exc}.") from exc
+    if not isinstance(header, dict):
+        raise CheckpointError(f"Weight file {str(path)!r} is corrupt: its header is not an object.")
+    header.pop("__metadata__", None)
+    end = 0
+    for name, info in header.items():
+        try:
+            start, stop = info["data_offsets"]
+        except (TypeError, KeyError, ValueError) as exc:
+            raise CheckpointError(f"Weight file {str(path)!r} is corrupt: bad entry for {name!r}.") from exc
+        end = max(end, stop)
+    if 8 + header_len + end != size:
+        raise CheckpointError(
+            f"Weight file {str(path)!r} is corrupt or truncated: the header describes {8 + header_len + end} bytes, "
+            f"the file has {size}."
+        )
+    return header
+
+
+def weight_files(folder: Path) -> list[Path]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+        hint = f" (found {pickles}: pickled weights are never loaded, only safetensors)" if pickles else ""
+        raise CheckpointError(f"Component folder {str(folder)!r} has no .safetensors weight file{hint}.")
+    return files
+
+
+def component_parameter_count(folder: Path) -> int:
+    """Number of parameters in a component's weight files, from their headers alone."""
+    total = 0
+    for file in weight_files(folder):
+        for name, info in check_safetensors(file).items():
+            if not QUANTIZER_KEY.search(name):
+                count = 1
+                for dim in info.get("shape", []):
+                    count *= int(dim)
+                total += count
+    return total
+
+
+def quantizer_keys(folder: Path) -> list[str]:
+    return sorted(k for f in weight_files(folder) for k in check_safetensors(f) if QUANTIZER_KEY.search(k))
+
+
+def filter_scheduler_config(scheduler_cls, config: dict) -> tuple[dict, list[str]]:
+    """Keep only the keys `scheduler_cls.__init__` accepts; return (kept, dropped names)."""
+    accepted = set(inspect.signature(scheduler_cls.__init__).parameters) - {"self"}
+    kept = {k: v for k, v in config.items() if k in accepted}
+    dropped = sorted(k for k in config if k not in accepted and not k.startswith("_"))
+    return kept, dropped
+
+
+def _component_class(root: Path, name: str, index: dict) -> str | None:
+    entry = index.get(name)
+    if not entry or entry[0] is None:
+        return None
+    class_name = entry[1]
+    if name in _EXPECTED_CLASSES and class_name not in _EXPECTED_CLASSES[name]:
+        raise CheckpointError(
+            f"Checkpoint file {str(root / 'model_index.json')!r}: component {name!r} is {class_name!r}, "
+            f"expected one of {sorted(_EXPECTED_CLASSES[name])}."
+        )
+    return class_name
+
+
+@dataclass
+class LoadedModel:
+    """A checkpoint's components, ready for the engine's stages."""
+
+    info: VariantInfo
+    root: Path
+    transformer: Any
+    vae: Any
+    tokenizer: Any
+    scheduler_class: type
+    scheduler_config: dict
+    sound_tokenizer: Any = None
+    safety_checker: Any = None
+    device: Any = None
+    dtype: Any = None
+    dropped_scheduler_keys: list[str] = field(default_factory=list)
+    dropped_weight_keys: list[str] = field(default_factory=list)
+
+    def make_scheduler(self, **overrides):
+        config = dict(self.scheduler_config)
+        config.update(overrides)
+        return self.scheduler_class.from_config(config)
+
+    def diffusers_pipeline(self, scheduler=None):
+        """The diffusers reference pipeline over these very components (tests and benchmarks)."""
+        from diffusers import Cosmos3OmniPipeline
+
+        pipe = Cosmos3OmniPipeline(
+            transformer=self.transformer,
+            text_tokenizer=self.tokenizer,
+            vae=self.vae,
+            scheduler=scheduler if scheduler is not None else self.make_scheduler(),
+            sound_tokenizer=self.sound_tokenizer,
+            safety_checker=None,
+            enable_safety_checker=False,
+            default_use_system_prompt=self.info.default_use_system_prompt,
+        )
+        return pipe
+
+
+def _transformer_class():
+    from diffusers import Cosmos3OmniTransformer
+
+    class QuantizerFreeCosmos3OmniTransformer(Cosmos3OmniTransformer):
+        # Calibration tensors from ModelOpt exports are not parameters of the bf16 model: drop them.
+        _keys_to_ignore_on_load_unexpected = [QUANTIZER_KEY.pattern]
+
+    return QuantizerFreeCosmos3OmniTransformer
+
+
+def load_model(source: str | os.PathLike, *, device: str | None = None, safety: bool = False,
+               memory_budget_bytes: int | None = None) -> LoadedModel:
+    """Load a Cosmos3 checkpoint's components. See the module docstring."""
+    import torch
+    import diffusers
+    from transformers import AutoTokenizer
+
+    root = resolve_source(source)
+    info = inspect_checkpoint(root)
+    index = json.loads((root / "model_index.json").read_text(encoding="utf-8"))
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+
+    for name in ("transformer", "vae", "scheduler", "sound_tokenizer"):
+        _component_class(root, name, index)
+    parameters = component_parameter_count(root / "transformer") + component_parameter_count(root / "vae")
+    sound_class = _component_class(root, "sound_tokenizer", index)
+    if sound_class:
+        parameters += component_parameter_count(root / "sound_tokenizer")
+    if device.type == "cuda" or memory_budget_bytes is not None:
+        need = parameters * dtype.itemsize
+        budget = memory_budget_bytes if memory_budget_bytes is not None else torch.cuda.mem_get_info(device)[0]
+        # Keep a tenth free for activations of the smallest request; larger ones are checked per request.
+        if need > budget * 0.9:
+            raise MemoryError(
+                f"{info.family} weights need about {need / 2**30:.1f} GiB on {device}, which has "
+                f"{budget / 2**30:.1f} GiB free. Use a GPU with more memory, or split the model over two GPUs / FP8 "
+                "(see docs/PERFORMANCE.md, Memory)."
+            )
+
+    dropped_weights = quantizer_keys(root / "transformer")
+    try:
+        transformer = _transformer_class().from_pretrained(root / "transformer", torch_dtype=dtype)
+        vae = diffusers.AutoencoderKLWan.from_pretrained(root / "vae", torch_dtype=dtype)
+        sound_tokenizer = None
+        if sound_class:
+            sound_tokenizer = diffusers.Cosmos3AVAEAudioTokenizer.from_pretrained(root / "sound_tokenizer")
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise CheckpointError(f"Loading weights from {str(root)!r} failed: {exc}") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(root / "text_tokenizer", trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"Loading the tokenizer from {str(root / 'text_tokenizer')!r} failed: {exc}") from exc
+    for token in ("<|vision_start|>",):
+        if tokenizer.convert_tokens_to_ids(token) in (None, tokenizer.unk_token_id):
+            raise CheckpointError(f"The tokenizer in {str(root / 'text_tokenizer')!r} lacks the token {token!r}.")
+    if tokenizer.eos_token_id is None or not tokenizer.chat_template:
+        raise CheckpointError(f"The tokenizer in {str(root / 'text_tokenizer')!r} needs an EOS token and a chat template.")
+
+    scheduler_path = root / "scheduler" / "scheduler_config.json"
+    raw_scheduler = json.loads(scheduler_path.read_text(encoding="utf-8"))
+    scheduler_class = getattr(diffusers, raw_scheduler.get("_class_name", ""), None)
+    if scheduler_class is None:
+        raise CheckpointError(f"Checkpoint file {str(scheduler_path)!r}: unknown scheduler {raw_scheduler.get('_class_name')!r}.")
+    scheduler_config, dropped = filter_scheduler_config(scheduler_class, raw_scheduler)
+
+    safety_checker = None
+    if safety:
+        safety_checker = make_safety_checker()
+
+    transformer.to(device).eval()
+    vae.to(device).eval()
+    if sound_tokenizer is not None:
+        sound_tokenizer.to(device).eval()
+    return LoadedModel(
+        info=info, root=root, transformer=transformer, vae=vae, tokenizer=tokenizer,
+        scheduler_class=scheduler_class, scheduler_config=scheduler_config, sound_tokenizer=sound_tokenizer,
+        safety_checker=safety_checker, device=device, dtype=dtype, dropped_scheduler_keys=dropped,
+        dropped_weight_keys=dropped_weights,
+    )
+
+
+def make_safety_checker():
+    """The Cosmos guardrail, or a loud failure: it is never silently skipped."""
+    try:
+        from cosmos_guardrail import CosmosSafetyChecker
+    except ImportError as exc:
+        raise RuntimeError(
+            "The safety checker was asked for, but the 'cosmos_guardrail' package is not installed. "
+            "Install it (pip install cosmos_guardrail) or run without --safety."
+        ) from exc
+    return CosmosSafetyChecker()
