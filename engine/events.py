@@ -1,0 +1,47 @@
+"""Typed events a job sends from the GPU worker to whoever is watching it (the UI, the CLI).
+
+Each job has its own event stream; there is no global one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+
+@dataclass(frozen=True)
+class Queued:
+    position: int  # jobs ahead of this one, the running one included
+
+
+@dataclass(frozen=True)
+class Started:
+    model_name: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    stage: str  # "load" | "prompt" | "prefill" | "denoise" | "decode" | "save"
+    step: int
+    total: int
+    elapsed_s: float
+    eta_s: float | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: Any  # engine.pipeline.GenerationResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    kind: str = "error"  # "invalid" | "oom" | "load" | "io" | "error"
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    pass
+
+
+JobEvent = Union[Queued, Started, Progress, Finished, Failed, Cancelled]
+TERMINAL_EVENTS = (Finished, Failed, Cancelled)
