@@ -16,3 +16,13 @@ if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_family(tmp_path_factory):
+    """The six tiny checkpoints, built once per test session: {name: Path}."""
+    from engine.tiny import write_family
+
+    return write_family(tmp_path_factory.mktemp("tiny-family"))
