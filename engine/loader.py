@@ -162,6 +162,7 @@ class LoadedModel:
     dtype: Any = None
     dropped_scheduler_keys: list[str] = field(default_factory=list)
     dropped_weight_keys: list[str] = field(default_factory=list)
+    native_flow_schedule: bool = False
 
     def make_scheduler(self, **overrides):
         config = dict(self.scheduler_config)
@@ -181,6 +182,7 @@ class LoadedModel:
             safety_checker=None,
             enable_safety_checker=False,
             default_use_system_prompt=self.info.default_use_system_prompt,
+            use_native_flow_schedule=self.native_flow_schedule,
         )
         return pipe
 
@@ -263,7 +265,7 @@ def load_model(source: str | os.PathLike, *, device: str | None = None, safety: 
         info=info, root=root, transformer=transformer, vae=vae, tokenizer=tokenizer,
         scheduler_class=scheduler_class, scheduler_config=scheduler_config, sound_tokenizer=sound_tokenizer,
         safety_checker=safety_checker, device=device, dtype=dtype, dropped_scheduler_keys=dropped,
-        dropped_weight_keys=dropped_weights,
+        dropped_weight_keys=dropped_weights, native_flow_schedule=bool(index.get("use_native_flow_schedule", False)),
     )
 
 

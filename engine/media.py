@@ -1,0 +1,123 @@
+"""Reading user media (images, videos, action files) with clear refusals, and the VAE stages."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+MAX_UPLOAD_BYTES = 200 * 2**20
+MAX_IMAGE_PIXELS = 40_000_000
+MAX_VIDEO_FRAMES = 400
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+VIDEO_SUFFIXES = (".mp4", ".mov", ".webm", ".mkv", ".avi", ".gif")
+ACTION_SUFFIXES = (".json", ".csv", ".npy")
+
+
+def _checked_file(path, kind: str, suffixes: tuple[str, ...]) -> Path:
+    text = os.fspath(path)
+    if "\x00" in text:
+        raise ValueError(f"The {kind} file name contains a NUL character.")
+    file = Path(text)
+    if not file.is_file():
+        raise ValueError(f"The {kind} file {file.name!r} does not exist or is not a file.")
+    if file.suffix.lower() not in suffixes:
+        raise ValueError(f"The {kind} file {file.name!r} has type {file.suffix or '(none)'!r}; allowed: {list(suffixes)}.")
+    size = file.stat().st_size
+    if size == 0:
+        raise ValueError(f"The {kind} file {file.name!r} is empty.")
+    if size > MAX_UPLOAD_BYTES:
+        raise ValueError(f"The {kind} file {file.name!r} is {size / 2**20:.0f} MiB; at most {MAX_UPLOAD_BYTES // 2**20} MiB.")
+    return file
+
+
+def load_image(source):
+    """A PIL RGB image from a PIL image, an [H, W, 3] uint8 array or a file path."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(source, Image.Image):
+        image = source
+    elif isinstance(source, np.ndarray):
+        if source.ndim != 3 or source.shape[-1] != 3:
+            raise ValueError(f"An image array must be [H, W, 3], got shape {list(source.shape)}.")
+        image = Image.fromarray(source.astype(np.uint8))
+    else:
+        file = _checked_file(source, "image", IMAGE_SUFFIXES)
+        try:
+            with Image.open(file) as opened:
+                if opened.width * opened.height > MAX_IMAGE_PIXELS:
+                    raise ValueError(
+                        f"The image {file.name!r} is {opened.width}x{opened.height}; at most {MAX_IMAGE_PIXELS:,} pixels."
+                    )
+                opened.load()
+                image = opened.copy()
+        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+            raise ValueError(f"The image {file.name!r} could not be decoded: {exc}.") from exc
+    if image.width * image.height > MAX_IMAGE_PIXELS:
+        raise ValueError(f"The image is {image.width}x{image.height}; at most {MAX_IMAGE_PIXELS:,} pixels.")
+    return image.convert("RGB")
+
+
+def load_video(source, max_frames: int = MAX_VIDEO_FRAMES) -> list:
+    """Up to `max_frames` PIL RGB frames from a list of frames, a [T, H, W, 3] array or a file path."""
+    from PIL import Image
+
+    if isinstance(source, (list, tuple)):
+        frames = [load_image(frame) for frame in source[:max_frames]]
+    elif isinstance(source, np.ndarray):
+        if source.ndim != 4 or source.shape[-1] != 3:
+            raise ValueError(f"A video array must be [T, H, W, 3], got shape {list(source.shape)}.")
+        frames = [Image.fromarray(frame.astype(np.uint8)) for frame in source[:max_frames]]
+    else:
+        import av
+
+        file = _checked_file(source, "video", VIDEO_SUFFIXES)
+        frames = []
+        try:
+            with av.open(str(file)) as container:
+                stream = container.streams.video[0]
+                if stream.codec_context.width * stream.codec_context.height > MAX_IMAGE_PIXELS:
+                    raise ValueError(f"The video {file.name!r} frames are larger than {MAX_IMAGE_PIXELS:,} pixels.")
+                for frame in container.decode(stream):
+                    frames.append(frame.to_image().convert("RGB"))
+                    if len(frames) >= max_frames:
+                        break
+        except (av.FFmpegError, IndexError, OSError) as exc:
+            raise ValueError(f"The video {file.name!r} could not be decoded: {exc}.") from exc
+    if not frames:
+        raise ValueError("The video has no frames.")
+    return frames
+
+
+def load_actions_file(path, domain: str) -> list[list[float]]:
+    """Actions `[T, D]` from a JSON (list of rows, or {"actions": rows}), CSV or NPY file."""
+    from .defaults import validate_action_array
+
+    file = _checked_file(path, "actions", ACTION_SUFFIXES)
+    suffix = file.suffix.lower()
+    try:
+        if suffix == ".json":
+            data = json.loads(file.read_text(encoding="utf-8"))
+            rows = data.get("actions") if isinstance(data, dict) else data
+        elif suffix == ".csv":
+            text = file.read_text(encoding="utf-8")
+            rows = []
+            for record in csv.reader(io.StringIO(text)):
+                if not record or all(not cell.strip() for cell in record):
+                    continue
+                try:
+                    rows.append([float(cell) for cell in record])
+                except ValueError:
+                    if rows:  # only a first line may be a header
+                        raise
+        else:
+            array = np.load(file, allow_pickle=False)
+            if array.ndim != 2:
+                raise ValueError(f"The actions array must be 2-D [T, D], got shape {list(array.shape)}.")
+            rows = array.astype(np.float64).tolist()
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError, OSError) as exc:
+        raise ValueError(f"The actions file {file.name!r} could not be read as {suffix[1:].upper()}: {exc}") from exc
+    return validate_action_array(rows, domain)

@@ -1,0 +1,150 @@
+"""The prompt stage: from a request to the exact text and token ids the model sees.
+
+Prose prompts get the reference's sentence templates (and their "is not" forms on the negative).
+A prompt that is one JSON object (a structured caption) instead gets its canvas and timing
+metadata injected, as the serving engines do, and no sentences: this is where we deliberately
+differ from diffusers, which appends the sentences to JSON too (cosmos3.md section 5).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .action import action_caption
+from .variants import VariantInfo
+
+SYSTEM_PROMPT_IMAGE = "You are a helpful assistant who will generate images from a give prompt."
+SYSTEM_PROMPT_VIDEO = "You are a helpful assistant who will generate videos from a give prompt."
+
+_DURATION = "The video is {duration:.1f} seconds long and is of {fps:.0f} FPS."
+_NOT_DURATION = "The video is not {duration:.1f} seconds long and is not of {fps:.0f} FPS."
+_RESOLUTION = "This {kind} is of {height}x{width} resolution."
+_NOT_RESOLUTION = "This {kind} is not of {height}x{width} resolution."
+
+ASPECT_RATIOS = ("16,9", "1,1", "9,16", "4,3", "3,4")
+MAX_CAPTION_DEPTH = 32
+
+
+@dataclass(frozen=True)
+class PromptTexts:
+    prompt_text: str
+    negative_prompt_text: str
+    use_system_prompt: bool
+    is_json: bool
+
+
+def _nearest_aspect(width: int, height: int) -> str:
+    ratio = width / height
+    return min(ASPECT_RATIOS, key=lambda r: abs(int(r.split(",")[0]) / int(r.split(",")[1]) - ratio))
+
+
+def _depth(value, level: int = 0) -> int:
+    if isinstance(value, dict):
+        return max([_depth(v, level + 1) for v in value.values()], default=level + 1)
+    if isinstance(value, list):
+        return max([_depth(v, level + 1) for v in value], default=level + 1)
+    return level
+
+
+def parse_caption(text: str, field: str = "prompt") -> dict | None:
+    """The caption object if `text` is a JSON object; None for prose.
+
+    Text that starts like JSON but does not parse is an error, not prose: sending a broken caption
+    to the model as a sentence would silently waste the user's run.
+    """
+    stripped = text.strip()
+    if not stripped.startswith("{"):
+        return None
+    try:
+        value = json.loads(stripped)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{field} looks like a JSON caption but is not valid JSON: {exc.msg} at line {exc.lineno}, "
+                         f"column {exc.colno}.") from exc
+    except RecursionError as exc:
+        raise ValueError(f"{field} is a JSON caption nested deeper than {MAX_CAPTION_DEPTH} levels.") from exc
+    if not isinstance(value, dict):
+        return None
+    if _depth(value) > MAX_CAPTION_DEPTH:
+        raise ValueError(f"{field} is a JSON caption nested deeper than {MAX_CAPTION_DEPTH} levels.")
+    return value
+
+
+def inject_metadata(caption: dict, *, width: int, height: int, num_frames: int, fps: float) -> str:
+    """The caption with the request's canvas and timing written in, as compact JSON."""
+    out = dict(caption)
+    out["resolution"] = {"H": int(height), "W": int(width)}
+    out["aspect_ratio"] = _nearest_aspect(width, height)
+    if num_frames == 1:
+        out.pop("duration", None)
+        out.pop("fps", None)
+    else:
+        out["duration"] = f"{int(num_frames / fps)}s"
+        out["fps"] = float(fps)
+    return json.dumps(out, ensure_ascii=False)
+
+
+def _append(base: str, sentence: str) -> str:
+    base = base.rstrip(".")
+    return f"{base}. {sentence}" if base else sentence
+
+
+def apply_sentence_templates(text: str, *, negative: bool, width: int, height: int, num_frames: int, fps: float) -> str:
+    """The reference's prose templates: duration (video only), then resolution."""
+    is_image = num_frames == 1
+    if not is_image:
+        template = _NOT_DURATION if negative else _DURATION
+        text = _append(text, template.format(duration=num_frames / fps, fps=fps))
+    template = _NOT_RESOLUTION if negative else _RESOLUTION
+    return _append(text, template.format(kind="image" if is_image else "video", height=height, width=width))
+
+
+def canvas_of(request: dict) -> tuple[int, int]:
+    """(width, height) the model is conditioned on; action runs resolve theirs from the input."""
+    return int(request["width"]), int(request["height"])
+
+
+def build_prompt_texts(info: VariantInfo, request: dict) -> PromptTexts:
+    """Final user-message texts for a validated request (width/height already resolved)."""
+    width, height = canvas_of(request)
+    frames, fps = int(request["num_frames"]), float(request["fps"])
+    prompt, negative = request["prompt"], request.get("negative_prompt") or ""
+    geometry = dict(width=width, height=height, num_frames=frames, fps=fps)
+    if request["mode"] == "action":
+        action = request["action"]
+        text = action_caption(prompt, action["view_point"], frames, fps, height, width)
+        # The reference sends the action negative as given, without templates.
+        return PromptTexts(text, negative, info.default_use_system_prompt, True)
+    caption = parse_caption(prompt, "prompt")
+    if caption is not None:
+        prompt_text = inject_metadata(caption, **geometry)
+    else:
+        prompt_text = apply_sentence_templates(prompt, negative=False, **geometry)
+    negative_caption = parse_caption(negative, "negative_prompt") if negative else None
+    if negative_caption is not None:
+        # A JSON negative describes what to avoid; the positive's canvas is not written into it.
+        negative_text = json.dumps(negative_caption, ensure_ascii=False)
+    else:
+        negative_text = apply_sentence_templates(negative, negative=True, **geometry)
+    return PromptTexts(prompt_text, negative_text, info.default_use_system_prompt, caption is not None)
+
+
+def tokenize(tokenizer, text: str, *, is_image: bool, use_system_prompt: bool) -> list[int]:
+    """Chat template with the trained system prompt, then EOS and `<|vision_start|>`."""
+    messages = []
+    if use_system_prompt:
+        messages.append({"role": "system", "content": SYSTEM_PROMPT_IMAGE if is_image else SYSTEM_PROMPT_VIDEO})
+    messages.append({"role": "user", "content": text})
+    encoded = tokenizer.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True, add_vision_id=False, return_dict=True
+    )
+    return list(encoded["input_ids"]) + [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|vision_start|>")]
+
+
+def preview_prompt_texts(info: VariantInfo, request: dict) -> tuple[str, str]:
+    """What would be sent for `request` (validated), without loading the model.
+
+    Action runs size their canvas from the uploaded input, so their preview uses the request's
+    width/height as given.
+    """
+    texts = build_prompt_texts(info, request)
+    return texts.prompt_text, texts.negative_prompt_text
