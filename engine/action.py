@@ -121,3 +121,8 @@ def action_caption(description: str, view_point: str | None, num_frames: int, fp
         ("1,1", "4,3", "3,4", "16,9", "9,16"), key=lambda r: abs(int(r.split(",")[0]) / int(r.split(",")[1]) - ratio)
     )
     return json.dumps(caption)
+
+
+# Reading uploaded action files lives with the other media readers; re-exported here beside the
+# domain table it checks against.
+from .media import load_actions_file  # noqa: E402,F401

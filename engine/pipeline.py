@@ -592,12 +592,10 @@ def generate(model: LoadedModel, request: dict, on_progress: Callable[[Progress]
         if cancel is not None and cancel.is_set():
             raise JobCancelled()
         result.request_id = output_files.new_request_id()
-        sidecar = {
-            **result.summary(),
-            "model": {"name": model_name, "source": str(model.root), **model.info.summary()},
-            "actions": None,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
+        # Actions go in their own file; the sidecar lists it.
+        sidecar = {k: v for k, v in result.summary().items() if k not in ("actions", "files")}
+        sidecar["model"] = {"name": model_name, "source": str(model.root), **model.info.summary()}
+        sidecar["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         result.outputs = output_files.save_result(
             Path(outputs_root), result.request_id, frames=frames, fps=request["fps"], actions=actions, audio=audio,
             sample_rate=result.audio_sample_rate, sidecar=sidecar)

@@ -1,0 +1,280 @@
+"""The job queue: one GPU worker thread, a bounded wait list, a model cache, typed events per job.
+
+`JobQueue.submit` validates a request at once (bad input never waits in line) and returns a
+`JobHandle`. The worker runs one job at a time; each job has its own event stream (`Queued`,
+`Started`, `Progress`, then one of `Finished`, `Failed`, `Cancelled`). Whatever a job does, the
+worker survives it: an out-of-memory step frees caches and fails that job only, and a model that
+fails to load leaves the models already loaded in place.
+"""
+from __future__ import annotations
+
+import gc
+import itertools
+import queue as stdlib_queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .defaults import validate_request
+from .events import TERMINAL_EVENTS, Cancelled, Failed, Finished, JobEvent, Progress, Queued, Started
+from .loader import CheckpointError, LoadedModel, component_parameter_count, load_model, resolve_source
+from .outputs import OutputError
+from .pipeline import GenerationResult, JobCancelled, generate
+from .registry import ModelRegistry
+
+
+class QueueFull(ValueError):
+    """The wait list is at its bound; the message says how long it is."""
+
+
+class JobFailed(RuntimeError):
+    def __init__(self, event: Failed):
+        super().__init__(event.message)
+        self.event = event
+
+
+@dataclass
+class _Job:
+    id: str
+    model_name: str
+    request: dict
+    session_id: str | None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    events: stdlib_queue.Queue = field(default_factory=stdlib_queue.Queue)
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: JobEvent | None = None
+
+
+class JobHandle:
+    """What a caller holds for one submitted job."""
+
+    def __init__(self, job: _Job, owner: "JobQueue"):
+        self._job = job
+        self._owner = owner
+
+    @property
+    def id(self) -> str:
+        return self._job.id
+
+    @property
+    def session_id(self) -> str | None:
+        return self._job.session_id
+
+    def position(self) -> int:
+        """Jobs ahead of this one (the running one included); 0 once it runs or ends."""
+        return self._owner._position(self._job)
+
+    def events(self, timeout: float | None = None) -> Iterator[JobEvent]:
+        """Events until and including the terminal one. `timeout` bounds each wait (None: forever)."""
+        while True:
+            try:
+                event = self._job.events.get(timeout=timeout)
+            except stdlib_queue.Empty:
+                raise TimeoutError(f"No event from job {self.id} within {timeout} s.") from None
+            yield event
+            if isinstance(event, TERMINAL_EVENTS):
+                return
+
+    def cancel(self) -> None:
+        """Stop the job: a waiting job never starts; a running one stops within one step."""
+        self._job.cancel.set()
+        self._owner._wake()
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        if not self._job.done.wait(timeout):
+            raise TimeoutError(f"Job {self.id} did not finish within {timeout} s.")
+        outcome = self._job.outcome
+        if isinstance(outcome, Finished):
+            return outcome.result
+        if isinstance(outcome, Cancelled):
+            raise JobCancelled()
+        raise JobFailed(outcome)
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _default_memory_budget() -> int:
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(0).total_memory * 0.85)
+    return 16 * 2**30
+
+
+class JobQueue:
+    def __init__(self, registry: ModelRegistry, outputs_root: str | Path, *, max_size: int = 16,
+                 memory_budget_bytes: int | None = None, loader: Callable[..., LoadedModel] = load_model):
+        if max_size < 1:
+            raise ValueError(f"max_size must be at least 1, got {max_size}.")
+        self.registry = registry
+        self.outputs_root = Path(outputs_root)
+        self.max_size = max_size
+        self.memory_budget_bytes = memory_budget_bytes if memory_budget_bytes is not None else _default_memory_budget()
+        self._loader = loader
+        self._lock = threading.Condition()
+        self._waiting: list[_Job] = []
+        self._running: _Job | None = None
+        self._models: OrderedDict[str, LoadedModel] = OrderedDict()
+        self._ids = itertools.count(1)
+        self._durations: dict[str, float] = {}
+        self._closed = False
+        self._worker = threading.Thread(target=self._work, name="cosmos3-gpu-worker", daemon=True)
+        self._worker.start()
+
+    # -- submitting ---------------------------------------------------------------------------
+
+    def submit(self, model_name: str, request: dict, session_id: str | None = None) -> JobHandle:
+        if not isinstance(request, dict):
+            raise ValueError(f"The request must be a JSON object, got {type(request).__name__}.")
+        info = self.registry.info(model_name)
+        mode = request.get("mode")
+        if mode is None:
+            raise ValueError("The request has no 'mode'; allowed: t2i, t2v, i2v, v2v, action.")
+        validate_request(info, mode, request)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("The job queue is shut down.")
+            if len(self._waiting) >= self.max_size:
+                raise QueueFull(
+                    f"The queue is full ({len(self._waiting)} jobs waiting, the limit is {self.max_size}); "
+                    "try again in a minute."
+                )
+            job = _Job(id=f"job-{next(self._ids)}", model_name=model_name, request=dict(request), session_id=session_id)
+            self._waiting.append(job)
+            job.events.put(Queued(position=self._position_locked(job)))
+            self._lock.notify_all()
+        return JobHandle(job, self)
+
+    def _position_locked(self, job: _Job) -> int:
+        if job in self._waiting:
+            return self._waiting.index(job) + (1 if self._running is not None else 0)
+        return 0
+
+    def _position(self, job: _Job) -> int:
+        with self._lock:
+            return self._position_locked(job)
+
+    def eta_seconds(self, position: int, model_name: str | None = None) -> float | None:
+        """A rough wait estimate from the durations of recent jobs."""
+        if not self._durations:
+            return None
+        typical = self._durations.get(model_name) or sum(self._durations.values()) / len(self._durations)
+        return position * typical
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._lock.notify_all()
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            self._closed = True
+            for job in self._waiting:
+                job.cancel.set()
+            self._lock.notify_all()
+        self._worker.join(timeout)
+
+    def loaded_models(self) -> list[str]:
+        with self._lock:
+            return list(self._models)
+
+    # -- the worker ---------------------------------------------------------------------------
+
+    def _next_job(self) -> _Job | None:
+        with self._lock:
+            while not self._waiting and not self._closed:
+                self._lock.wait()
+            if not self._waiting:
+                return None
+            job = self._waiting.pop(0)
+            self._running = job
+            for index, waiting in enumerate(self._waiting):
+                waiting.events.put(Queued(position=index + 1))
+            return job
+
+    def _finish(self, job: _Job, event: JobEvent) -> None:
+        job.outcome = event
+        job.events.put(event)
+        job.done.set()
+        with self._lock:
+            self._running = None
+
+    def _work(self) -> None:
+        while True:
+            job = self._next_job()
+            if job is None:
+                return
+            if job.cancel.is_set():
+                self._finish(job, Cancelled())
+                continue
+            job.events.put(Started(model_name=job.model_name))
+            started = time.perf_counter()
+            try:
+                model = self._model(job)
+                result = generate(model, job.request, on_progress=job.events.put, cancel=job.cancel,
+                                  outputs_root=self.outputs_root, model_name=job.model_name)
+            except JobCancelled:
+                self._finish(job, Cancelled())
+            except Exception as exc:  # noqa: BLE001 - every failure becomes the job's message
+                self._finish(job, self._failure(exc))
+            else:
+                self._durations[job.model_name] = time.perf_counter() - started
+                self._finish(job, Finished(result))
+
+    def _failure(self, exc: Exception) -> Failed:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            self._free_memory()
+            return Failed("The GPU ran out of memory for this request. Try a smaller size, fewer frames, or "
+                          "another model; the server has freed its caches and keeps serving.", kind="oom")
+        if isinstance(exc, CheckpointError):
+            return Failed(f"The model could not be loaded: {exc}", kind="load")
+        if isinstance(exc, MemoryError):
+            return Failed(str(exc), kind="oom")
+        if isinstance(exc, OutputError):
+            return Failed(str(exc), kind="io")
+        if isinstance(exc, ValueError):
+            return Failed(str(exc), kind="invalid")
+        return Failed(f"Generation failed ({type(exc).__name__}): {exc}", kind="error")
+
+    def _free_memory(self) -> None:
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    @staticmethod
+    def _model_bytes(model: LoadedModel) -> int:
+        total = 0
+        for module in (model.transformer, model.vae, model.sound_tokenizer):
+            if module is not None:
+                total += sum(p.numel() * p.element_size() for p in module.parameters())
+        return total
+
+    def _model(self, job: _Job) -> LoadedModel:
+        name = job.model_name
+        if name in self._models:
+            self._models.move_to_end(name)
+            return self._models[name]
+        job.events.put(Progress(stage="load", step=0, total=1, elapsed_s=0.0, eta_s=None))
+        source = self.registry.entry(name).source
+        # Check the files before evicting anything, so a broken checkpoint leaves the loaded ones serving.
+        root = resolve_source(source)
+        self.registry.info(name)
+        parameters = sum(component_parameter_count(root / c) for c in ("transformer", "vae"))
+        need = parameters * (2 if torch_cuda_available() else 4)
+        # Switching variants evicts the least recently used ones until the newcomer fits the budget.
+        while self._models and sum(self._model_bytes(m) for m in self._models.values()) + need > self.memory_budget_bytes:
+            self._models.popitem(last=False)
+            self._free_memory()
+        model = self._loader(root)
+        self._models[name] = model
+        return model
