@@ -19,6 +19,7 @@ from .action import (
     SUPPORTED_DOMAINS,
     VIEW_POINTS,
 )
+from .prompts import parse_caption
 from .variants import REQUEST_MODES, VariantInfo
 
 DEFAULT_FPS = 24.0
@@ -368,6 +369,9 @@ def validate_request(info: VariantInfo, mode: str, params: dict) -> dict:
             raise ValueError(f"{key} contains a NUL character.")
     if mode != "action" and not prompt.strip():
         raise ValueError("prompt is empty; describe the image or video (prose or a JSON caption).")
+    # A caption that does not parse is refused here, before it waits in the queue.
+    parse_caption(prompt, "prompt")
+    parse_caption(negative, "negative_prompt")
 
     out["seed"] = _int(out, "seed", -1, SEED_MAX)
     out["fps"] = _float(out, "fps", 0.0, FPS_MAX, lo_open=True)

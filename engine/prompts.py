@@ -7,9 +7,9 @@ differ from diffusers, which appends the sentences to JSON too (cosmos3.md secti
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
+from . import captions
 from .action import action_caption
 from .variants import VariantInfo
 
@@ -21,9 +21,6 @@ _NOT_DURATION = "The video is not {duration:.1f} seconds long and is not of {fps
 _RESOLUTION = "This {kind} is of {height}x{width} resolution."
 _NOT_RESOLUTION = "This {kind} is not of {height}x{width} resolution."
 
-ASPECT_RATIOS = ("16,9", "1,1", "9,16", "4,3", "3,4")
-MAX_CAPTION_DEPTH = 32
-
 
 @dataclass(frozen=True)
 class PromptTexts:
@@ -33,54 +30,18 @@ class PromptTexts:
     is_json: bool
 
 
-def _nearest_aspect(width: int, height: int) -> str:
-    ratio = width / height
-    return min(ASPECT_RATIOS, key=lambda r: abs(int(r.split(",")[0]) / int(r.split(",")[1]) - ratio))
-
-
-def _depth(value, level: int = 0) -> int:
-    if isinstance(value, dict):
-        return max([_depth(v, level + 1) for v in value.values()], default=level + 1)
-    if isinstance(value, list):
-        return max([_depth(v, level + 1) for v in value], default=level + 1)
-    return level
-
-
 def parse_caption(text: str, field: str = "prompt") -> dict | None:
-    """The caption object if `text` is a JSON object; None for prose.
+    """The caption object if `text` is a JSON caption; None for prose.
 
     Text that starts like JSON but does not parse is an error, not prose: sending a broken caption
     to the model as a sentence would silently waste the user's run.
     """
-    stripped = text.strip()
-    if not stripped.startswith("{"):
+    if not captions.looks_like_json(text):
         return None
     try:
-        value = json.loads(stripped)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{field} looks like a JSON caption but is not valid JSON: {exc.msg} at line {exc.lineno}, "
-                         f"column {exc.colno}.") from exc
-    except RecursionError as exc:
-        raise ValueError(f"{field} is a JSON caption nested deeper than {MAX_CAPTION_DEPTH} levels.") from exc
-    if not isinstance(value, dict):
-        return None
-    if _depth(value) > MAX_CAPTION_DEPTH:
-        raise ValueError(f"{field} is a JSON caption nested deeper than {MAX_CAPTION_DEPTH} levels.")
-    return value
-
-
-def inject_metadata(caption: dict, *, width: int, height: int, num_frames: int, fps: float) -> str:
-    """The caption with the request's canvas and timing written in, as compact JSON."""
-    out = dict(caption)
-    out["resolution"] = {"H": int(height), "W": int(width)}
-    out["aspect_ratio"] = _nearest_aspect(width, height)
-    if num_frames == 1:
-        out.pop("duration", None)
-        out.pop("fps", None)
-    else:
-        out["duration"] = f"{int(num_frames / fps)}s"
-        out["fps"] = float(fps)
-    return json.dumps(out, ensure_ascii=False)
+        return captions.parse_caption(text)
+    except captions.CaptionParseError as exc:
+        raise ValueError(f"{field} looks like a JSON caption but is not valid: {exc}") from exc
 
 
 def _append(base: str, sentence: str) -> str:
@@ -116,13 +77,13 @@ def build_prompt_texts(info: VariantInfo, request: dict) -> PromptTexts:
         return PromptTexts(text, negative, info.default_use_system_prompt, True)
     caption = parse_caption(prompt, "prompt")
     if caption is not None:
-        prompt_text = inject_metadata(caption, **geometry)
+        prompt_text = captions.to_prompt(captions.inject_metadata(caption, is_image=frames == 1, **geometry))
     else:
         prompt_text = apply_sentence_templates(prompt, negative=False, **geometry)
     negative_caption = parse_caption(negative, "negative_prompt") if negative else None
     if negative_caption is not None:
         # A JSON negative describes what to avoid; the positive's canvas is not written into it.
-        negative_text = json.dumps(negative_caption, ensure_ascii=False)
+        negative_text = captions.to_prompt(negative_caption)
     else:
         negative_text = apply_sentence_templates(negative, negative=True, **geometry)
     return PromptTexts(prompt_text, negative_text, info.default_use_system_prompt, caption is not None)
