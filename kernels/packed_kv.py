@@ -1,0 +1,111 @@
+"""Layout of the per-layer packed K/V buffer shared by the gen tower's kernels.
+
+One buffer per layer holds, for every CFG branch b, the rows ``[prefix_b | gen]``::
+
+    kv_buffer: [2, total_rows, num_kv_heads, head_dim]    (plane 0 = K, plane 1 = V)
+    branch b occupies rows [start_b, start_b + prefix_b + gen_len)
+    its gen rows begin at gen_offset_b = start_b + prefix_b
+
+The prefix (the und tower's K for gen, already normed and rotated, and V) is written once per request at
+prefill; every denoising step writes only the gen rows, so no step concatenates or copies the prefix.
+Rows are token-major (``[T, H, D]``), the layout the projections produce, so the per-step write is a
+contiguous copy per token, and attention reads one head's rows at a fixed stride.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PackedKVLayout:
+    """Row bookkeeping for branches with differing prefix lengths and one shared gen length."""
+
+    prefix_lens: tuple[int, ...]
+    gen_len: int
+
+    def __post_init__(self) -> None:
+        if not self.prefix_lens:
+            raise ValueError("PackedKVLayout needs at least one branch, got prefix_lens=()")
+        if any(int(p) < 0 for p in self.prefix_lens):
+            raise ValueError(f"prefix lengths must be >= 0, got {self.prefix_lens}")
+        if int(self.gen_len) < 1:
+            raise ValueError(f"gen_len must be >= 1, got {self.gen_len}")
+        object.__setattr__(self, "prefix_lens", tuple(int(p) for p in self.prefix_lens))
+        object.__setattr__(self, "gen_len", int(self.gen_len))
+
+    @property
+    def num_branches(self) -> int:
+        return len(self.prefix_lens)
+
+    def kv_len(self, branch: int) -> int:
+        return self.prefix_lens[branch] + self.gen_len
+
+    def branch_start(self, branch: int) -> int:
+        return sum(self.kv_len(b) for b in range(branch))
+
+    def gen_offset(self, branch: int) -> int:
+        return self.branch_start(branch) + self.prefix_lens[branch]
+
+    @property
+    def total_rows(self) -> int:
+        return self.branch_start(self.num_branches)
+
+    @property
+    def uniform_prefix(self) -> bool:
+        return len(set(self.prefix_lens)) == 1
+
+    def allocate(
+        self, num_kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device | str
+    ) -> torch.Tensor:
+        """One layer's buffer, ``[2, total_rows, num_kv_heads, head_dim]`` (uninitialised)."""
+        return torch.empty(2, self.total_rows, num_kv_heads, head_dim, dtype=dtype, device=device)
+
+    def check_buffer(self, kv_buffer: torch.Tensor) -> None:
+        if kv_buffer.dim() != 4 or kv_buffer.shape[0] != 2 or kv_buffer.shape[1] != self.total_rows:
+            raise ValueError(
+                f"kv_buffer must be [2, {self.total_rows}, kv_heads, head_dim] for {self}, "
+                f"got {tuple(kv_buffer.shape)}"
+            )
+        if kv_buffer.stride(-1) != 1:
+            raise ValueError(f"kv_buffer's last dim must be contiguous, got strides {kv_buffer.stride()}")
+
+    def branch_kv(self, kv_buffer: torch.Tensor, branch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views ``(K, V)`` of branch ``branch``'s whole ``[prefix | gen]`` rows, each ``[L+N, H, D]``."""
+        start = self.branch_start(branch)
+        stop = start + self.kv_len(branch)
+        return kv_buffer[0, start:stop], kv_buffer[1, start:stop]
+
+    def write_prefix(
+        self, kv_buffer: torch.Tensor, branch: int, k_prefix: torch.Tensor, v_prefix: torch.Tensor
+    ) -> None:
+        """Prefill: copy one branch's prefix K (normed, rotated) and V into the buffer, once per request."""
+        self.check_buffer(kv_buffer)
+        start = self.branch_start(branch)
+        length = self.prefix_lens[branch]
+        expected = (length, kv_buffer.shape[2], kv_buffer.shape[3])
+        if tuple(k_prefix.shape) != expected or tuple(v_prefix.shape) != expected:
+            raise ValueError(
+                f"branch {branch} prefix K/V must be {expected}, got {tuple(k_prefix.shape)} / {tuple(v_prefix.shape)}"
+            )
+        kv_buffer[0, start : start + length].copy_(k_prefix)
+        kv_buffer[1, start : start + length].copy_(v_prefix)
+
+    def index_tensors(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(branch_starts, kv_lens, gen_offsets)`` as int32 device tensors, built once per device.
+
+        Why cached: a fresh host-to-device copy per layer per step would cost a launch and a pageable copy
+        36 times a step, and could not be captured in a CUDA graph.
+        """
+        return _index_tensors(self, str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=64)
+def _index_tensors(layout: PackedKVLayout, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    branches = range(layout.num_branches)
+    starts = torch.tensor([layout.branch_start(b) for b in branches], dtype=torch.int32, device=device)
+    lens = torch.tensor([layout.kv_len(b) for b in branches], dtype=torch.int32, device=device)
+    gen_offsets = torch.tensor([layout.gen_offset(b) for b in branches], dtype=torch.int32, device=device)
+    return starts, lens, gen_offsets
