@@ -1,0 +1,268 @@
+"""Gen-tower attention over the packed ``[prefix | gen]`` K/V buffer, with its PyTorch reference.
+
+Gen queries of every CFG branch attend, with no mask, over their own branch's rows of the packed
+buffer (``kernels/packed_kv.py``): prefix lengths differ between branches, the gen length is shared.
+Flash attention (online softmax) in one launch for all branches: each program owns BLOCK_M queries of
+one head of one branch and walks only that branch's ``prefix_b + N`` keys, so no padded key ever takes
+softmax weight, and no per-branch launch or K/V concatenation is needed.
+
+FLOPs: 4 * N * (L_b + N) * D * Hq per branch (two matmuls); K/V bytes are small beside that, so the
+kernel is bound by the tensor cores and the exp units, and its ceiling is the measured bf16 matmul rate.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels.packed_kv import PackedKVLayout
+
+try:  # host-side TMA descriptors (Triton >= 3.3); the pointer path below works without them
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - depends on the Triton build
+    TensorDescriptor = None
+
+LOG2E = 1.4426950408889634
+
+
+# --------------------------------------------------------------------------------------------------
+# PyTorch reference and PyTorch path
+# --------------------------------------------------------------------------------------------------
+def prefix_attention_reference(
+    q: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    layout: PackedKVLayout,
+    *,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SDPA once per branch over that branch's ``[prefix | gen]`` rows; returns [B, N, Hq, D].
+
+    This is also the PyTorch path that dispatch falls back to: SDPA picks its own backend (cuDNN or
+    FlashAttention on Hopper). When every branch has the same prefix length, one batched call does it.
+    """
+    batch, n_gen, hq, head_dim = q.shape
+    if out is None:
+        out = torch.empty_like(q)
+    if layout.uniform_prefix:
+        kv_len = layout.kv_len(0)
+        kv = kv_buffer.unflatten(1, (batch, kv_len))  # [2, B, L+N, Hkv, D]
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), kv[0].transpose(1, 2), kv[1].transpose(1, 2), scale=scale, enable_gqa=True
+        )
+        out.copy_(o.transpose(1, 2))
+        return out
+    for b in range(batch):
+        k_b, v_b = layout.branch_kv(kv_buffer, b)
+        o = F.scaled_dot_product_attention(
+            q[b : b + 1].transpose(1, 2),
+            k_b.unsqueeze(0).transpose(1, 2),
+            v_b.unsqueeze(0).transpose(1, 2),
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[b].copy_(o[0].transpose(0, 1))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Triton kernel
+# --------------------------------------------------------------------------------------------------
+@triton.jit
+def _load_kv_tile(ptr, desc, row0, rows, head_col, s_row, offs_d, kv_end, MASKED: tl.constexpr,
+                  USE_TMA: tl.constexpr):
+    """A [BLOCK_N, D] tile of one head's K or V rows starting at row0."""
+    if USE_TMA:
+        # The copy engine fetches the tile; rows past this branch belong to the next branch or lie past
+        # the buffer (zero-filled), and the caller masks their scores, so no bounds check is needed here.
+        tile = desc.load([row0, head_col])
+    else:
+        r = (row0 + rows).to(tl.int64)
+        p = ptr + r[:, None] * s_row + head_col + offs_d[None, :]
+        if MASKED:
+            tile = tl.load(p, mask=(row0 + rows < kv_end)[:, None], other=0.0)
+        else:
+            tile = tl.load(p)
+    return tile
+
+
+@triton.jit
+def _dot(a, b, acc, UPCAST: tl.constexpr):
+    if UPCAST:
+        # Interpreter only: its dot multiplies bf16 storage bits as integers. bf16 -> fp32 is exact and
+        # it accumulates in fp32 anyway, so this computes what the GPU computes. Never set on a GPU.
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _attend_tile(acc, m_i, l_i, q, k, v, qk_scale, cols, kv_left, MASKED: tl.constexpr, UPCAST: tl.constexpr):
+    """One online-softmax step over a [BLOCK_N] tile of keys (exp2 form: the scale folds log2(e))."""
+    s = _dot(q, tl.trans(k), None, UPCAST)
+    if MASKED:
+        s = tl.where((cols < kv_left)[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    # One FMA per score: s * scale - m.
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = _dot(p.to(v.dtype), v, acc, UPCAST)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefix_attention_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, desc_k, desc_v, kv_start_ptr, kv_len_ptr,
+    n_gen, qk_scale,
+    s_qb, s_qn, s_qh,
+    s_kv_row, s_kv_head,
+    s_ob, s_on, s_oh,
+    HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    # Query blocks vary fastest in launch order: the programs in flight together share one (branch,
+    # head), so that head's K/V rows are read from HBM about once and then served from L2.
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HQ
+    h = pid_bh % HQ
+    hk = h // GROUP  # GQA: GROUP consecutive q heads read one kv head
+    kv_start = tl.load(kv_start_ptr + b)
+    kv_len = tl.load(kv_len_ptr + b)
+    kv_end = kv_start + kv_len
+    head_col = hk * s_kv_head
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows = tl.arange(0, BLOCK_N)
+    m_mask = (offs_m < n_gen)[:, None]
+    q_base = q_ptr + b.to(tl.int64) * s_qb + h * s_qh
+    q = tl.load(q_base + offs_m.to(tl.int64)[:, None] * s_qn + offs_d[None, :], mask=m_mask, other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+    # Full tiles first, with no masks in the hot loop; then at most one masked tail tile.
+    n_full = (kv_len // BLOCK_N) * BLOCK_N
+    for start in range(0, n_full, BLOCK_N):
+        row0 = kv_start + start
+        k = _load_kv_tile(k_ptr, desc_k, row0, rows, head_col, s_kv_row, offs_d, kv_end, False, USE_TMA)
+        v = _load_kv_tile(v_ptr, desc_v, row0, rows, head_col, s_kv_row, offs_d, kv_end, False, USE_TMA)
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k, v, qk_scale, rows, BLOCK_N, False, UPCAST_DOT)
+    if n_full < kv_len:
+        row0 = kv_start + n_full
+        k = _load_kv_tile(k_ptr, desc_k, row0, rows, head_col, s_kv_row, offs_d, kv_end, True, USE_TMA)
+        v = _load_kv_tile(v_ptr, desc_v, row0, rows, head_col, s_kv_row, offs_d, kv_end, True, USE_TMA)
+        if USE_TMA:
+            # Rows past the branch may hold anything (another branch, stale data): zero V so that a
+            # NaN there cannot reach acc through 0 * NaN.
+            v = tl.where((rows < kv_len - n_full)[:, None], v, 0.0)
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k, v, qk_scale, rows, kv_len - n_full, True, UPCAST_DOT)
+
+    out = acc / l_i[:, None]
+    o_base = o_ptr + b.to(tl.int64) * s_ob + h * s_oh
+    tl.store(o_base + offs_m.to(tl.int64)[:, None] * s_on + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=m_mask)
+
+
+# --------------------------------------------------------------------------------------------------
+# Host wrapper
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Launch shape of the Triton kernel. Defaults are the H200 pick recorded in docs/PERFORMANCE.md."""
+
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    use_tma: bool = False
+
+
+def check_prefix_attention_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout) -> None:
+    """Raise ValueError on shapes the kernel does not handle (shared by wrapper and dispatch)."""
+    if q.dim() != 4:
+        raise ValueError(f"q must be [branches, gen_tokens, q_heads, head_dim], got {tuple(q.shape)}")
+    batch, n_gen, hq, head_dim = q.shape
+    layout.check_buffer(kv_buffer)
+    if layout.num_branches != batch or layout.gen_len != n_gen:
+        raise ValueError(f"layout {layout} does not match q {tuple(q.shape)}")
+    hkv = kv_buffer.shape[2]
+    if kv_buffer.shape[3] != head_dim or hq % hkv:
+        raise ValueError(f"q heads {hq} must be a multiple of kv heads {hkv}, head_dim {head_dim} == {kv_buffer.shape[3]}")
+    if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two in [16, 256], got {head_dim}")
+    if q.dtype != kv_buffer.dtype or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"q and kv_buffer must both be bf16 or fp16, got {q.dtype} / {kv_buffer.dtype}")
+    if q.stride(-1) != 1:
+        raise ValueError(f"q must be contiguous in its last dim, got strides {q.stride()}")
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _tma_ok(kv_buffer: torch.Tensor) -> bool:
+    # A TMA descriptor needs a 16-byte aligned base and 16-byte multiples for every stride but the last.
+    elt = kv_buffer.element_size()
+    return (
+        TensorDescriptor is not None
+        and kv_buffer.is_contiguous()
+        and kv_buffer.data_ptr() % 16 == 0
+        and (kv_buffer.stride(1) * elt) % 16 == 0
+    )
+
+
+def prefix_attention(
+    q: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    layout: PackedKVLayout,
+    *,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    config: AttentionConfig | None = None,
+) -> torch.Tensor:
+    """Non-causal GQA flash attention of q [B, N, Hq, D] over each branch's packed K/V; [B, N, Hq, D]."""
+    check_prefix_attention_inputs(q, kv_buffer, layout)
+    config = config or AttentionConfig()
+    batch, n_gen, hq, head_dim = q.shape
+    hkv = kv_buffer.shape[2]
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    elif tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
+    block_n = min(config.block_n, max(16, triton.next_power_of_2(max(layout.kv_len(b) for b in range(batch)))))
+    block_m = min(config.block_m, max(16, triton.next_power_of_2(n_gen)))
+    kv_starts, kv_lens, _ = layout.index_tensors(q.device)
+    k_plane, v_plane = kv_buffer[0], kv_buffer[1]
+    use_tma = bool(config.use_tma) and _tma_ok(kv_buffer)
+    if use_tma:
+        rows = kv_buffer.shape[1]
+        width = hkv * head_dim
+        desc_k = TensorDescriptor(k_plane, [rows, width], [width, 1], [block_n, head_dim])
+        desc_v = TensorDescriptor(v_plane, [rows, width], [width, 1], [block_n, head_dim])
+    else:
+        desc_k = desc_v = None
+    sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+    grid = (triton.cdiv(n_gen, block_m), batch * hq)
+    _prefix_attention_kernel[grid](
+        q, k_plane, v_plane, out, desc_k, desc_v, kv_starts, kv_lens,
+        n_gen, sm_scale * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        kv_buffer.stride(1), kv_buffer.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        HQ=hq, GROUP=hq // hkv, HEAD_DIM=head_dim,
+        BLOCK_M=block_m, BLOCK_N=block_n, USE_TMA=use_tma,
+        UPCAST_DOT=_interpreting() and q.dtype == torch.bfloat16,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out
