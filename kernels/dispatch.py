@@ -1,0 +1,335 @@
+"""The one place that decides, per op and shape, between a Triton kernel and its PyTorch path.
+
+Why measure instead of assuming: SGLang's fused QK-norm+RoPE path won on Blackwell and lost 3.5% on
+Hopper until it was gated (seeds 001/003), and at some shapes cuDNN's SDPA beats any Triton attention.
+So in "auto" mode each (op, shape) pair is timed once on the GPU in hand, both paths, and the faster is
+cached in the dispatcher instance. Rules, in order:
+
+1. inside ``torch.compile`` tracing: the PyTorch (split) path, always: it is plain tensor ops that the
+   compiler can trace and fuse, while the Triton launch wrappers are not;
+2. mode "torch" (forced): the PyTorch path;
+3. a shape, dtype or device the kernel does not handle: the PyTorch path, with the reason recorded;
+4. mode "triton" (forced): the kernel (on a CPU only under ``TRITON_INTERPRET=1``, for tests);
+5. "auto" on a CPU: the PyTorch path; "auto" on CUDA: the measured winner, cached per shape.
+
+The engine owns one ``KernelDispatcher`` per loaded model (no module-level state), calls each entry
+point once eagerly before any CUDA-graph capture (a capture cannot time anything: an unmeasured shape
+then takes the PyTorch path and is not cached), and can list ``decisions()`` for its logs.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Hashable
+
+import torch
+
+from kernels import norms, prefix_attention as attn, qk_norm_rope as qk
+from kernels.packed_kv import PackedKVLayout
+
+MODES = ("auto", "triton", "torch")
+ENV_VAR = "COSMOS3_KERNELS"
+
+
+class Path(str, enum.Enum):
+    TRITON = "triton"
+    TORCH = "torch"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Which path ran and why; the timings are set when it was measured."""
+
+    path: Path
+    reason: str
+    triton_ms: float | None = None
+    torch_ms: float | None = None
+    config: attn.AttentionConfig | None = None
+
+
+# Candidate launch shapes for attention, timed against each other and SDPA on first use of a shape.
+# Why these two: BLOCK_M 128 fills a Hopper warpgroup's wgmma; BLOCK_M 64 doubles the program count
+# for short gen sequences (T2I: 1024 tokens) where 128-row blocks leave SMs idle.
+DEFAULT_ATTENTION_CONFIGS = (
+    attn.AttentionConfig(block_m=128, block_n=64, num_warps=4, num_stages=3),
+    attn.AttentionConfig(block_m=64, block_n=64, num_warps=4, num_stages=3),
+)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _device_key(t: torch.Tensor) -> str:
+    if t.device.type == "cuda":
+        return f"cuda:{t.device.index if t.device.index is not None else torch.cuda.current_device()}"
+    return str(t.device)
+
+
+def _time_ms(fn: Callable[[], object], warmup: int, iters: int) -> float:
+    """Median milliseconds of ``fn`` on the current stream, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+class KernelDispatcher:
+    """Triton-or-PyTorch choice for the gen tower's kernels; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        mode: str = "auto",
+        *,
+        warmup: int = 2,
+        iters: int = 5,
+        attention_configs: tuple[attn.AttentionConfig, ...] = DEFAULT_ATTENTION_CONFIGS,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if not attention_configs:
+            raise ValueError("attention_configs must name at least one AttentionConfig")
+        self.mode = mode
+        self.warmup = warmup
+        self.iters = iters
+        self.attention_configs = tuple(attention_configs)
+        self._decisions: dict[Hashable, Decision] = {}
+
+    @classmethod
+    def from_env(cls, **kwargs) -> "KernelDispatcher":
+        """Mode from ``COSMOS3_KERNELS`` (auto | triton | torch), default auto: the ablation switch."""
+        return cls(os.environ.get(ENV_VAR, "auto"), **kwargs)
+
+    def decisions(self) -> dict[Hashable, Decision]:
+        """A copy of the measured (cached) decisions, keyed by op and shape."""
+        return dict(self._decisions)
+
+    def clear(self) -> None:
+        self._decisions.clear()
+
+    # ---------------------------------------------------------------------------------------------
+    # The rule chain shared by every op
+    # ---------------------------------------------------------------------------------------------
+    def _decide(
+        self,
+        key: tuple,
+        device_tensor: torch.Tensor,
+        unsupported: str | None,
+        timers: Callable[[], Decision] | None,
+    ) -> Decision:
+        if torch.compiler.is_compiling():
+            return Decision(Path.TORCH, "compiling: split path is compile-safe")
+        if self.mode == "torch":
+            return Decision(Path.TORCH, "forced")
+        on_cuda = device_tensor.device.type == "cuda"
+        if unsupported is None and not on_cuda and not (self.mode == "triton" and _interpreting()):
+            unsupported = f"device {device_tensor.device} (Triton needs CUDA or TRITON_INTERPRET=1)"
+        if unsupported is not None:
+            return Decision(Path.TORCH, f"unsupported: {unsupported}")
+        if self.mode == "triton":
+            return Decision(Path.TRITON, "forced", config=self.attention_configs[0])
+        if not on_cuda:  # pragma: no cover - unreachable: a CPU tensor is unsupported in auto mode
+            return Decision(Path.TORCH, "cpu")
+        cached = self._decisions.get(key)
+        if cached is not None:
+            return cached
+        if torch.cuda.is_current_stream_capturing():
+            return Decision(Path.TORCH, "capturing: not measured; call once before capture")
+        assert timers is not None
+        decision = timers()
+        self._decisions[key] = decision
+        return decision
+
+    def _measure(self, run_triton: dict, run_torch: Callable[[], object]) -> Decision:
+        """Time every Triton candidate and the PyTorch path; keep the fastest."""
+        torch_ms = _time_ms(run_torch, self.warmup, self.iters)
+        best_cfg, best_ms = None, float("inf")
+        for cfg, fn in run_triton.items():
+            ms = _time_ms(fn, self.warmup, self.iters)
+            if ms < best_ms:
+                best_cfg, best_ms = cfg, ms
+        path = Path.TRITON if best_ms < torch_ms else Path.TORCH
+        return Decision(path, "measured", triton_ms=best_ms, torch_ms=torch_ms, config=best_cfg)
+
+    # ---------------------------------------------------------------------------------------------
+    # QK-norm + RoPE + K/V pack
+    # ---------------------------------------------------------------------------------------------
+    def choose_qk_norm_rope(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_buffer: torch.Tensor,
+        layout: PackedKVLayout,
+        *,
+        eps: float,
+        flavour: str = "diffusers",
+        round_norm_before_rope: bool = False,
+    ) -> Decision:
+        unsupported = None
+        try:
+            qk.check_qk_norm_rope_inputs(q, k, v, q_weight, k_weight, cos, sin, kv_buffer, layout, flavour)
+        except ValueError as err:
+            unsupported = str(err)
+        if unsupported is None and round_norm_before_rope and q.device.type == "cuda":
+            # Bit-exactness is promised only where the kernel can add the variance in PyTorch's order.
+            if q.shape[-1] != 128:
+                unsupported = f"bit-exact rounding is verified for head_dim 128 only, got {q.shape[-1]}"
+            elif not torch.compiler.is_compiling() and qk.torch_reduce_order(q.device) is None:
+                unsupported = "this PyTorch build reduces in an order the kernel does not reproduce"
+        key = (
+            "qk_norm_rope", _device_key(q), q.dtype, tuple(q.shape), k.shape[2], flavour,
+            bool(round_norm_before_rope), cos.dim() == 3 and cos.shape[0] > 1,
+        )
+
+        def timers() -> Decision:
+            scratch = torch.empty_like(q)  # never time in place: q must stay the input
+            args = (q, k, v, q_weight, k_weight, cos, sin, kv_buffer, layout)
+            kw = dict(eps=eps, flavour=flavour, q_out=scratch)
+
+            def run_triton():
+                qk.qk_norm_rope_pack(*args, round_norm_before_rope=round_norm_before_rope, **kw)
+
+            def run_torch():
+                qk.qk_norm_rope_pack_reference(*args, **kw)
+
+            return self._measure({None: run_triton}, run_torch)
+
+        return self._decide(key, q, unsupported, timers)
+
+    def qk_norm_rope_pack(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_buffer: torch.Tensor,
+        layout: PackedKVLayout,
+        *,
+        eps: float,
+        flavour: str = "diffusers",
+        round_norm_before_rope: bool = False,
+        q_out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Per-head RMSNorm + rotary on q [B,N,Hq,D] and k [B,N,Hkv,D]; k, v into ``kv_buffer``'s gen rows.
+
+        Returns the rotated q ([B, N, Hq, D]; in ``q_out`` if given). With ``round_norm_before_rope`` the
+        result equals the split PyTorch path bit for bit in bf16, on either path.
+        """
+        decision = self.choose_qk_norm_rope(
+            q, k, v, q_weight, k_weight, cos, sin, kv_buffer, layout,
+            eps=eps, flavour=flavour, round_norm_before_rope=round_norm_before_rope,
+        )
+        args = (q, k, v, q_weight, k_weight, cos, sin, kv_buffer, layout)
+        if decision.path is Path.TRITON:
+            return qk.qk_norm_rope_pack(
+                *args, eps=eps, flavour=flavour, round_norm_before_rope=round_norm_before_rope, q_out=q_out
+            )
+        return qk.qk_norm_rope_pack_reference(*args, eps=eps, flavour=flavour, q_out=q_out)
+
+    # ---------------------------------------------------------------------------------------------
+    # Prefix attention
+    # ---------------------------------------------------------------------------------------------
+    def choose_prefix_attention(
+        self, q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, *, scale: float | None = None
+    ) -> Decision:
+        unsupported = None
+        try:
+            attn.check_prefix_attention_inputs(q, kv_buffer, layout)
+        except ValueError as err:
+            unsupported = str(err)
+        # Prefix lengths change with every prompt: bucket the longest key run by powers of two so a
+        # new prompt re-uses the measurement of a similar one.
+        longest = max(layout.kv_len(b) for b in range(layout.num_branches))
+        key = (
+            "prefix_attention", _device_key(q), q.dtype, tuple(q.shape), kv_buffer.shape[2],
+            layout.uniform_prefix, 1 << (longest - 1).bit_length(),
+        )
+
+        def timers() -> Decision:
+            scratch = torch.empty_like(q)
+            candidates = {
+                cfg: (lambda cfg=cfg: attn.prefix_attention(q, kv_buffer, layout, scale=scale, out=scratch, config=cfg))
+                for cfg in self.attention_configs
+            }
+            return self._measure(
+                candidates, lambda: attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=scratch)
+            )
+
+        return self._decide(key, q, unsupported, timers)
+
+    def prefix_attention(
+        self,
+        q: torch.Tensor,
+        kv_buffer: torch.Tensor,
+        layout: PackedKVLayout,
+        *,
+        scale: float | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Gen queries q [B, N, Hq, D] over each branch's ``[prefix | gen]`` rows; returns [B, N, Hq, D]."""
+        decision = self.choose_prefix_attention(q, kv_buffer, layout, scale=scale)
+        if decision.path is Path.TRITON:
+            return attn.prefix_attention(q, kv_buffer, layout, scale=scale, out=out, config=decision.config)
+        return attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=out)
+
+    # ---------------------------------------------------------------------------------------------
+    # Residual add + RMSNorm, activations
+    # ---------------------------------------------------------------------------------------------
+    def _elementwise(self, name, triton_fn, torch_fn, probe: torch.Tensor, supported: bool, key_extra=()):
+        unsupported = None
+        if not supported:
+            unsupported = f"dtype {probe.dtype} or layout (last dim must be contiguous)"
+        key = (name, _device_key(probe), probe.dtype, tuple(probe.shape), *key_extra)
+        decision = self._decide(key, probe, unsupported, lambda: self._measure({None: triton_fn}, torch_fn))
+        return (triton_fn if decision.path is Path.TRITON else torch_fn)()
+
+    def add_rms_norm(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        weight: torch.Tensor,
+        *,
+        eps: float,
+        flavour: str = "diffusers",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``h = x + residual`` then RMSNorm(h); returns ``(normed, h)``."""
+        ok = (
+            x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+            and x.stride(-1) == 1
+            and (residual is None or residual.stride(-1) == 1)
+            and (flavour == "nemotron" or weight.dtype == x.dtype)
+        )
+        return self._elementwise(
+            "add_rms_norm",
+            lambda: norms.add_rms_norm(x, residual, weight, eps=eps, flavour=flavour),
+            lambda: norms.add_rms_norm_reference(x, residual, weight, eps, flavour),
+            x, ok, (residual is None, flavour),
+        )
+
+    def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ok = gate.dtype in (torch.bfloat16, torch.float16, torch.float32) and gate.stride(-1) == 1 and up.stride(-1) == 1
+        return self._elementwise(
+            "swiglu", lambda: norms.swiglu(gate, up), lambda: norms.swiglu_reference(gate, up), gate, ok
+        )
+
+    def relu2(self, x: torch.Tensor) -> torch.Tensor:
+        ok = x.dtype in (torch.bfloat16, torch.float16, torch.float32) and x.stride(-1) == 1
+        return self._elementwise("relu2", lambda: norms.relu2(x), lambda: norms.relu2_reference(x), x, ok)

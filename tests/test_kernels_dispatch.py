@@ -1,0 +1,135 @@
+"""Which path dispatch picks, and that each path computes the op."""
+import pytest
+import torch
+
+from kernels import dispatch as dsp
+from kernels import prefix_attention as pa
+from kernels import qk_norm_rope as qk
+from kernels.packed_kv import PackedKVLayout
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _qk_args(d=16, hq=4, hkv=2, n=8, prefixes=(3, 5), dtype=torch.bfloat16):
+    layout = PackedKVLayout(prefixes, n)
+    b = len(prefixes)
+    q = torch.randn(b, n, hq, d, dtype=dtype, device=DEVICE)
+    k = torch.randn(b, n, hkv, d, dtype=dtype, device=DEVICE)
+    v = torch.randn(b, n, hkv, d, dtype=dtype, device=DEVICE)
+    qw = torch.randn(d, dtype=dtype, device=DEVICE)
+    kw = torch.randn(d, dtype=dtype, device=DEVICE)
+    ang = torch.rand(n, d // 2, device=DEVICE).repeat(1, 2)
+    buf = layout.allocate(hkv, d, dtype=dtype, device=DEVICE).normal_()
+    return (q, k, v, qw, kw, ang.cos().to(dtype), ang.sin().to(dtype), buf, layout)
+
+
+def test_mode_is_validated_and_read_from_env(monkeypatch):
+    with pytest.raises(ValueError, match="mode"):
+        dsp.KernelDispatcher("fast")
+    monkeypatch.setenv(dsp.ENV_VAR, "torch")
+    assert dsp.KernelDispatcher.from_env().mode == "torch"
+    monkeypatch.delenv(dsp.ENV_VAR)
+    assert dsp.KernelDispatcher.from_env().mode == "auto"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU rule")
+def test_cpu_auto_takes_the_torch_path_and_caches_nothing():
+    d = dsp.KernelDispatcher("auto")
+    args = _qk_args()
+    decision = d.choose_qk_norm_rope(*args, eps=1e-6)
+    assert decision.path is dsp.Path.TORCH and "device cpu" in decision.reason
+    q, buf, layout = args[0], args[7], args[8]
+    assert d.choose_prefix_attention(q, buf, layout).path is dsp.Path.TORCH
+    out = d.qk_norm_rope_pack(*args, eps=1e-6, round_norm_before_rope=True)
+    assert torch.equal(out, qk.qk_norm_rope_pack_reference(*args, eps=1e-6))
+    assert d.decisions() == {}
+
+
+def test_forced_paths():
+    args = _qk_args()
+    assert dsp.KernelDispatcher("torch").choose_qk_norm_rope(*args, eps=1e-6).reason == "forced"
+    forced = dsp.KernelDispatcher("triton")
+    decision = forced.choose_qk_norm_rope(*args, eps=1e-6)
+    assert decision.path is dsp.Path.TRITON and decision.reason == "forced"
+    # Forced Triton still respects capability: attention has no fp32 kernel.
+    q32 = torch.randn(2, 8, 4, 16, device=DEVICE)
+    buf32 = args[8].allocate(2, 16, dtype=torch.float32, device=DEVICE)
+    fp32 = forced.choose_prefix_attention(q32, buf32, args[8])
+    assert fp32.path is dsp.Path.TORCH and fp32.reason.startswith("unsupported")
+
+
+def test_forced_paths_compute_the_same_op():
+    args = _qk_args()
+    q, buf, layout = args[0], args[7], args[8]
+    hidden = torch.randn(2, 8, 64, dtype=torch.bfloat16, device=DEVICE)
+    weight = torch.rand(64, dtype=torch.bfloat16, device=DEVICE) + 0.5
+    results = {}
+    for mode in ("triton", "torch"):
+        d = dsp.KernelDispatcher(mode)
+        kv = buf.clone()  # each op gets the same inputs in both modes; nothing chains
+        q_rot = d.qk_norm_rope_pack(*args[:7], kv, layout, eps=1e-6, flavour="nemotron")
+        out = d.prefix_attention(q, buf, layout)
+        normed, summed = d.add_rms_norm(hidden, hidden, weight, eps=1e-5)
+        results[mode] = (q_rot, kv, out, normed, summed, d.swiglu(hidden, hidden), d.relu2(hidden))
+    for got, want in zip(results["triton"], results["torch"]):
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2**-7)
+
+
+def test_compiling_takes_the_split_path(monkeypatch):
+    """Under torch.compile tracing even a forced Triton dispatcher must use the split path."""
+    args = _qk_args()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    d = dsp.KernelDispatcher("triton")
+    decision = d.choose_qk_norm_rope(*args, eps=1e-6)
+    assert decision.path is dsp.Path.TORCH and decision.reason.startswith("compiling")
+    assert d.choose_prefix_attention(args[0], args[7], args[8]).path is dsp.Path.TORCH
+
+
+def test_torch_compile_runs_the_split_path(monkeypatch):
+    args = _qk_args()
+
+    def boom(*a, **k):
+        raise AssertionError("the Triton wrapper ran inside torch.compile")
+
+    monkeypatch.setattr(qk, "qk_norm_rope_pack", boom)
+    d = dsp.KernelDispatcher("triton")
+    buf_ref = args[7].clone()
+    ref = qk.qk_norm_rope_pack_reference(*args[:7], buf_ref, args[8], eps=1e-6)
+
+    @torch.compile(backend="eager", fullgraph=False)
+    def step(*a):
+        return d.qk_norm_rope_pack(*a, eps=1e-6)
+
+    torch._dynamo.reset()
+    out = step(*args)
+    assert torch.equal(out, ref)
+    assert torch.equal(args[7], buf_ref)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_auto_measures_once_per_shape_and_caches():
+    d = dsp.KernelDispatcher("auto", warmup=1, iters=2)
+    args = _qk_args(d=128, hq=32, hkv=8, n=1024, prefixes=(1615, 2866))
+    first = d.choose_qk_norm_rope(*args, eps=1e-6, round_norm_before_rope=True)
+    assert first.reason == "measured" and first.triton_ms > 0 and first.torch_ms > 0
+    assert d.choose_qk_norm_rope(*args, eps=1e-6, round_norm_before_rope=True) is first
+    q, buf, layout = args[0], args[7], args[8]
+    buf.normal_()
+    att = d.choose_prefix_attention(q, buf, layout)
+    assert att.reason == "measured"
+    if att.path is dsp.Path.TRITON:
+        assert att.config in d.attention_configs
+    out = d.prefix_attention(q, buf, layout)
+    ref = pa.prefix_attention_reference(q.float(), buf.float(), layout)
+    assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-2
+    assert len(d.decisions()) == 2
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_rounding_needs_head_dim_128():
+    d = dsp.KernelDispatcher("triton")
+    decision = d.choose_qk_norm_rope(*_qk_args(d=64), eps=1e-6, round_norm_before_rope=True)
+    assert decision.path is dsp.Path.TORCH and "head_dim 128" in decision.reason
