@@ -1,0 +1,277 @@
+"""What each control shows for a model and a mode, as plain data.
+
+Everything here is computed from `engine.sampling_defaults` and the model's `VariantInfo` (through
+the registry's `describe`), so the UI never carries a table of its own. `layout.py` turns these
+specs into Gradio updates; tests check them without starting a server.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.action import ACTION_DOMAINS, ACTION_KINDS, RESOLUTION_TIERS, SUPPORTED_DOMAINS, VIEW_POINTS
+
+TAB_MODES = {"t2i": "Text to Image", "t2v": "Text to Video", "action": "Action"}
+MODE_NAMES = {
+    "t2i": "text to image", "t2v": "text to video", "i2v": "image to video", "v2v": "video to video",
+    "action": "action", "sound": "sound",
+}
+KIND_LABELS = {
+    "policy": "Policy: image -> future video + actions",
+    "forward_dynamics": "Forward dynamics: image + actions -> video",
+    "inverse_dynamics": "Inverse dynamics: video -> actions",
+}
+VIEW_LABELS = {
+    "ego_view": "Ego (first person)", "third_person_view": "Third person", "wrist_view": "Wrist camera",
+    "concat_view": "Concatenated views",
+}
+DISTILLED_NOTE = (
+    "This is a distilled (few-step) checkpoint: it runs exactly its {steps} fixed sigmas {sigmas} with "
+    "guidance baked into the weights, so steps, guidance and flow shift are fixed and the negative prompt "
+    "is not used."
+)
+# Chunk sizes must keep frames = chunk + 1 at 4k+1; the UI offers the model's practical range.
+ACTION_CHUNK_UI_RANGE = (4, 64)
+
+
+def size_label(width: int, height: int) -> str:
+    return f"{width}x{height}"
+
+
+def parse_size(label: str) -> tuple[int, int]:
+    """(width, height) from "WxH"; raises ValueError naming the field."""
+    text = str(label or "").lower().replace(" ", "")
+    parts = text.split("x")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"Resolution must be WIDTHxHEIGHT such as 1280x720, got {label!r}.")
+    return int(parts[0]), int(parts[1])
+
+
+def _aspect_name(width: int, height: int) -> str:
+    from math import gcd
+
+    g = gcd(width, height)
+    return f"{width // g}:{height // g}"
+
+
+def resolution_choices(resolutions: list[list[int]]) -> list[tuple[str, str]]:
+    """Dropdown (label, value) pairs: exactly the sizes the model allows, in the table's order."""
+    return [(f"{w} x {h}  ({_aspect_name(w, h)})", size_label(w, h)) for w, h in resolutions]
+
+
+def unsupported_reason(model: dict, mode: str) -> str | None:
+    """Why `mode` is off for this model (None when it is available). `model` is `describe()`'s dict."""
+    if mode in model["modes"]:
+        return None
+    family = model["family"].capitalize()
+    if model["is_distilled"] and mode in ("action", "sound"):
+        return f"Distilled (few-step) checkpoints run the vision modes only; {MODE_NAMES[mode]} needs a full checkpoint."
+    if mode == "action":
+        return f"This {family} checkpoint has no action head (Cosmos3 Super has none); pick a Nano or Edge model."
+    if mode == "sound":
+        return f"This {family} checkpoint has no sound tokenizer; sound comes with Nano checkpoints only."
+    return f"This {family} checkpoint does not support {MODE_NAMES.get(mode, mode)}."
+
+
+@dataclass
+class SamplingControls:
+    """The shared sampling controls of one tab."""
+
+    mode: str
+    available: bool
+    reason: str | None
+    resolution_choices: list[tuple[str, str]]
+    resolution: str | None
+    frames_range: tuple[int, int] | None  # None for images
+    frames: int
+    fps: float
+    steps: int
+    guidance_scale: float
+    guidance_interval: tuple[float, float] | None
+    show_interval: bool
+    flow_shift: float
+    locked: bool
+    lock_note: str
+    negative_enabled: bool
+    sound_available: bool = False
+    sound_reason: str | None = None
+    limits_note: str = ""
+
+
+def sampling_controls(model: dict, mode: str) -> SamplingControls:
+    """Controls for a tab's mode ("t2i", "t2v" or "action") from the model's `describe()` dict."""
+    reason = unsupported_reason(model, mode)
+    defaults = model["defaults"].get(mode)
+    if defaults is None:
+        # Unavailable mode: keep the controls readable but empty and disabled.
+        return SamplingControls(
+            mode=mode, available=False, reason=reason, resolution_choices=[], resolution=None, frames_range=None,
+            frames=1, fps=24.0, steps=1, guidance_scale=1.0, guidance_interval=None, show_interval=False,
+            flow_shift=1.0, locked=True, lock_note="", negative_enabled=False,
+        )
+    locked = bool(defaults["steps_locked"] or defaults["guidance_locked"])
+    lock_note = ""
+    if locked:
+        sigmas = model.get("distilled_sigmas") or []
+        lock_note = DISTILLED_NOTE.format(steps=defaults["steps"], sigmas=sigmas)
+    frames_range = None if mode == "t2i" else tuple(defaults["frame_range"])
+    interval = tuple(defaults["guidance_interval"]) if defaults["guidance_interval"] else None
+    sound_reason = unsupported_reason(model, "sound")
+    limits = []
+    if mode != "action":
+        limits.append("sizes " + ", ".join(size_label(w, h) for w, h in defaults["resolutions"]))
+    if frames_range:
+        limits.append(f"frames {frames_range[0]}..{frames_range[1]} (4k+1)")
+    return SamplingControls(
+        mode=mode,
+        available=reason is None,
+        reason=reason,
+        resolution_choices=resolution_choices(defaults["resolutions"]),
+        resolution=size_label(defaults["width"], defaults["height"]),
+        frames_range=frames_range,
+        frames=int(defaults["num_frames"]),
+        fps=float(defaults["fps"]),
+        steps=int(defaults["steps"]),
+        guidance_scale=float(defaults["guidance_scale"]),
+        guidance_interval=interval,
+        show_interval=mode == "t2i",
+        flow_shift=float(defaults["flow_shift"]),
+        locked=locked,
+        lock_note=lock_note,
+        negative_enabled=not model["is_distilled"],
+        sound_available=mode == "t2v" and sound_reason is None,
+        sound_reason=None if mode != "t2v" else sound_reason,
+        limits_note="; ".join(limits),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Action controls
+# ----------------------------------------------------------------------------------------------
+
+
+def domain_choices() -> list[tuple[str, str]]:
+    """Supported domains with their width; domains without a fixed width are left out."""
+    out = []
+    for name in SUPPORTED_DOMAINS:
+        d = ACTION_DOMAINS[name]
+        out.append((f"{name} ({d.raw_dim}-D, {d.note})", name))
+    return out
+
+
+def unsupported_domains_note() -> str:
+    names = [f"{d.name} ({d.note})" for d in ACTION_DOMAINS.values() if not d.supported]
+    return "Not offered (no fixed action width): " + ", ".join(names) + "." if names else ""
+
+
+def kind_choices() -> list[tuple[str, str]]:
+    return [(KIND_LABELS[k], k) for k in ACTION_KINDS]
+
+
+def view_choices() -> list[tuple[str, str]]:
+    return [(VIEW_LABELS.get(v, v), v) for v in VIEW_POINTS]
+
+
+def tier_choices() -> list[tuple[str, int]]:
+    return [(f"{tier}p", tier) for tier in sorted(RESOLUTION_TIERS)]
+
+
+@dataclass
+class DomainControls:
+    chunk_size: int
+    fps: float
+    raw_dim: int
+    note: str
+
+
+def domain_controls(domain: str) -> DomainControls:
+    d = ACTION_DOMAINS[domain]
+    chunk = min(max(d.typical_chunk, ACTION_CHUNK_UI_RANGE[0]), ACTION_CHUNK_UI_RANGE[1])
+    chunk -= chunk % 4
+    return DomainControls(
+        chunk_size=chunk, fps=float(d.typical_fps), raw_dim=int(d.raw_dim),
+        note=(f"Domain id {d.domain_id}: {d.raw_dim} values per step ({d.note}); typical chunk {d.typical_chunk} "
+              f"at {d.typical_fps:g} fps. Wider than 64 is refused; narrower is zero-padded by the engine."),
+    )
+
+
+@dataclass(frozen=True)
+class KindInputs:
+    """Which uploads an action kind uses."""
+
+    image: bool
+    video: bool
+    actions: bool
+    note: str
+
+
+def kind_inputs(kind: str) -> KindInputs:
+    if kind == "policy":
+        return KindInputs(True, True, False, "Give the first frame as an image (or a video: its first frame is used). "
+                                             "The model predicts the future video and the actions.")
+    if kind == "forward_dynamics":
+        return KindInputs(True, True, True, "Give the first frame (image, or a video's first frame) and an actions "
+                                            "file [T, D] (JSON, CSV or NPY); the model renders the video.")
+    return KindInputs(False, True, False, "Give a video; the model infers the actions that produced it.")
+
+
+# ----------------------------------------------------------------------------------------------
+# Variant panel
+# ----------------------------------------------------------------------------------------------
+
+
+def model_choices(models: list[dict]) -> list[tuple[str, str]]:
+    out = []
+    for m in models:
+        label = m["name"]
+        if m.get("label"):
+            label += f"  ({m['label']})"
+        out.append((label, m["name"]))
+    return out
+
+
+def variant_markdown(model: dict) -> str:
+    """The variant panel: family, flags, modes, limits, and what is unavailable and why."""
+    family = model["family"].capitalize()
+    flags = [family]
+    if model["is_edge"]:
+        flags.append("Edge")
+    flags.append("distilled, " + str(len(model.get("distilled_sigmas") or [])) + " steps" if model["is_distilled"]
+                 else "full sampler")
+    if model.get("is_tiny"):
+        flags.append("tiny random weights (outputs are noise)")
+    lines = [f"**{model['name']}** · " + " · ".join(flags)]
+    if model.get("label") and model["label"] not in lines[0]:
+        lines.append(f"_{model['label']}_")
+    modes = [MODE_NAMES[m] for m in model["modes"]]
+    lines.append("Modes: " + ", ".join(modes) + ".")
+    for mode in ("t2i", "t2v"):
+        d = model["defaults"].get(mode)
+        if d is None:
+            continue
+        sizes = ", ".join(size_label(w, h) for w, h in d["resolutions"])
+        frames = "" if mode == "t2i" else f"; frames {d['frame_range'][0]}..{d['frame_range'][1]} (4k+1)"
+        lines.append(f"{TAB_MODES[mode]}: {sizes}{frames}; {d['steps']} steps, guidance {d['guidance_scale']:g}"
+                     + (" (locked)" if d["steps_locked"] else ""))
+    if model["is_distilled"] and model.get("distilled_sigmas"):
+        lines.append(f"Fixed sigmas: {model['distilled_sigmas']}.")
+    for mode in ("action", "sound"):
+        reason = unsupported_reason(model, mode)
+        if reason:
+            lines.append(f"Not available: {MODE_NAMES[mode]}. {reason}")
+    return "\n\n".join(lines)
+
+
+@dataclass
+class TabAvailability:
+    t2i: tuple[bool, str | None]
+    t2v: tuple[bool, str | None]
+    action: tuple[bool, str | None]
+    fallback: str = field(default="t2i")
+
+
+def tab_availability(model: dict) -> TabAvailability:
+    return TabAvailability(
+        t2i=(unsupported_reason(model, "t2i") is None, unsupported_reason(model, "t2i")),
+        t2v=(unsupported_reason(model, "t2v") is None, unsupported_reason(model, "t2v")),
+        action=(unsupported_reason(model, "action") is None, unsupported_reason(model, "action")),
+    )

@@ -1,0 +1,51 @@
+"""The actions plot: each action channel over time, rendered with matplotlib to an RGB array."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def actions_plot(actions, *, domain: str = "", fps: float | None = None) -> np.ndarray:
+    """[H, W, 3] uint8 image of `actions` ([steps, channels]) as lines over time."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    data = np.asarray(actions, dtype=np.float64)
+    if data.ndim == 1:
+        data = data[:, None]
+    steps, channels = data.shape
+    figure = Figure(figsize=(7.0, 3.2), dpi=100)
+    axes = figure.add_subplot(1, 1, 1)
+    x = np.arange(steps) / fps if fps else np.arange(steps)
+    for channel in range(channels):
+        axes.plot(x, data[:, channel], linewidth=1.2, label=f"a{channel}")
+    axes.set_xlabel("time (s)" if fps else "step")
+    axes.set_ylabel("value")
+    title = f"{steps} steps x {channels} channels"
+    axes.set_title(f"{domain}: {title}" if domain else title, fontsize=10)
+    axes.grid(True, alpha=0.3)
+    if channels <= 12:
+        axes.legend(loc="upper right", fontsize=7, ncol=min(channels, 6))
+    figure.tight_layout()
+    canvas = figure.canvas
+    canvas.draw()
+    image = np.asarray(canvas.buffer_rgba())[..., :3].copy()
+    return image
+
+
+def actions_from_file(path: str | Path) -> np.ndarray | None:
+    """The array saved by the engine in actions.json, or None when unreadable."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    rows = data.get("actions") if isinstance(data, dict) else data
+    try:
+        array = np.asarray(rows, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return array if array.ndim == 2 and array.size else None

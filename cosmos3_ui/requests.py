@@ -1,0 +1,283 @@
+"""Engine requests from what the user typed, and from `/generate`'s arguments. Pure functions.
+
+Problems come back as `StudioError` with the input they concern, so the UI can show the message
+next to it. The engine validates again (and is the authority on limits); what is checked here is
+only what the engine cannot see: the caption's own syntax and field types, which upload is which.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine import captions
+from engine.media import ACTION_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES
+
+from .controls import parse_size
+from .service import StudioError
+
+STYLE_JSON = "Structured caption (JSON)"
+STYLE_PROSE = "Prose"
+PROMPT_STYLES = (STYLE_JSON, STYLE_PROSE)
+
+
+def prompt_from_editor(style: str, json_text: str, prose_text: str, kind: str) -> tuple[str, list]:
+    """The prompt string to send and any caption warnings; raises StudioError(field="caption")."""
+    if style == STYLE_PROSE:
+        text = (prose_text or "").strip()
+        if not text:
+            raise StudioError("The prompt is empty: describe the scene in a sentence or two.", "caption")
+        return text, []
+    try:
+        caption, warnings = captions.check_caption(json_text or "", kind)
+    except captions.CaptionParseError as exc:
+        raise StudioError(f"Caption JSON: {exc}", "caption") from None
+    except captions.CaptionFieldError as exc:
+        raise StudioError(str(exc), "caption") from None
+    if not caption:
+        raise StudioError("The caption is an empty object: fill in at least one field.", "caption")
+    return captions.to_prompt(caption), warnings
+
+
+def negative_from_text(text: str, kind: str) -> str:
+    """The negative prompt: a JSON caption (checked like the prompt) or prose, or empty."""
+    stripped = (text or "").strip()
+    if not stripped:
+        return ""
+    if captions.looks_like_json(stripped):
+        try:
+            caption, _ = captions.check_caption(stripped, kind)
+        except (captions.CaptionParseError, captions.CaptionFieldError) as exc:
+            raise StudioError(f"Negative caption: {exc}", "negative") from None
+        return captions.to_prompt(caption)
+    return stripped
+
+
+def _int(value: Any, name: str, field: str) -> int:
+    if value is None or isinstance(value, bool) or value == "":
+        raise StudioError(f"{name} is empty; enter a whole number.", field)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise StudioError(f"{name} must be a whole number, got {value!r}.", field) from None
+    if not math.isfinite(number) or number != int(number):
+        raise StudioError(f"{name} must be a whole number, got {value!r}.", field)
+    return int(number)
+
+
+def _float(value: Any, name: str, field: str) -> float:
+    if value is None or isinstance(value, bool) or value == "":
+        raise StudioError(f"{name} is empty; enter a number.", field)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise StudioError(f"{name} must be a number, got {value!r}.", field) from None
+    if not math.isfinite(number):
+        raise StudioError(f"{name} must be a finite number, got {value!r}.", field)
+    return number
+
+
+def seed_value(seed: Any, randomize: bool) -> int:
+    if randomize:
+        return -1
+    return _int(seed, "Seed", "seed")
+
+
+@dataclass
+class Sampling:
+    """The sampling controls every tab shares."""
+
+    resolution: str | None = None
+    frames: Any = 1
+    fps: Any = 24.0
+    steps: Any = 30
+    guidance_scale: Any = 1.0
+    use_interval: bool = False
+    interval_lo: Any = 400.0
+    interval_hi: Any = 1000.0
+    flow_shift: Any = 1.0
+    seed: Any = 0
+    randomize: bool = True
+
+    def common(self) -> dict:
+        return {
+            "steps": _int(self.steps, "Steps", "steps"),
+            "guidance_scale": _float(self.guidance_scale, "Guidance", "guidance"),
+            "flow_shift": _float(self.flow_shift, "Flow shift", "flow_shift"),
+            "seed": seed_value(self.seed, self.randomize),
+        }
+
+    def canvas(self) -> dict:
+        if not self.resolution:
+            raise StudioError("Pick a resolution.", "resolution")
+        try:
+            width, height = parse_size(self.resolution)
+        except ValueError as exc:
+            raise StudioError(str(exc), "resolution") from None
+        return {"width": width, "height": height}
+
+    def interval(self) -> list[float] | None:
+        if not self.use_interval:
+            return None
+        return [_float(self.interval_lo, "Guidance interval start", "guidance"),
+                _float(self.interval_hi, "Guidance interval end", "guidance")]
+
+
+def image_request(prompt: str, negative: str, sampling: Sampling) -> dict:
+    return {
+        "mode": "t2i", "prompt": prompt, "negative_prompt": negative, **sampling.canvas(), "num_frames": 1,
+        "guidance_interval": sampling.interval(), **sampling.common(),
+    }
+
+
+def video_request(prompt: str, negative: str, sampling: Sampling, *, image: str | None, video: str | None,
+                  sound: bool) -> dict:
+    """T2V, or I2V with a conditioning image, or V2V with a conditioning video."""
+    if image and video:
+        raise StudioError("Give a conditioning image or a conditioning video, not both; clear one of them.", "image")
+    mode = "i2v" if image else "v2v" if video else "t2v"
+    request = {
+        "mode": mode, "prompt": prompt, "negative_prompt": negative, **sampling.canvas(),
+        "num_frames": _int(sampling.frames, "Frames", "frames"), "fps": _float(sampling.fps, "FPS", "fps"),
+        "guidance_interval": None, "sound": bool(sound), **sampling.common(),
+    }
+    if image:
+        request["image"] = image
+    if video:
+        request["video"] = video
+    return request
+
+
+@dataclass
+class ActionInputs:
+    kind: str
+    domain: str
+    view_point: str
+    chunk_size: Any
+    resolution_tier: Any
+    instruction: str = ""
+    image: str | None = None
+    video: str | None = None
+    actions_file: str | None = None
+
+
+def load_actions(path: str, domain: str) -> list[list[float]]:
+    from engine.media import load_actions_file
+
+    try:
+        return load_actions_file(path, domain)
+    except ValueError as exc:
+        raise StudioError(str(exc), "actions") from None
+
+
+def action_request(inputs: ActionInputs, sampling: Sampling) -> dict:
+    kind = inputs.kind
+    action: dict[str, Any] = {
+        "kind": kind, "domain": inputs.domain, "view_point": inputs.view_point,
+        "chunk_size": _int(inputs.chunk_size, "Chunk size", "chunk"),
+        "resolution_tier": _int(inputs.resolution_tier, "Resolution tier", "tier"),
+    }
+    request: dict[str, Any] = {
+        "mode": "action", "prompt": (inputs.instruction or "").strip(), "negative_prompt": "",
+        "fps": _float(sampling.fps, "FPS", "fps"), **sampling.common(),
+    }
+    if kind == "inverse_dynamics":
+        if not inputs.video:
+            raise StudioError("Inverse dynamics needs a video: upload the clip whose actions you want.", "video")
+        request["video"] = inputs.video
+    else:
+        if inputs.image and inputs.video:
+            raise StudioError("Give the first frame as an image or a video, not both; clear one of them.", "image")
+        if not inputs.image and not inputs.video:
+            raise StudioError(f"{kind.replace('_', ' ').capitalize()} needs a first frame: upload an image "
+                              "(or a video, whose first frame is used).", "image")
+        if inputs.image:
+            request["image"] = inputs.image
+        else:
+            request["video"] = inputs.video
+    if kind == "forward_dynamics":
+        if not inputs.actions_file:
+            raise StudioError("Forward dynamics needs an actions file [T, D] (JSON, CSV or NPY).", "actions")
+        action["actions"] = load_actions(inputs.actions_file, inputs.domain)
+    request["action"] = action
+    return request
+
+
+# ----------------------------------------------------------------------------------------------
+# The scripting API
+# ----------------------------------------------------------------------------------------------
+
+
+def file_kind(path: str) -> str:
+    """"image", "video" or "actions" from an uploaded file's suffix; raises for anything else."""
+    suffix = Path(path).suffix.lower()
+    if suffix in IMAGE_SUFFIXES:
+        return "image"
+    if suffix in VIDEO_SUFFIXES:
+        return "video"
+    if suffix in ACTION_SUFFIXES:
+        return "actions"
+    allowed = list(IMAGE_SUFFIXES + VIDEO_SUFFIXES + ACTION_SUFFIXES)
+    raise StudioError(f"The file {Path(path).name!r} has type {suffix or '(none)'!r}; allowed: {allowed}.", "file")
+
+
+def parse_request_json(text: Any) -> dict:
+    if isinstance(text, dict):
+        return dict(text)
+    if not isinstance(text, str) or not text.strip():
+        raise StudioError("request_json is empty; send a JSON object such as {\"mode\": \"t2i\", \"prompt\": \"...\"}.")
+    if len(text) > 2 * captions.MAX_CAPTION_CHARS + 100_000:
+        raise StudioError(f"request_json is {len(text)} characters long; that is more than any valid request.")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StudioError(f"request_json is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.") from None
+    except RecursionError:
+        raise StudioError("request_json is nested too deeply.") from None
+    if not isinstance(value, dict):
+        raise StudioError(f"request_json must be a JSON object, got {type(value).__name__}.")
+    return value
+
+
+def api_request(request: dict, file_path: str | None) -> dict:
+    """The engine request for `/generate`: the uploaded file goes where its mode needs it.
+
+    Paths inside request_json are refused: files come only through the `file` argument, so a
+    caller can never point the engine at a file on the server.
+    """
+    request = dict(request)
+    for key in ("image", "video"):
+        if request.get(key) is not None:
+            raise StudioError(f"request_json must not name a file in {key!r}; upload it as the `file` argument.", "file")
+    action = request.get("action")
+    if isinstance(action, dict) and isinstance(action.get("actions"), str):
+        raise StudioError("action.actions must be a list of rows, not a file name; upload the file as `file`.", "file")
+    mode = request.get("mode")
+    if not file_path:
+        return request
+    kind = file_kind(file_path)
+    if mode == "i2v" and kind == "image":
+        request["image"] = file_path
+    elif mode == "v2v" and kind == "video":
+        request["video"] = file_path
+    elif mode == "action" and isinstance(action, dict):
+        action_kind = action.get("kind")
+        if kind == "actions":
+            if action_kind != "forward_dynamics":
+                raise StudioError(f"An actions file is only used by forward_dynamics, not {action_kind!r}.", "file")
+            domain = action.get("domain")
+            if not isinstance(domain, str):
+                raise StudioError("action.domain is needed to read an actions file.", "file")
+            request["action"] = dict(action, actions=load_actions(file_path, domain))
+        elif kind == "video" or (kind == "image" and action_kind != "inverse_dynamics"):
+            request[kind] = file_path
+        else:
+            raise StudioError("inverse_dynamics takes a video file, not an image.", "file")
+    else:
+        wanted = {"i2v": "an image", "v2v": "a video", "action": "an image, a video or an actions file"}
+        if mode in wanted:
+            raise StudioError(f"Mode {mode!r} takes {wanted[mode]}; the uploaded file is {kind == 'actions' and 'an actions file' or 'a ' + kind}.", "file")
+        raise StudioError(f"Mode {mode!r} takes no file; use i2v (image), v2v (video) or action.", "file")
+    return request

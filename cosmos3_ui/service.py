@@ -1,0 +1,243 @@
+"""The UI's side of the engine, free of Gradio: submitting jobs, following their events, tracking
+each session's running job for Cancel, and turning results into history entries.
+
+Handlers in `layout.py` and the scripting API in `api.py` both go through `StudioService`, so the
+UI and `/generate` submit, follow and report jobs the same way.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.events import Cancelled, Failed, Finished, Progress, Queued, Started
+from engine.registry import ModelRegistry
+
+STAGE_LABELS = {
+    "load": "Loading the model",
+    "conditioning": "Encoding the conditioning input",
+    "prompt": "Preparing the prompt",
+    "prefill": "Reading the prompt (text tower)",
+    "denoise": "Denoising",
+    "decode": "Decoding frames",
+    "save": "Saving files",
+}
+
+
+class StudioError(ValueError):
+    """A message for the user. `field` says which input it belongs to ("caption", "negative",
+    "image", "video", "actions", "resolution", "frames", "model", "queue" or "" for general)."""
+
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message)
+        self.field = field
+
+
+class JobWasCancelled(Exception):
+    """The job stopped because its Cancel was pressed (or its client went away)."""
+
+    def __init__(self, step: int | None = None, total: int | None = None):
+        super().__init__("Cancelled.")
+        self.step = step
+        self.total = total
+
+    def message(self) -> str:
+        if self.step is not None and self.total:
+            return f"Cancelled after denoising step {self.step} of {self.total}; nothing was saved."
+        return "Cancelled before it started; nothing was saved."
+
+
+def field_of(message: str) -> str:
+    """Which input an engine validation message is about, from its leading words."""
+    text = message.lower()
+    for prefix, name in (
+        ("size ", "resolution"), ("width", "resolution"), ("height", "resolution"), ("num_frames", "frames"),
+        ("prompt", "caption"), ("negative_prompt", "negative"), ("the image", "image"), ("image", "image"),
+        ("the video", "video"), ("video", "video"), ("the actions", "actions"), ("action.actions", "actions"),
+        ("unknown model", "model"), ("steps", "steps"), ("this distilled", "steps"), ("guidance", "guidance"),
+        ("seed", "seed"), ("fps", "fps"), ("sound", "sound"),
+    ):
+        if text.startswith(prefix):
+            return name
+    return ""
+
+
+@dataclass
+class JobStatus:
+    """What the UI shows while a job runs; filled from the job's events."""
+
+    position: int | None = None
+    stage: str = "queued"
+    step: int = 0
+    total: int = 0
+    elapsed_s: float = 0.0
+    eta_s: float | None = None
+    denoise_step: int | None = None
+    denoise_total: int | None = None
+
+    def describe(self) -> str:
+        if self.stage == "queued":
+            ahead = self.position or 0
+            return "Waiting for the GPU" + (f": {ahead} job{'s' if ahead != 1 else ''} ahead" if ahead else "")
+        label = STAGE_LABELS.get(self.stage, self.stage)
+        if self.stage == "denoise" and self.total:
+            text = f"{label}: step {self.step}/{self.total}"
+            if self.eta_s is not None:
+                text += f" · about {self.eta_s:.0f} s left"
+            return text
+        return label
+
+
+@dataclass
+class ActiveJob:
+    handle: Any
+    status: JobStatus = field(default_factory=JobStatus)
+    cancel_requested: bool = False
+
+
+class ActiveJobs:
+    """Per-session running jobs, so that a session's Cancel reaches its own job and no one else's."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._jobs: dict[str, ActiveJob] = {}
+        self.cancelled_ids: list[str] = []  # for tests and logs: jobs stopped through Cancel
+
+    def add(self, session: str, handle) -> ActiveJob:
+        job = ActiveJob(handle)
+        with self._lock:
+            self._jobs[session] = job
+        return job
+
+    def remove(self, session: str, handle) -> None:
+        with self._lock:
+            current = self._jobs.get(session)
+            if current is not None and current.handle is handle:
+                del self._jobs[session]
+
+    def get(self, session: str) -> ActiveJob | None:
+        with self._lock:
+            return self._jobs.get(session)
+
+    def cancel(self, session: str) -> ActiveJob | None:
+        with self._lock:
+            job = self._jobs.get(session)
+        if job is not None:
+            job.cancel_requested = True
+            job.handle.cancel()
+            self.cancelled_ids.append(job.handle.id)
+        return job
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._jobs)
+
+
+def apply_event(status: JobStatus, event) -> Any:
+    """Update `status` from one job event. Returns the result on Finished; raises on the others."""
+    if isinstance(event, Queued):
+        status.position = event.position
+        status.stage = "queued"
+    elif isinstance(event, Started):
+        status.position = 0
+        status.stage = "load"
+    elif isinstance(event, Progress):
+        status.stage = event.stage
+        status.step, status.total = event.step, event.total
+        status.elapsed_s, status.eta_s = event.elapsed_s, event.eta_s
+        if event.stage == "denoise":
+            status.denoise_step, status.denoise_total = event.step, event.total
+    elif isinstance(event, Finished):
+        status.stage = "done"
+        return event.result
+    elif isinstance(event, Failed):
+        raise StudioError(event.message, field_of(event.message) if event.kind == "invalid" else "")
+    elif isinstance(event, Cancelled):
+        raise JobWasCancelled(status.denoise_step, status.denoise_total)
+    return None
+
+
+class StudioService:
+    """Models, submission and job tracking for one running app."""
+
+    def __init__(self, registry: ModelRegistry, job_queue, outputs_root: str | Path):
+        self.registry = registry
+        self.queue = job_queue
+        self.outputs_root = Path(outputs_root).resolve()
+        self.active = ActiveJobs()
+        self._described: dict[str, dict] = {}
+        self._lock = threading.Lock()
+
+    # -- models ---------------------------------------------------------------------------------
+
+    def model_names(self) -> list[str]:
+        return self.registry.names()
+
+    def describe(self, name: str) -> dict:
+        """`registry.describe`, cached: it reads config files only, once per model."""
+        if not isinstance(name, str) or name not in self.registry.names():
+            raise StudioError(f"Unknown model {name!r}; registered models: {self.registry.names()}.", "model")
+        with self._lock:
+            if name not in self._described:
+                self._described[name] = self.registry.describe(name)
+            return self._described[name]
+
+    def describe_all(self) -> list[dict]:
+        return [self.describe(name) for name in self.registry.names()]
+
+    def info(self, name: str):
+        self.describe(name)
+        return self.registry.info(name)
+
+    def models_api(self) -> list[dict]:
+        """The `/models` payload: {name, label, family, is_edge, is_distilled, modes, defaults}."""
+        out = []
+        for model in self.describe_all():
+            out.append({
+                "name": model["name"],
+                "label": model.get("label", ""),
+                "family": model["family"],
+                "is_edge": model["is_edge"],
+                "is_distilled": model["is_distilled"],
+                "distilled_sigmas": model.get("distilled_sigmas"),
+                "is_tiny": model.get("is_tiny", False),
+                "modes": model["modes"],
+                "defaults": model["defaults"],
+            })
+        return out
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    def submit(self, model_name: str, request: dict, session: str):
+        """Validate and queue; user mistakes come back as StudioError naming the input."""
+        from engine.queue import QueueFull
+
+        self.describe(model_name)
+        try:
+            return self.queue.submit(model_name, request, session_id=session)
+        except QueueFull as exc:
+            raise StudioError(str(exc), "queue") from None
+        except ValueError as exc:
+            raise StudioError(str(exc), field_of(str(exc))) from None
+
+    def wait_position(self, handle) -> float | None:
+        try:
+            return self.queue.eta_seconds(handle.position(), None)
+        except Exception:  # noqa: BLE001 - an estimate only
+            return None
+
+    # -- files ----------------------------------------------------------------------------------
+
+    def owns(self, path: str | Path) -> bool:
+        """Whether `path` is a file inside the outputs root (history entries are checked with it)."""
+        try:
+            resolved = Path(path).resolve()
+        except (OSError, ValueError, TypeError):
+            return False
+        return resolved.is_file() and self.outputs_root in resolved.parents
+
+
+def now_label() -> str:
+    return time.strftime("%H:%M:%S")
