@@ -163,6 +163,10 @@ class LoadedModel:
     dropped_scheduler_keys: list[str] = field(default_factory=list)
     dropped_weight_keys: list[str] = field(default_factory=list)
     native_flow_schedule: bool = False
+    # Fast-path switches (None: from the environment) and the kernel dispatchers' measured choices,
+    # kept per model so they persist across requests.
+    fast_path: Any = None
+    dispatchers: dict = field(default_factory=dict)
 
     def make_scheduler(self, **overrides):
         config = dict(self.scheduler_config)

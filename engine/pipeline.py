@@ -40,7 +40,7 @@ from .events import Progress
 from .loader import LoadedModel
 from .media import load_image, load_video
 from .prompts import build_prompt_texts, tokenize
-from .transformer import BranchPrefix, gen_forward, prefill
+from .transformer import GenRotary, KVCache, allocate_cache, gen_forward, prefill
 
 VAE_SPATIAL = 16
 VAE_TEMPORAL = 4
@@ -139,14 +139,27 @@ class GenLayout:
 
 @dataclass
 class Branch:
+    """One CFG branch: its text, its positions, and (after prefill) its gen rotary tables."""
+
+    index: int  # row block in the KV cache: 0 = cond, 1 = uncond
     token_ids: list[int]
     position_ids: torch.Tensor
-    prefix: BranchPrefix | None = None
+    rotary: GenRotary | None = None
 
 
 # ----------------------------------------------------------------------------------------------
 # Stages
 # ----------------------------------------------------------------------------------------------
+
+
+def make_gen_tower(model: LoadedModel, cache: KVCache, branches: list[Branch]):
+    """The exact eager tower, or the fast path where it applies (CUDA, unless switched off)."""
+    from .fast_path import FastGenTower, FastPathOptions
+
+    options = FastPathOptions.for_model(model)
+    if options.enabled:
+        return FastGenTower(model, cache, branches, options)
+    return EagerGenTower(model, cache, branches)
 
 
 def resolve_seed(seed: int) -> int:
@@ -345,9 +358,23 @@ def positions(model: LoadedModel, layout: GenLayout, und_len: int, fps: float) -
     return torch.cat(segments, dim=1).to(model.device)
 
 
-def prefill_stage(model: LoadedModel, branch: Branch, layout: GenLayout) -> None:
-    ids = torch.tensor(branch.token_ids, dtype=torch.long, device=model.device)
-    branch.prefix = prefill(model.transformer, ids, branch.position_ids, layout.gen_len)
+def prefill_stage(model: LoadedModel, branches: list[Branch], layout: GenLayout) -> KVCache:
+    """The text tower once per branch, its K/V written into the packed cache."""
+    cache = allocate_cache(model.transformer, tuple(len(b.token_ids) for b in branches), layout.gen_len)
+    for branch in branches:
+        ids = torch.tensor(branch.token_ids, dtype=torch.long, device=model.device)
+        branch.rotary = prefill(model.transformer, cache, branch.index, ids, branch.position_ids)
+    return cache
+
+
+class EagerGenTower:
+    """The gen tower one branch at a time, op for op as diffusers runs it (the exact path)."""
+
+    def __init__(self, model: LoadedModel, cache: KVCache, branches: list[Branch]):
+        self.transformer, self.cache, self.branches = model.transformer, cache, branches
+
+    def __call__(self, tokens: torch.Tensor, count: int) -> list[torch.Tensor]:
+        return [gen_forward(self.transformer, self.cache, b.index, b.rotary, tokens) for b in self.branches[:count]]
 
 
 def _time_embeds(transformer, timestep: float, count: int, dtype) -> torch.Tensor:
@@ -394,12 +421,10 @@ def _masked(pred: torch.Tensor, noisy_mask: torch.Tensor) -> torch.Tensor:
     return pred * noisy_mask if noisy_mask.sum() > 0 else torch.zeros_like(pred)
 
 
-def predict(model: LoadedModel, branch: Branch, layout: GenLayout, latents: Latents, tokens: torch.Tensor,
-            domain_id, raw_action_dim) -> Velocity:
-    """One branch's masked velocity for this step (float32)."""
+def velocity(model: LoadedModel, layout: GenLayout, latents: Latents, out: torch.Tensor, domain_id,
+             raw_action_dim) -> Velocity:
+    """One branch's masked velocity (float32) from its gen-tower output `out` [gen_len, hidden]."""
     tr = model.transformer
-    out = gen_forward(tr, branch.prefix, tokens)
-    t, ph, pw = layout.vision_shape
     packed = tr.proj_out(out[layout.vision_noisy_local])
     vision = tr._unpatchify_and_unpack_latents(packed, [layout.vision_shape], [layout.noisy_frames],
                                                [tuple(latents.vision.shape[2:])])[0]
@@ -465,7 +490,7 @@ def scheduler_stage(model: LoadedModel, request: dict, latents: Latents) -> Sche
     )
 
 
-def denoise_stage(model: LoadedModel, request: dict, latents: Latents, layout: GenLayout, branches: dict[str, Branch],
+def denoise_stage(model: LoadedModel, request: dict, latents: Latents, layout: GenLayout, tower,
                   schedulers: Schedulers, cond: Conditioning, generator: torch.Generator,
                   report: Callable[[int, int], None], cancel: threading.Event | None) -> Latents:
     timesteps = schedulers.vision.timesteps
@@ -477,10 +502,11 @@ def denoise_stage(model: LoadedModel, request: dict, latents: Latents, layout: G
         if cancel is not None and cancel.is_set():
             raise JobCancelled()
         tokens = gen_tokens(model, layout, latents, values[i], cond.domain_id)
-        cond_v = predict(model, branches["cond"], layout, latents, tokens, cond.domain_id, cond.raw_action_dim)
+        outs = tower(tokens, 2 if plan[i] else 1)
+        cond_v = velocity(model, layout, latents, outs[0], cond.domain_id, cond.raw_action_dim)
         uncond_v = Velocity(None)
         if plan[i]:
-            uncond_v = predict(model, branches["uncond"], layout, latents, tokens, cond.domain_id, cond.raw_action_dim)
+            uncond_v = velocity(model, layout, latents, outs[1], cond.domain_id, cond.raw_action_dim)
         vision_v = guided(cond_v.vision, uncond_v.vision, scale)
         if schedulers.distilled:
             stepped = schedulers.vision.step(vision_v.unsqueeze(0), t, latents.vision.float().unsqueeze(0),
@@ -564,13 +590,13 @@ def generate(model: LoadedModel, request: dict, on_progress: Callable[[Progress]
     layout = layout_stage(model, latents, cond)
     schedulers = scheduler_stage(model, request, latents)
     plan = cfg_plan(schedulers.vision.timesteps.tolist(), request["guidance_scale"], request["guidance_interval"])
-    branches = {"cond": Branch(cond_ids, positions(model, layout, len(cond_ids), request["fps"]))}
+    branches = [Branch(0, cond_ids, positions(model, layout, len(cond_ids), request["fps"]))]
     if any(plan):
-        branches["uncond"] = Branch(uncond_ids, positions(model, layout, len(uncond_ids), request["fps"]))
-    for branch in branches.values():
-        prefill_stage(model, branch, layout)
+        branches.append(Branch(1, uncond_ids, positions(model, layout, len(uncond_ids), request["fps"])))
+    cache = prefill_stage(model, branches, layout)
+    tower = make_gen_tower(model, cache, branches)
     clock.lap("prefill")
-    latents = denoise_stage(model, request, latents, layout, branches, schedulers, cond, generator,
+    latents = denoise_stage(model, request, latents, layout, tower, schedulers, cond, generator,
                             lambda step, total: clock.report("denoise", step, total), cancel)
     clock.lap("denoise")
     if cancel is not None and cancel.is_set():

@@ -1,10 +1,11 @@
 """The two halves of a Cosmos3 forward, run on the loaded diffusers modules.
 
 The und (text) tower never sees gen tokens or the timestep, so its per-layer keys and values are
-the same at every denoising step. `prefill` runs it once per request and CFG branch and writes
-each layer's K-for-gen and V into a packed buffer `[prefix | gen]`; `gen_forward` then runs only the
-gen tower per step, writing the step's gen K/V into the tail of the same buffers, so no step
-concatenates or copies the prefix.
+the same at every denoising step. `prefill` runs it once per request and CFG branch and writes each
+layer's K-for-gen and V into the branch's prefix rows of a packed per-layer buffer (the layout in
+`kernels.packed_kv`: every branch's rows are `[prefix | gen]`). `gen_forward` then runs only the gen
+tower per step and writes the step's gen K/V into the gen rows, so no step concatenates or copies
+the prefix. The fast path (`engine.fast_path`) reads the same buffers.
 
 Both functions mirror `Cosmos3PackedMoTAttention` / `Cosmos3VLTextMoTDecoderLayer` op for op, so
 on the same inputs they agree with the full diffusers forward (tests/test_engine_parity.py).
@@ -14,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from kernels.packed_kv import PackedKVLayout
 
 from .attention import attend_causal, attend_prefix
 
@@ -29,15 +32,39 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 @dataclass
-class BranchPrefix:
-    """One CFG branch's cached text tower: packed K/V buffers and the gen rotary tables."""
+class KVCache:
+    """Per-layer packed K/V buffers `[2, rows, kv_heads, head_dim]` for all CFG branches of a request."""
 
-    und_len: int
-    gen_len: int
-    keys: list[torch.Tensor]  # per layer [und_len + gen_len, kv_heads, head_dim]; prefix filled
-    values: list[torch.Tensor]
-    cos_gen: torch.Tensor  # [gen_len, 1, head_dim]
-    sin_gen: torch.Tensor
+    layout: PackedKVLayout
+    buffers: list[torch.Tensor]
+
+    def branch(self, layer: int, branch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layout.branch_kv(self.buffers[layer], branch)
+
+    def leading(self, branches: int) -> tuple[PackedKVLayout, list[torch.Tensor]]:
+        """Layout and buffer views holding only the first `branches` branches (rows start at 0)."""
+        if branches == self.layout.num_branches:
+            return self.layout, self.buffers
+        layout = PackedKVLayout(self.layout.prefix_lens[:branches], self.layout.gen_len)
+        return layout, [buffer[:, : layout.total_rows] for buffer in self.buffers]
+
+
+def allocate_cache(transformer, prefix_lens: tuple[int, ...], gen_len: int) -> KVCache:
+    layout = PackedKVLayout(tuple(prefix_lens), gen_len)
+    attn = transformer.layers[0].self_attn
+    buffers = [
+        layout.allocate(attn.num_key_value_heads, attn.head_dim, dtype=transformer.dtype, device=transformer.device)
+        for _ in transformer.layers
+    ]
+    return KVCache(layout, buffers)
+
+
+@dataclass
+class GenRotary:
+    """One branch's rotary tables for its gen tokens, [gen_len, 1, head_dim]."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
 
 
 def rotary_tables(transformer, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,14 +74,14 @@ def rotary_tables(transformer, position_ids: torch.Tensor, dtype: torch.dtype) -
 
 
 @torch.no_grad()
-def prefill(transformer, input_ids: torch.Tensor, position_ids: torch.Tensor, gen_len: int) -> BranchPrefix:
-    """Run the und tower once and return the packed K/V buffers for the gen tower's steps."""
+def prefill(transformer, cache: KVCache, branch: int, input_ids: torch.Tensor, position_ids: torch.Tensor) -> GenRotary:
+    """Run the und tower once, writing branch `branch`'s prefix K/V; return its gen rotary tables."""
     und_len = int(input_ids.shape[0])
+    if und_len != cache.layout.prefix_lens[branch]:
+        raise ValueError(f"branch {branch} has {und_len} text tokens, the cache expects {cache.layout.prefix_lens[branch]}")
     hidden = transformer.embed_tokens(input_ids)
-    dtype = hidden.dtype
-    cos, sin = rotary_tables(transformer, position_ids, dtype)
+    cos, sin = rotary_tables(transformer, position_ids, hidden.dtype)
     cos_und, sin_und = cos[:und_len].unsqueeze(1), sin[:und_len].unsqueeze(1)
-    keys, values = [], []
     last = len(transformer.layers) - 1
     for index, layer in enumerate(transformer.layers):
         attn = layer.self_attn
@@ -62,12 +89,9 @@ def prefill(transformer, input_ids: torch.Tensor, position_ids: torch.Tensor, ge
         k = attn.norm_k(attn.to_k(normed).view(-1, attn.num_key_value_heads, attn.head_dim))
         v = attn.to_v(normed).view(-1, attn.num_key_value_heads, attn.head_dim)
         k_for_gen = attn.k_norm_und_for_gen(k) if attn.k_norm_und_for_gen is not None else k
-        key_buffer = k.new_empty((und_len + gen_len, attn.num_key_value_heads, attn.head_dim))
-        value_buffer = torch.empty_like(key_buffer)
-        key_buffer[:und_len] = apply_rotary(k_for_gen, cos_und, sin_und)
-        value_buffer[:und_len] = v
-        keys.append(key_buffer)
-        values.append(value_buffer)
+        keys, values = cache.branch(index, branch)
+        keys[:und_len] = apply_rotary(k_for_gen, cos_und, sin_und)
+        values[:und_len] = v
         if index == last:
             # The last layer's und output feeds nothing the gen tower reads: stop at its K/V.
             break
@@ -76,29 +100,23 @@ def prefill(transformer, input_ids: torch.Tensor, position_ids: torch.Tensor, ge
         k = apply_rotary(k, cos_und, sin_und)
         hidden = hidden + attn.to_out(attend_causal(q, k, v))
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-    return BranchPrefix(
-        und_len=und_len,
-        gen_len=gen_len,
-        keys=keys,
-        values=values,
-        cos_gen=cos[und_len:].unsqueeze(1),
-        sin_gen=sin[und_len:].unsqueeze(1),
-    )
+    return GenRotary(cos[und_len:].unsqueeze(1), sin[und_len:].unsqueeze(1))
 
 
 @torch.no_grad()
-def gen_forward(transformer, prefix: BranchPrefix, gen_hidden: torch.Tensor) -> torch.Tensor:
-    """Run the gen tower over `gen_hidden` [gen_len, hidden] and return its final-normed output."""
-    und_len = prefix.und_len
+def gen_forward(transformer, cache: KVCache, branch: int, rotary: GenRotary, gen_hidden: torch.Tensor) -> torch.Tensor:
+    """Run the gen tower over `gen_hidden` [gen_len, hidden] for one branch; return its final-normed output."""
+    und_len = cache.layout.prefix_lens[branch]
     hidden = gen_hidden
-    for layer, key_buffer, value_buffer in zip(transformer.layers, prefix.keys, prefix.values):
+    for index, layer in enumerate(transformer.layers):
         attn = layer.self_attn
+        keys, values = cache.branch(index, branch)
         normed = layer.input_layernorm_moe_gen(hidden)
         q = attn.norm_added_q(attn.add_q_proj(normed).view(-1, attn.num_attention_heads, attn.head_dim))
         k = attn.norm_added_k(attn.add_k_proj(normed).view(-1, attn.num_key_value_heads, attn.head_dim))
-        key_buffer[und_len:] = apply_rotary(k, prefix.cos_gen, prefix.sin_gen)
-        value_buffer[und_len:] = attn.add_v_proj(normed).view(-1, attn.num_key_value_heads, attn.head_dim)
-        q = apply_rotary(q, prefix.cos_gen, prefix.sin_gen)
-        hidden = hidden + attn.to_add_out(attend_prefix(q, key_buffer, value_buffer))
+        keys[und_len:] = apply_rotary(k, rotary.cos, rotary.sin)
+        values[und_len:] = attn.add_v_proj(normed).view(-1, attn.num_key_value_heads, attn.head_dim)
+        q = apply_rotary(q, rotary.cos, rotary.sin)
+        hidden = hidden + attn.to_add_out(attend_prefix(q, keys, values))
         hidden = hidden + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(hidden))
     return transformer.norm_moe_gen(hidden)

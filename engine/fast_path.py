@@ -1,0 +1,162 @@
+"""The gen tower's fast path: passes applied on top of the exact engine, each one switchable.
+
+- **batched CFG**: both branches go through every projection and MLP as one batch (twice the rows
+  per GEMM), and attention takes each branch's own prefix length from the packed cache (varlen), so
+  branches of different text lengths are never zero-padded into each other's softmax;
+- **kernels**: fused QK-norm + RoPE + K/V pack, prefix attention, residual-add + RMSNorm and the MLP
+  activations, each through `kernels.dispatch`, which picks the Triton kernel or the PyTorch path per
+  shape by measuring on the GPU in hand;
+- **CUDA graphs**: the tower's step is captured once per request shape and replayed every step, where
+  the step is short enough for launch overhead to matter.
+
+Off the GPU the engine runs the exact eager tower (`engine.pipeline.EagerGenTower`). Switches:
+`COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
+`COSMOS3_KERNELS=auto|triton|torch`; `bench/bench_engine.py` ablates them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from kernels.dispatch import KernelDispatcher
+from kernels.packed_kv import PackedKVLayout
+
+from .transformer import KVCache
+
+# Why a bound: a graph pays where launches dominate (T2I: ~1k gen tokens, ~15 launches per layer and
+# branch). For long videos a step is seconds of attention and a graph only adds a second memory pool.
+GRAPH_MAX_GEN_TOKENS = 16384
+
+
+def _env_on(name: str) -> bool:
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+@dataclass(frozen=True)
+class FastPathOptions:
+    enabled: bool
+    batched_cfg: bool = True
+    cuda_graphs: bool = True
+    kernels: str = "auto"
+
+    @classmethod
+    def from_env(cls, device: torch.device) -> "FastPathOptions":
+        return cls(
+            enabled=device.type == "cuda" and _env_on("COSMOS3_FAST"),
+            batched_cfg=_env_on("COSMOS3_BATCHED_CFG"),
+            cuda_graphs=device.type == "cuda" and _env_on("COSMOS3_CUDA_GRAPHS"),
+            kernels=os.environ.get("COSMOS3_KERNELS", "auto"),
+        )
+
+    @classmethod
+    def for_model(cls, model) -> "FastPathOptions":
+        return model.fast_path if model.fast_path is not None else cls.from_env(model.device)
+
+
+def dispatcher_for(model, mode: str) -> KernelDispatcher:
+    """One dispatcher per loaded model and mode, so measured choices persist across requests."""
+    cached = model.dispatchers.get(mode)
+    if cached is None:
+        cached = model.dispatchers[mode] = KernelDispatcher(mode)
+    return cached
+
+
+class FastGenTower:
+    """Gen tower over the packed cache with batched CFG, dispatched kernels and optional CUDA graphs."""
+
+    def __init__(self, model, cache: KVCache, branches, options: FastPathOptions):
+        tr = model.transformer
+        self.transformer = tr
+        self.cache = cache
+        self.options = options
+        self.dispatch = dispatcher_for(model, options.kernels)
+        self.flavour = "nemotron" if tr.config.hidden_act == "relu2" else "diffusers"
+        # Per-branch rotary tables [B, N, D]: positions differ between branches by their text lengths.
+        self.cos = torch.stack([b.rotary.cos.squeeze(1) for b in branches])
+        self.sin = torch.stack([b.rotary.sin.squeeze(1) for b in branches])
+        self.use_graphs = options.cuda_graphs and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS
+        self._graphs: dict[tuple[int, int], tuple] = {}
+
+    # -- the tower, eager ----------------------------------------------------------------------
+
+    def _layouts(self, count: int) -> list[tuple[int, int]]:
+        """(first branch, branch count) groups one step runs: one batch, or one branch at a time."""
+        if self.options.batched_cfg or count == 1:
+            return [(0, count)]
+        return [(b, 1) for b in range(count)]
+
+    def _slice(self, first: int, count: int) -> tuple[PackedKVLayout, list[torch.Tensor]]:
+        layout = self.cache.layout
+        if first == 0:
+            return self.cache.leading(count)
+        start = layout.branch_start(first)
+        sub = PackedKVLayout(layout.prefix_lens[first:first + count], layout.gen_len)
+        return sub, [buffer[:, start:start + sub.total_rows] for buffer in self.cache.buffers]
+
+    @torch.no_grad()
+    def run(self, tokens: torch.Tensor, first: int, count: int) -> torch.Tensor:
+        """Final-normed gen output [count, N, hidden] for branches first..first+count-1."""
+        tr, d, flavour = self.transformer, self.dispatch, self.flavour
+        layout, buffers = self._slice(first, count)
+        n, width = tokens.shape
+        cos, sin = self.cos[first:first + count], self.sin[first:first + count]
+        layers = tr.layers
+        x = tokens.unsqueeze(0).expand(count, n, width).reshape(count * n, width)
+        norm = layers[0].input_layernorm_moe_gen
+        normed, hidden = d.add_rms_norm(x, None, norm.weight, eps=norm.eps, flavour=flavour)
+        for index, layer in enumerate(layers):
+            attn = layer.self_attn
+            heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
+            q = attn.add_q_proj(normed).view(count, n, heads, head_dim)
+            k = attn.add_k_proj(normed).view(count, n, kv_heads, head_dim)
+            v = attn.add_v_proj(normed).view(count, n, kv_heads, head_dim)
+            q = d.qk_norm_rope_pack(
+                q, k, v, attn.norm_added_q.weight, attn.norm_added_k.weight, cos, sin, buffers[index], layout,
+                eps=attn.norm_added_q.eps, flavour=flavour, round_norm_before_rope=True, q_out=q,
+            )
+            out = d.prefix_attention(q, buffers[index], layout)
+            out = attn.to_add_out(out.reshape(count * n, heads * head_dim))
+            post = layer.post_attention_layernorm_moe_gen
+            normed, hidden = d.add_rms_norm(out, hidden, post.weight, eps=post.eps, flavour=flavour)
+            mlp = layer.mlp_moe_gen
+            if mlp.hidden_act == "silu":
+                out = mlp.down_proj(d.swiglu(mlp.gate_proj(normed), mlp.up_proj(normed)))
+            else:
+                out = mlp.down_proj(d.relu2(mlp.up_proj(normed)))
+            following = layers[index + 1].input_layernorm_moe_gen if index + 1 < len(layers) else tr.norm_moe_gen
+            normed, hidden = d.add_rms_norm(out, hidden, following.weight, eps=following.eps, flavour=flavour)
+        return normed.view(count, n, width)
+
+    # -- CUDA graphs ---------------------------------------------------------------------------
+
+    def _graphed(self, tokens: torch.Tensor, first: int, count: int) -> torch.Tensor:
+        key = (first, count)
+        if key not in self._graphs:
+            # The eager run measures every dispatch choice and compiles every kernel; a capture can do neither.
+            eager = self.run(tokens, first, count)
+            static_in = tokens.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.run(static_in, first, count)
+            torch.cuda.current_stream().wait_stream(side)
+            # Each graph keeps its own memory pool: with CFG run branch by branch, one graph's output must
+            # survive the other's replay.
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = self.run(static_in, first, count)
+            self._graphs[key] = (graph, static_in, static_out)
+            return eager
+        graph, static_in, static_out = self._graphs[key]
+        static_in.copy_(tokens)
+        graph.replay()
+        return static_out
+
+    def __call__(self, tokens: torch.Tensor, count: int) -> list[torch.Tensor]:
+        outs: list[torch.Tensor] = []
+        for first, group in self._layouts(count):
+            result = self._graphed(tokens, first, group) if self.use_graphs else self.run(tokens, first, group)
+            outs.extend(result.unbind(0))
+        return outs
