@@ -76,7 +76,8 @@ class FastGenTower:
         # Per-branch rotary tables [B, N, D]: positions differ between branches by their text lengths.
         self.cos = torch.stack([b.rotary.cos.squeeze(1) for b in branches])
         self.sin = torch.stack([b.rotary.sin.squeeze(1) for b in branches])
-        self.use_graphs = options.cuda_graphs and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS
+        self.use_graphs = (options.cuda_graphs and tr.device.type == "cuda"
+                           and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS)
         self._graphs: dict[tuple[int, int], tuple] = {}
 
     # -- the tower, eager ----------------------------------------------------------------------

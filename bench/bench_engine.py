@@ -1,0 +1,232 @@
+"""Per-step speed of our engine against diffusers' Cosmos3OmniTransformer, same weights, one run.
+
+    python bench/bench_engine.py                 # the H200 table (about 6-8 minutes)
+    python bench/bench_engine.py --smoke         # a tiny CPU run that only checks the script works
+
+For each workload it builds the inputs of one denoising step with both CFG branches (JSON-caption
+prefixes of 1615 and 2866 tokens, as measured for real captions) and times:
+- diffusers: two full forwards (text tower included), as `Cosmos3OmniPipeline` runs every step;
+- engine: our step (gen tokens once, the fast gen tower for both branches, velocities);
+- ablations on the T2I shapes: prefix cache only (exact eager tower), no CUDA graphs, kernels off.
+Times are medians over CUDA-event-timed runs after warm-up, with min and max. TFLOP/s counts the gen
+step's matmul FLOPs; the floor is those FLOPs at the measured 790 TFLOP/s bf16 matmul rate.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.models import as_loaded_model, build_transformer, build_vae, gen_step_flops, step_inputs  # noqa: E402
+from engine.fast_path import FastPathOptions  # noqa: E402
+from engine.pipeline import EagerGenTower, make_gen_tower  # noqa: E402
+
+MATMUL_CEILING_TFLOPS = 790.0
+
+WORKLOADS = {
+    "nano": [("Nano T2I 1024x1024", 1024, 1024, 1), ("Nano T2V 832x480 121f", 832, 480, 121),
+             ("Nano T2V 1280x720 189f", 1280, 720, 189)],
+    "edge": [("Edge T2I 640x640", 640, 640, 1), ("Edge T2V 832x480 121f", 832, 480, 121)],
+}
+
+
+def timed(fn, warmup: int, iters: int) -> dict:
+    for _ in range(warmup):
+        fn()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    samples = []
+    for _ in range(iters):
+        if torch.cuda.is_available():
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            samples.append(start.elapsed_time(stop))
+        else:
+            began = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - began) * 1000)
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples), "n": iters}
+
+
+def peak_gib(fn) -> float:
+    if not torch.cuda.is_available():
+        return 0.0
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def bench_workload(model, label, width, height, frames, iters, ablate, prefix_lens):
+    inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=prefix_lens)
+    flops = gen_step_flops(model, inputs)
+    rows = {}
+    with torch.no_grad():
+        rows["diffusers"] = timed(inputs.diffusers_step, 1, iters)
+        rows["diffusers"]["peak_gib"] = peak_gib(inputs.diffusers_step)
+        tower = make_gen_tower(model, inputs.cache, inputs.branches)
+        rows["engine"] = timed(lambda: inputs.engine_step(tower), 2, iters)
+        rows["engine"]["peak_gib"] = peak_gib(lambda: inputs.engine_step(tower))
+        rows["engine"]["path"] = type(tower).__name__
+        if ablate:
+            exact = EagerGenTower(model, inputs.cache, inputs.branches)
+            rows["prefix cache only"] = timed(lambda: inputs.engine_step(exact), 1, iters)
+            for name, options in (
+                ("fast, no CUDA graphs", FastPathOptions(True, True, False, "auto")),
+                ("fast, kernels off", FastPathOptions(True, True, True, "torch")),
+                ("fast, CFG not batched", FastPathOptions(True, False, True, "auto")),
+            ):
+                model.fast_path = options
+                variant = make_gen_tower(model, inputs.cache, inputs.branches)
+                rows[name] = timed(lambda: inputs.engine_step(variant), 2, iters)
+                del variant
+            model.fast_path = None
+        reference = inputs.diffusers_step()
+        ours = inputs.engine_step(tower)
+        errors = [float((a - b).norm() / b.norm()) for a, b in zip(ours, reference)]
+    del tower, inputs
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    floor_ms = flops / (MATMUL_CEILING_TFLOPS * 1e12) * 1e3
+    return {"workload": label, "flops": flops, "floor_ms": floor_ms,
+            "rel_error": errors, "rows": rows}
+
+
+def bench_vae(vae, iters) -> list[dict]:
+    out = []
+    for label, frames, height, width in (("image 1024x1024", 1, 1024, 1024), ("video 832x480 121f", 121, 480, 832),
+                                         ("video 1280x720 189f", 189, 720, 1280)):
+        latent = torch.randn(1, 48, (frames - 1) // 4 + 1, height // 16, width // 16, device=vae.device, dtype=vae.dtype)
+        with torch.no_grad():
+            stats = timed(lambda: vae.decode(latent).sample, 1 if frames == 1 else 0, iters if frames == 1 else 1)
+            stats["peak_gib"] = peak_gib(lambda: vae.decode(latent).sample)
+        out.append({"decode": label, **stats})
+        del latent
+        torch.cuda.empty_cache()
+    return out
+
+
+def bench_end_to_end(transformer, vae) -> dict:
+    """Nano T2I 1024x1024, prompt to decoded image, ours and diffusers', same weights and seed."""
+    from engine.pipeline import generate
+    from engine.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    model = as_loaded_model(transformer, "nano", vae=vae, tokenizer=tokenizer)
+    caption = Path(__file__).resolve().parents[1] / "assets" / "captions" / "image_lighthouse_keeper.json"
+    prompt = caption.read_text() if caption.is_file() else "A lighthouse keeper at dusk. " * 60
+    request = dict(mode="t2i", prompt=prompt, seed=1, width=1024, height=1024)
+    generate(model, dict(request, steps=2))  # warm-up: kernels compile, dispatch measures
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    result = generate(model, request)
+    torch.cuda.synchronize()
+    ours = time.perf_counter() - began
+    pipe = model.diffusers_pipeline(model.make_scheduler(flow_shift=3.0, use_karras_sigmas=False))
+    began = time.perf_counter()
+    pipe(result.prompt_text, num_frames=1, width=1024, height=1024, num_inference_steps=result.params["steps"],
+         guidance_scale=result.params["guidance_scale"], generator=torch.Generator().manual_seed(1),
+         add_resolution_template=False, add_duration_template=False, output_type="np")
+    torch.cuda.synchronize()
+    theirs = time.perf_counter() - began
+    return {"steps": result.params["steps"], "guidance_interval": result.params["guidance_interval"],
+            "engine_s": ours, "engine_timings": result.timings, "diffusers_s": theirs,
+            "prompt_tokens": len(tokenizer.apply_chat_template([{"role": "user", "content": result.prompt_text}]))}
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["| workload | diffusers ms/step | engine ms/step | ratio | engine TFLOP/s | floor ms | peak GiB (ours / theirs) | rel. error |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        d, e = r["rows"]["diffusers"], r["rows"]["engine"]
+        tflops = r["flops"] / (e["median_ms"] / 1e3) / 1e12
+        lines.append(f"| {r['workload']} | {d['median_ms']:.1f} ({d['min_ms']:.1f}-{d['max_ms']:.1f}) | "
+                     f"{e['median_ms']:.1f} ({e['min_ms']:.1f}-{e['max_ms']:.1f}) | {d['median_ms'] / e['median_ms']:.2f}x | "
+                     f"{tflops:.0f} | {r['floor_ms']:.1f} | {e['peak_gib']:.1f} / {d['peak_gib']:.1f} | "
+                     f"{max(r['rel_error']):.1e} |")
+    ablations = [r for r in results if len(r["rows"]) > 2]
+    if ablations:
+        lines += ["", "| workload | " + " | ".join(k for k in ablations[0]["rows"]) + " |",
+                  "|---|" + "---|" * len(ablations[0]["rows"])]
+        for r in ablations:
+            lines.append(f"| {r['workload']} | " + " | ".join(f"{v['median_ms']:.1f}" for v in r["rows"].values()) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", default="nano,edge")
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--skip-vae", action="store_true")
+    parser.add_argument("--skip-e2e", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="tiny dims on the CPU: checks the script, times nothing real")
+    parser.add_argument("--json", default=None, help="write the raw results here")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    if args.smoke:
+        from bench import models
+
+        for spec in models.TRANSFORMERS.values():
+            spec.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=32, intermediate_size=128, vocab_size=1000)
+    header = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"}
+    try:
+        import triton
+
+        header["triton"] = triton.__version__
+    except ImportError:
+        pass
+    print(json.dumps(header), flush=True)
+    results, vae_rows, e2e = [], [], None
+    for family in args.families.split(","):
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        transformer = build_transformer(family, device=device, dtype=dtype)
+        model = as_loaded_model(transformer, family)
+        if args.smoke:
+            model.transformer.config.rope_axes_dim = [8, 4, 4]
+        for label, width, height, frames in WORKLOADS[family]:
+            if args.smoke:
+                width, height, frames = 64, 64, 1 if frames == 1 else 5
+            ablate = frames == 1
+            iters = args.iters if frames == 1 else max(2, args.iters // 2)
+            result = bench_workload(model, label, width, height, frames, iters, ablate, (1615, 2866) if not args.smoke else (20, 31))
+            result["gen_tokens"] = ((frames - 1) // 4 + 1) * (height // 32) * (width // 32)
+            results.append(result)
+            print(json.dumps(result), flush=True)
+        if family == "nano" and device == "cuda" and not (args.skip_vae and args.skip_e2e):
+            vae = build_vae(device)
+            if not args.skip_vae:
+                vae_rows = bench_vae(vae, 3)
+                print(json.dumps(vae_rows), flush=True)
+            if not args.skip_e2e:
+                e2e = bench_end_to_end(transformer, vae)
+                print(json.dumps(e2e), flush=True)
+            del vae
+        del model, transformer
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    print(markdown(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"header": header, "steps": results, "vae": vae_rows, "e2e": e2e}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
