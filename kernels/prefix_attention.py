@@ -182,10 +182,10 @@ class AttentionConfig:
     """Launch shape of the Triton kernel. Defaults are the H200 pick recorded in docs/PERFORMANCE.md."""
 
     block_m: int = 128
-    block_n: int = 64
-    num_warps: int = 4
+    block_n: int = 128
+    num_warps: int = 8
     num_stages: int = 3
-    use_tma: bool = False
+    use_tma: bool = True
 
 
 def check_prefix_attention_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout) -> None:

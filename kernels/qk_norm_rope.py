@@ -206,7 +206,7 @@ def torch_reduce_order(device: torch.device | str) -> ReduceOrder | None:
         gen = torch.Generator(device="cpu").manual_seed(20261129)
         scale = torch.exp2(torch.randint(-6, 7, (512, 128), generator=gen).float())
         probe = (torch.randn(512, 128, generator=gen) * scale).to(torch.bfloat16).to(key)
-        torch_sum = probe.to(torch.float32).pow(2).mean(-1) * 128.0  # exact: 128 is a power of two
+        torch_sum = probe.to(torch.float32).pow(2).mean(-1, keepdim=True) * 128.0  # exact: a power of two
         found = None
         for order in ReduceOrder:
             if torch.equal(sum_of_squares_emulated(probe, order), torch_sum):
@@ -220,18 +220,38 @@ def torch_reduce_order(device: torch.device | str) -> ReduceOrder | None:
 # Triton kernel
 # --------------------------------------------------------------------------------------------------
 @triton.jit
+def _round_fp16(x):
+    """fp32 -> nearest-even fp16 value, as fp32, with integer ops (normal and subnormal range)."""
+    mag = tl.abs(x).to(tl.int32, bitcast=True)
+    # Normal range: keep 10 mantissa bits; a carry into the exponent is the right answer; past 65504: inf.
+    normal = ((mag + ((mag >> 13) & 1) + 0xFFF) >> 13) << 13
+    normal = tl.where(normal > 0x477FE000, 0x7F800000, normal)
+    # Below 2**-14: multiples of 2**-24. sig >> shift counts them; round the dropped bits to nearest even.
+    sig = (mag & 0x7FFFFF) | 0x800000
+    shift = tl.minimum(126 - (mag >> 23), 25)
+    quanta = sig >> shift
+    rem = sig - (quanta << shift)
+    half = (sig * 0 + 1) << (shift - 1)
+    quanta += ((rem > half) | ((rem == half) & ((quanta & 1) == 1))).to(tl.int32)
+    r = tl.where(mag < 0x38800000, quanta.to(tl.float32) * 5.9604644775390625e-08,
+                 normal.to(tl.float32, bitcast=True))
+    r = tl.where(x < 0, -r, r)
+    return tl.where(x != x, x, r)
+
+
+@triton.jit
 def _round_to(x, DTYPE: tl.constexpr):
     """Round fp32 ``x`` to DTYPE (round to nearest even) and return it as fp32.
 
-    bf16 is rounded with integer ops rather than a conversion: the interpreter's fp32->bf16 conversion
-    truncates, while this gives the hardware's answer on both.
+    Integer ops, not a cast round trip: on the GPU the compiler folds ``fp32 -> fp16 -> fp32`` away
+    (seen on the H200: fp16 results off by one ulp), and the interpreter's fp32 -> bf16 cast truncates.
     """
     if DTYPE == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = ((bits + ((bits >> 16) & 1) + 0x7FFF) >> 16) << 16
         y = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
     elif DTYPE == tl.float16:
-        y = x.to(tl.float16).to(tl.float32)
+        y = _round_fp16(x)
     else:
         y = x
     return y
@@ -310,6 +330,33 @@ def _rot(a, a_cos, b, b_sin, SIGN: tl.constexpr, ROUND: tl.constexpr, DTYPE: tl.
 
 
 @triton.jit
+def _norm_rope_head(src, dst, w_ptr, c0, c1, c2, c3, z0, z1, z2, z3, tmask, eps,
+                    HEAD_DIM: tl.constexpr, QW: tl.constexpr, LOG2_QW: tl.constexpr, BLOCK_T: tl.constexpr,
+                    NEMOTRON: tl.constexpr, ROUND_NORM: tl.constexpr, REDUCE_ORDER: tl.constexpr,
+                    DTYPE: tl.constexpr):
+    """RMSNorm + rotary of one head's [BLOCK_T, HEAD_DIM] tile, handled as four quarter tiles.
+
+    Rotate-half pairs quarter 0 with 2 and 1 with 3, and for head_dim 128 the quarters are exactly the
+    32 "lanes" of PyTorch's reduction, so neither needs a gather or a shuffle across quarters.
+    """
+    x0 = tl.load(src, mask=tmask, other=0.0).to(tl.float32)
+    x1 = tl.load(src + QW, mask=tmask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + 2 * QW, mask=tmask, other=0.0).to(tl.float32)
+    x3 = tl.load(src + 3 * QW, mask=tmask, other=0.0).to(tl.float32)
+    ss = _sum_of_squares(x0 * x0, x1 * x1, x2 * x2, x3 * x3, BLOCK_T, QW, LOG2_QW, REDUCE_ORDER)
+    rstd = tl.math.rsqrt(ss * (1.0 / HEAD_DIM) + eps)
+    n0 = _weighted(x0 * rstd, tl.load(w_ptr).to(tl.float32), NEMOTRON, ROUND_NORM, DTYPE)
+    n1 = _weighted(x1 * rstd, tl.load(w_ptr + QW).to(tl.float32), NEMOTRON, ROUND_NORM, DTYPE)
+    n2 = _weighted(x2 * rstd, tl.load(w_ptr + 2 * QW).to(tl.float32), NEMOTRON, ROUND_NORM, DTYPE)
+    n3 = _weighted(x3 * rstd, tl.load(w_ptr + 3 * QW).to(tl.float32), NEMOTRON, ROUND_NORM, DTYPE)
+    # rotate_half(x) = [-x_hi, x_lo]; rounded values convert exactly, whatever mode the cast uses.
+    tl.store(dst, _round_to(_rot(n0, c0, n2, z0, -1.0, ROUND_NORM, DTYPE), DTYPE).to(DTYPE), mask=tmask)
+    tl.store(dst + QW, _round_to(_rot(n1, c1, n3, z1, -1.0, ROUND_NORM, DTYPE), DTYPE).to(DTYPE), mask=tmask)
+    tl.store(dst + 2 * QW, _round_to(_rot(n2, c2, n0, z2, 1.0, ROUND_NORM, DTYPE), DTYPE).to(DTYPE), mask=tmask)
+    tl.store(dst + 3 * QW, _round_to(_rot(n3, c3, n1, z3, 1.0, ROUND_NORM, DTYPE), DTYPE).to(DTYPE), mask=tmask)
+
+
+@triton.jit
 def _qk_norm_rope_pack_kernel(
     q_ptr, k_ptr, v_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, q_out_ptr, kv_ptr, gen_off_ptr,
     n_tokens, eps,
@@ -320,13 +367,15 @@ def _qk_norm_rope_pack_kernel(
     s_ob, s_on, s_oh,
     s_kv_plane, s_kv_row, s_kv_head,
     HQ: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, LOG2_QW: tl.constexpr,
-    BLOCK_T: tl.constexpr, NEMOTRON: tl.constexpr, ROUND_NORM: tl.constexpr, REDUCE_ORDER: tl.constexpr,
+    BLOCK_T: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+    NEMOTRON: tl.constexpr, ROUND_NORM: tl.constexpr, REDUCE_ORDER: tl.constexpr,
 ):
-    # Program = (one head of q, k or v) x (BLOCK_T tokens) x (one branch). Heads vary fastest in launch
-    # order, so the programs that share a token block's cos/sin rows run together and read them from L2.
+    # Program = (HEADS_PER_PROGRAM heads of one kind: q, k or v) x (BLOCK_T tokens) x (one branch).
+    # Why several heads per program: the cos/sin rows are then loaded once and reused from registers
+    # for every head, instead of once per head (as many bytes again as the head itself, from L2).
     QW: tl.constexpr = HEAD_DIM // 4
     DTYPE: tl.constexpr = q_out_ptr.dtype.element_ty
-    head = tl.program_id(0)
+    head0 = tl.program_id(0) * HEADS_PER_PROGRAM
     tok = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     b = tl.program_id(2).to(tl.int64)
     tmask = (tok < n_tokens)[:, None]
@@ -334,37 +383,14 @@ def _qk_norm_rope_pack_kernel(
     col = tl.arange(0, QW)[None, :]
     gen_row = tl.load(gen_off_ptr + b).to(tl.int64) + tok64
 
-    if head >= HQ + HKV:
+    if head0 >= HQ + HKV:
         # V needs no math: copy its gen rows into plane 1 of the packed buffer.
-        hv = head - HQ - HKV
-        src = v_ptr + b * s_vb + tok64 * s_vn + hv * s_vh + col
-        dst = kv_ptr + s_kv_plane + gen_row * s_kv_row + hv * s_kv_head + col
-        for c in tl.static_range(4):
-            tl.store(dst + c * QW, tl.load(src + c * QW, mask=tmask), mask=tmask)
+        src = v_ptr + b * s_vb + tok64 * s_vn + (head0 - HQ - HKV) * s_vh + col
+        dst = kv_ptr + s_kv_plane + gen_row * s_kv_row + (head0 - HQ - HKV) * s_kv_head + col
+        for i in range(HEADS_PER_PROGRAM):
+            for c in tl.static_range(4):
+                tl.store(dst + i * s_kv_head + c * QW, tl.load(src + i * s_vh + c * QW, mask=tmask), mask=tmask)
     else:
-        if head < HQ:
-            src = q_ptr + b * s_qb + tok64 * s_qn + head * s_qh + col
-            dst = q_out_ptr + b * s_ob + tok64 * s_on + head * s_oh + col
-            w_ptr = q_w_ptr + col
-        else:
-            hk = head - HQ
-            src = k_ptr + b * s_kb + tok64 * s_kn + hk * s_kh + col
-            dst = kv_ptr + gen_row * s_kv_row + hk * s_kv_head + col
-            w_ptr = k_w_ptr + col
-        # The head is handled as four quarter tiles [BLOCK_T, D/4]: rotate-half pairs quarter 0 with 2
-        # and 1 with 3, and the quarters are the "lanes" of PyTorch's reduction, so neither needs a
-        # gather or a layout shuffle.
-        x0 = tl.load(src, mask=tmask, other=0.0).to(tl.float32)
-        x1 = tl.load(src + QW, mask=tmask, other=0.0).to(tl.float32)
-        x2 = tl.load(src + 2 * QW, mask=tmask, other=0.0).to(tl.float32)
-        x3 = tl.load(src + 3 * QW, mask=tmask, other=0.0).to(tl.float32)
-        ss = _sum_of_squares(x0 * x0, x1 * x1, x2 * x2, x3 * x3, BLOCK_T, QW, LOG2_QW, REDUCE_ORDER)
-        rstd = tl.math.rsqrt(ss * (1.0 / HEAD_DIM) + eps)
-        n0 = _weighted(x0 * rstd, tl.load(w_ptr).to(tl.float32), NEMOTRON, ROUND_NORM, DTYPE)
-        n1 = _weighted(x1 * rstd, tl.load(w_ptr + QW).to(tl.float32), NEMOTRON, ROUND_NORM, DTYPE)
-        n2 = _weighted(x2 * rstd, tl.load(w_ptr + 2 * QW).to(tl.float32), NEMOTRON, ROUND_NORM, DTYPE)
-        n3 = _weighted(x3 * rstd, tl.load(w_ptr + 3 * QW).to(tl.float32), NEMOTRON, ROUND_NORM, DTYPE)
-
         cs = cos_ptr + b * s_cb + tok64 * s_cn + col
         sn = sin_ptr + b * s_cb + tok64 * s_cn + col
         c0 = tl.load(cs, mask=tmask, other=0.0).to(tl.float32)
@@ -375,16 +401,21 @@ def _qk_norm_rope_pack_kernel(
         z1 = tl.load(sn + QW, mask=tmask, other=0.0).to(tl.float32)
         z2 = tl.load(sn + 2 * QW, mask=tmask, other=0.0).to(tl.float32)
         z3 = tl.load(sn + 3 * QW, mask=tmask, other=0.0).to(tl.float32)
-        # rotate_half(x) = [-x_hi, x_lo]
-        o0 = _rot(n0, c0, n2, z0, -1.0, ROUND_NORM, DTYPE)
-        o1 = _rot(n1, c1, n3, z1, -1.0, ROUND_NORM, DTYPE)
-        o2 = _rot(n2, c2, n0, z2, 1.0, ROUND_NORM, DTYPE)
-        o3 = _rot(n3, c3, n1, z3, 1.0, ROUND_NORM, DTYPE)
-        # Rounded values convert exactly, whatever rounding mode the cast itself uses.
-        tl.store(dst, _round_to(o0, DTYPE).to(DTYPE), mask=tmask)
-        tl.store(dst + QW, _round_to(o1, DTYPE).to(DTYPE), mask=tmask)
-        tl.store(dst + 2 * QW, _round_to(o2, DTYPE).to(DTYPE), mask=tmask)
-        tl.store(dst + 3 * QW, _round_to(o3, DTYPE).to(DTYPE), mask=tmask)
+        if head0 < HQ:
+            src = q_ptr + b * s_qb + tok64 * s_qn + head0 * s_qh + col
+            dst = q_out_ptr + b * s_ob + tok64 * s_on + head0 * s_oh + col
+            src_step = s_qh
+            dst_step = s_oh
+            w_ptr = q_w_ptr + col
+        else:
+            src = k_ptr + b * s_kb + tok64 * s_kn + (head0 - HQ) * s_kh + col
+            dst = kv_ptr + gen_row * s_kv_row + (head0 - HQ) * s_kv_head + col
+            src_step = s_kh
+            dst_step = s_kv_head
+            w_ptr = k_w_ptr + col
+        for i in range(HEADS_PER_PROGRAM):
+            _norm_rope_head(src + i * src_step, dst + i * dst_step, w_ptr, c0, c1, c2, c3, z0, z1, z2, z3, tmask,
+                            eps, HEAD_DIM, QW, LOG2_QW, BLOCK_T, NEMOTRON, ROUND_NORM, REDUCE_ORDER, DTYPE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -464,6 +495,7 @@ def qk_norm_rope_pack(
     reduce_order: ReduceOrder | None = None,
     block_t: int = 16,
     num_warps: int = 4,
+    heads_per_program: int = 8,
 ) -> torch.Tensor:
     """One launch: RMSNorm + rotary on q and k, k and v written into the gen rows of ``kv_buffer``.
 
@@ -483,7 +515,9 @@ def qk_norm_rope_pack(
         reduce_order = DEFAULT_REDUCE_ORDER if reduce_order is None else reduce_order
     _, _, gen_offsets = layout.index_tensors(q.device)
     cos_b_stride = 0 if cos.dim() == 2 or cos.shape[0] == 1 else cos.stride(0)
-    grid = (hq + 2 * hkv, triton.cdiv(n_gen, block_t), batch)
+    # A program's heads must all be q, all k or all v: the group size divides both head counts.
+    hpp = math.gcd(math.gcd(hq, hkv), max(1, heads_per_program))
+    grid = ((hq + 2 * hkv) // hpp, triton.cdiv(n_gen, block_t), batch)
     _qk_norm_rope_pack_kernel[grid](
         q, k, v, q_weight, k_weight, cos, sin, q_out, kv_buffer, gen_offsets,
         n_gen, float(eps),
@@ -494,7 +528,7 @@ def qk_norm_rope_pack(
         q_out.stride(0), q_out.stride(1), q_out.stride(2),
         kv_buffer.stride(0), kv_buffer.stride(1), kv_buffer.stride(2),
         HQ=hq, HKV=hkv, HEAD_DIM=head_dim, LOG2_QW=int(math.log2(head_dim // 4)),
-        BLOCK_T=block_t, NEMOTRON=flavour == "nemotron", ROUND_NORM=bool(round_norm_before_rope),
+        BLOCK_T=block_t, HEADS_PER_PROGRAM=hpp, NEMOTRON=flavour == "nemotron", ROUND_NORM=bool(round_norm_before_rope),
         REDUCE_ORDER=int(reduce_order), num_warps=num_warps,
     )
     return q_out
