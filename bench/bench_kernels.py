@@ -1,0 +1,448 @@
+"""Micro-benchmarks: each gen-tower kernel against its PyTorch path, on the GPU in hand.
+
+    python3 bench/bench_kernels.py --out DIR          # the H200 run recorded in docs/PERFORMANCE.md
+    TRITON_INTERPRET=1 python3 bench/bench_kernels.py --smoke   # tiny shapes on a CPU: code paths only
+
+Method (docs/PERFORMANCE.md): ceilings measured first in the same process (device-to-device copy,
+counting bytes read + written; an 8192^3 bf16 matmul on random data); every variant warmed up, then
+timed with CUDA events around ``inner`` back-to-back calls (enough for ~1 ms) and reported as the median
+over ``iters`` samples with the 10th-90th percentile spread. Inputs are random, never zeros. Small
+shapes stay in L2 between calls for every variant alike.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels import norms, prefix_attention as pa, qk_norm_rope as qk  # noqa: E402
+from kernels.dispatch import KernelDispatcher  # noqa: E402
+from kernels.packed_kv import PackedKVLayout  # noqa: E402
+
+MODELS = {"Nano": dict(hq=32, hkv=8, d=128, hidden=4096, inter=12288, flavour="diffusers"),
+          "Edge": dict(hq=16, hkv=8, d=128, hidden=2048, inter=9216, flavour="nemotron")}
+GEN_TOKENS = (400, 1024, 12090, 44160)
+PREFIXES = (1615, 2866)  # the JSON prompt and the JSON negative prompt (CFG branches)
+SMOKE_MODELS = {"Tiny": dict(hq=4, hkv=2, d=16, hidden=64, inter=96, flavour="diffusers")}
+
+ATTN_SWEEP = (
+    pa.AttentionConfig(128, 64, 4, 3),
+    pa.AttentionConfig(128, 128, 8, 2),
+    pa.AttentionConfig(128, 128, 8, 3),
+    pa.AttentionConfig(64, 64, 4, 3),
+    pa.AttentionConfig(128, 64, 4, 3, use_tma=True),
+    pa.AttentionConfig(128, 128, 8, 2, use_tma=True),
+    pa.AttentionConfig(128, 128, 8, 3, use_tma=True),
+    pa.AttentionConfig(64, 64, 4, 3, use_tma=True),
+    pa.AttentionConfig(64, 128, 4, 3, use_tma=True),
+)
+# (block_t, num_warps, heads_per_program) for the QK kernel
+QK_SWEEP = ((16, 4, 1), (32, 4, 1), (16, 4, 8), (32, 4, 8), (16, 2, 8), (32, 8, 8), (64, 8, 8), (8, 2, 8))
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+
+    def fmt(self) -> str:
+        return f"{self.median_ms:.3f} ({self.p10_ms:.3f}-{self.p90_ms:.3f})"
+
+
+@dataclass
+class Env:
+    smoke: bool
+    iters: int
+    warmup: int
+    results: dict = field(default_factory=dict)
+
+
+def timed(env: Env, fn: Callable[[], object]) -> Timing:
+    """Median per-call time; CUDA events around a batch of calls sized to ~1 ms."""
+    if env.smoke:  # CPU code-path check only: the numbers mean nothing
+        t0 = time.perf_counter()
+        fn()
+        ms = (time.perf_counter() - t0) * 1e3
+        return Timing(ms, ms, ms)
+    for _ in range(env.warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    inner = max(1, min(200, math.ceil(1.0 / max(start.elapsed_time(end), 1e-3))))
+    samples = []
+    for _ in range(env.iters):
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / inner)
+    samples.sort()
+    pick = lambda f: samples[min(len(samples) - 1, int(f * len(samples)))]  # noqa: E731
+    return Timing(statistics.median(samples), pick(0.1), pick(0.9))
+
+
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# --------------------------------------------------------------------------------------------------
+# Ceilings
+# --------------------------------------------------------------------------------------------------
+def measure_ceilings(env: Env) -> dict:
+    if env.smoke:
+        return {"copy_tb_s": 4.3, "matmul_tflop_s": 790.0, "note": "smoke: assumed"}
+    x = torch.randn(2**29, dtype=torch.bfloat16, device="cuda")  # 1 GiB
+    y = torch.empty_like(x)
+    t = timed(env, lambda: y.copy_(x))
+    copy = 2 * x.numel() * 2 / (t.median_ms * 1e-3) / 1e12
+    del x, y
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    t = timed(env, lambda: a @ b)
+    mm = 2 * 8192**3 / (t.median_ms * 1e-3) / 1e12
+    return {"copy_tb_s": round(copy, 2), "matmul_tflop_s": round(mm, 1)}
+
+
+# --------------------------------------------------------------------------------------------------
+# QK-norm + RoPE + pack
+# --------------------------------------------------------------------------------------------------
+def _rope(batch: int, n: int, d: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    ang = torch.rand(batch, n, d // 2, device=device()) * 100
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def split_path_with_cat(q, k, v, qw, kw, cos, sin, k_prefix, v_prefix, eps, flavour):
+    """diffusers' step: norm, rotary (batched over branches here, one pass each), then cat per branch."""
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    q_rot = qk.apply_rope_reference(qk.rms_norm_reference(q, qw, eps, flavour), c, s)
+    k_rot = qk.apply_rope_reference(qk.rms_norm_reference(k, kw, eps, flavour), c, s)
+    packed = [(torch.cat([k_prefix[b], k_rot[b]]), torch.cat([v_prefix[b], v[b]])) for b in range(q.shape[0])]
+    return q_rot, packed
+
+
+def bench_qk(env: Env, models: dict, gen_tokens, prefixes, ceilings, launch: dict) -> list[dict]:
+    rows = []
+    dt = torch.bfloat16
+    for name, cfg in models.items():
+        for n in gen_tokens:
+            batch = len(prefixes)
+            layout = PackedKVLayout(prefixes, n)
+            hq, hkv, d = cfg["hq"], cfg["hkv"], cfg["d"]
+            q = torch.randn(batch, n, hq, d, dtype=dt, device=device())
+            k = torch.randn(batch, n, hkv, d, dtype=dt, device=device())
+            v = torch.randn(batch, n, hkv, d, dtype=dt, device=device())
+            qw = torch.rand(d, device=device()).to(dt) + 0.5
+            kw = torch.rand(d, device=device()).to(dt) + 0.5
+            cos, sin = _rope(batch, n, d, dt)
+            buf = layout.allocate(hkv, d, dtype=dt, device=device()).normal_()
+            k_pre = [layout.branch_kv(buf, b)[0][: prefixes[b]].clone() for b in range(batch)]
+            v_pre = [layout.branch_kv(buf, b)[1][: prefixes[b]].clone() for b in range(batch)]
+            q_out = torch.empty_like(q)
+            flav = cfg["flavour"]
+            args = (q, k, v, qw, kw, cos, sin, buf, layout)
+            t_split = timed(env, lambda: split_path_with_cat(q, k, v, qw, kw, cos, sin, k_pre, v_pre, 1e-6, flav))
+            t_torch = timed(env, lambda: qk.qk_norm_rope_pack_reference(*args, eps=1e-6, flavour=flav, q_out=q_out))
+            # bytes the op cannot avoid: q, k, v read and written once, cos and sin read once
+            act = batch * n * (hq + 2 * hkv) * d * 2
+            nbytes = 2 * act + 2 * batch * n * d * 2
+            for rnd in (True, False):
+                t_fused = timed(env, lambda: qk.qk_norm_rope_pack(*args, eps=1e-6, flavour=flav,
+                                                                  round_norm_before_rope=rnd, q_out=q_out, **launch))
+                gbs = nbytes / (t_fused.median_ms * 1e-3) / 1e9
+                rows.append(dict(
+                    model=name, gen=n, branches=batch, rounded=rnd, split_cat=t_split.fmt(), torch_path=t_torch.fmt(),
+                    fused=t_fused.fmt(), speedup_vs_split=t_split.median_ms / t_fused.median_ms,
+                    speedup_vs_torch_path=t_torch.median_ms / t_fused.median_ms, fused_gb_s=gbs,
+                    pct_copy_ceiling=100 * gbs / (ceilings["copy_tb_s"] * 1e3),
+                ))
+            del q, k, v, buf, k_pre, v_pre, q_out, cos, sin
+    return rows
+
+
+def sweep_qk(env: Env, models: dict, n: int, prefixes) -> list[dict]:
+    cfg = next(iter(models.values()))
+    dt = torch.bfloat16
+    layout = PackedKVLayout(prefixes, n)
+    batch = len(prefixes)
+    q = torch.randn(batch, n, cfg["hq"], cfg["d"], dtype=dt, device=device())
+    k = torch.randn(batch, n, cfg["hkv"], cfg["d"], dtype=dt, device=device())
+    v = torch.randn_like(k)
+    w = torch.rand(cfg["d"], device=device()).to(dt) + 0.5
+    cos, sin = _rope(batch, n, cfg["d"], dt)
+    buf = layout.allocate(cfg["hkv"], cfg["d"], dtype=dt, device=device())
+    q_out = torch.empty_like(q)
+    out = []
+    for block_t, warps, hpp in QK_SWEEP:
+        for rnd in (True, False):
+            t = timed(env, lambda: qk.qk_norm_rope_pack(q, k, v, w, w, cos, sin, buf, layout, eps=1e-6,
+                                                        round_norm_before_rope=rnd, q_out=q_out, block_t=block_t,
+                                                        num_warps=warps, heads_per_program=hpp))
+            out.append(dict(block_t=block_t, num_warps=warps, heads_per_program=hpp, rounded=rnd, ms=t.fmt(),
+                            median_ms=t.median_ms))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Prefix attention
+# --------------------------------------------------------------------------------------------------
+def _sdpa_branches(q, buf, layout):
+    """Per-branch SDPA calls on views of the packed buffer, as the PyTorch path runs them."""
+    calls = []
+    for b in range(layout.num_branches):
+        k_b, v_b = layout.branch_kv(buf, b)
+        calls.append((q[b : b + 1].transpose(1, 2), k_b.unsqueeze(0).transpose(1, 2), v_b.unsqueeze(0).transpose(1, 2)))
+
+    def run():
+        for qq, kk, vv in calls:
+            F.scaled_dot_product_attention(qq, kk, vv, enable_gqa=True)
+
+    return run
+
+
+def _sdpa_timing(env: Env, backend, run) -> Timing | str:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if env.smoke and backend is not None:
+        return "n/a (smoke)"
+    try:
+        if backend is None:
+            return timed(env, run)
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            return timed(env, run)
+    except RuntimeError as err:  # a backend that refuses this shape: report it, do not hide it
+        return f"n/a ({str(err).splitlines()[0][:60]})"
+
+
+def bench_attention(env: Env, models: dict, cases, configs, ceilings) -> list[dict]:
+    rows = []
+    dt = torch.bfloat16
+    for name, cfg in models.items():
+        for n, prefixes in cases:
+            layout = PackedKVLayout(prefixes, n)
+            batch = len(prefixes)
+            q = torch.randn(batch, n, cfg["hq"], cfg["d"], dtype=dt, device=device())
+            buf = torch.randn(2, layout.total_rows, cfg["hkv"], cfg["d"], dtype=dt, device=device())
+            out = torch.empty_like(q)
+            flops = 4 * n * sum(layout.kv_len(b) for b in range(batch)) * cfg["d"] * cfg["hq"]
+            tflops = lambda t: flops / (t.median_ms * 1e-3) / 1e12  # noqa: E731
+            per_cfg = {}
+            for c in configs:
+                try:
+                    per_cfg[c] = timed(env, lambda c=c: pa.prefix_attention(q, buf, layout, out=out, config=c))
+                except Exception as err:  # noqa: BLE001 - an over-sized config (shared memory) is reported
+                    per_cfg[c] = f"failed: {type(err).__name__}"
+            ok = {c: t for c, t in per_cfg.items() if isinstance(t, Timing)}
+            best = min(ok, key=lambda c: ok[c].median_ms)
+            run = _sdpa_branches(q, buf, layout)
+            sdpa = {b or "default": _sdpa_timing(env, b, run) for b in (None, "CUDNN_ATTENTION", "FLASH_ATTENTION")}
+            row = dict(model=name, gen=n, prefixes=list(prefixes), triton=ok[best].fmt(),
+                       triton_tflop_s=tflops(ok[best]), triton_config=asdict(best),
+                       pct_matmul_ceiling=100 * tflops(ok[best]) / ceilings["matmul_tflop_s"],
+                       sweep={f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}{'tma' if c.use_tma else ''}":
+                              (t.median_ms if isinstance(t, Timing) else t) for c, t in per_cfg.items()})
+            for label, t in sdpa.items():
+                row[f"sdpa_{label}"] = t.fmt() if isinstance(t, Timing) else t
+                if isinstance(t, Timing):
+                    row[f"sdpa_{label}_tflop_s"] = tflops(t)
+                    row[f"triton_vs_{label}"] = t.median_ms / ok[best].median_ms
+            rows.append(row)
+            del q, buf, out
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Residual add + RMSNorm, activations
+# --------------------------------------------------------------------------------------------------
+def bench_norms(env: Env, models: dict, token_counts, ceilings) -> list[dict]:
+    rows = []
+    dt = torch.bfloat16
+    for name, cfg in models.items():
+        for tokens in token_counts:
+            x = torch.randn(tokens, cfg["hidden"], dtype=dt, device=device())
+            r = torch.randn_like(x)
+            w = torch.rand(cfg["hidden"], device=device()).to(dt) + 0.5
+            f = cfg["flavour"]
+            t_ref = timed(env, lambda: norms.add_rms_norm_reference(x, r, w, 1e-6, f))
+            t_fused = timed(env, lambda: norms.add_rms_norm(x, r, w, eps=1e-6, flavour=f))
+            nbytes = 4 * x.numel() * 2  # read x, r; write h, normed
+            rows.append(dict(op=f"add+RMSNorm ({f})", model=name, shape=[tokens, cfg["hidden"]], torch_path=t_ref.fmt(),
+                             fused=t_fused.fmt(), speedup=t_ref.median_ms / t_fused.median_ms,
+                             fused_gb_s=nbytes / (t_fused.median_ms * 1e-3) / 1e9))
+            del x, r
+        tokens = token_counts[0]
+        g = torch.randn(tokens, 2 * cfg["inter"], dtype=dt, device=device())
+        gate, up = g[:, : cfg["inter"]], g[:, cfg["inter"] :]
+        for op, ref, fused, nbytes in (
+            ("SwiGLU", lambda: norms.swiglu_reference(gate, up), lambda: norms.swiglu(gate, up), 3 * gate.numel() * 2),
+            ("ReLU^2", lambda: norms.relu2_reference(up), lambda: norms.relu2(up), 2 * up.numel() * 2),
+        ):
+            t_ref, t_fused = timed(env, ref), timed(env, fused)
+            rows.append(dict(op=op, model=name, shape=[tokens, cfg["inter"]], torch_path=t_ref.fmt(), fused=t_fused.fmt(),
+                             speedup=t_ref.median_ms / t_fused.median_ms,
+                             fused_gb_s=nbytes / (t_fused.median_ms * 1e-3) / 1e9))
+        del g
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Dispatch as the engine would see it
+# --------------------------------------------------------------------------------------------------
+def bench_dispatch(env: Env, models: dict, cases, configs) -> list[dict]:
+    if env.smoke:
+        return []
+    out = []
+    d = KernelDispatcher("auto", attention_configs=configs)
+    dt = torch.bfloat16
+    for name, cfg in models.items():
+        for n, prefixes in cases:
+            layout = PackedKVLayout(prefixes, n)
+            b = len(prefixes)
+            q = torch.randn(b, n, cfg["hq"], cfg["d"], dtype=dt, device="cuda")
+            k = torch.randn(b, n, cfg["hkv"], cfg["d"], dtype=dt, device="cuda")
+            w = torch.rand(cfg["d"], device="cuda").to(dt) + 0.5
+            cos, sin = _rope(b, n, cfg["d"], dt)
+            buf = layout.allocate(cfg["hkv"], cfg["d"], dtype=dt, device="cuda").normal_()
+            for op, dec in (
+                ("qk_norm_rope", d.choose_qk_norm_rope(q, k, k, w, w, cos, sin, buf, layout, eps=1e-6,
+                                                       flavour=cfg["flavour"], round_norm_before_rope=True)),
+                ("prefix_attention", d.choose_prefix_attention(q, buf, layout)),
+            ):
+                out.append(dict(model=name, gen=n, prefixes=list(prefixes), op=op, path=dec.path.value,
+                                reason=dec.reason, triton_ms=dec.triton_ms, torch_ms=dec.torch_ms,
+                                config=asdict(dec.config) if dec.config else None))
+            del q, k, buf
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------------
+def markdown(results: dict) -> str:
+    c = results["ceilings"]
+    lines = [f"Ceilings measured in this run: copy {c['copy_tb_s']} TB/s, bf16 matmul {c['matmul_tflop_s']} TFLOP/s.", ""]
+    if results.get("qk_launch"):
+        lines += [f"QK kernel launch (fastest in the sweep at the longest shape): {results['qk_launch']}", ""]
+    lines += ["**QK-norm + RoPE + pack** (bf16, 2 CFG branches, prefixes 1615/2866; ms median (p10-p90))", "",
+              "| model | gen tokens | rounded | split: norm, rope, cat | torch: norm, rope, copy | fused Triton | x split | x torch | GB/s | % copy ceiling |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results["qk"]:
+        lines.append(f"| {r['model']} | {r['gen']} | {r['rounded']} | {r['split_cat']} | {r['torch_path']} | {r['fused']} | "
+                     f"{r['speedup_vs_split']:.2f} | {r['speedup_vs_torch_path']:.2f} | {r['fused_gb_s']:.0f} | {r['pct_copy_ceiling']:.0f}% |")
+    lines += ["", "**Prefix attention** (bf16, head_dim 128; ms median (p10-p90); TFLOP/s = 4·N·ΣL·D·Hq / t)", "",
+              "| model | gen | prefixes | Triton (one launch) | TFLOP/s | SDPA default | cuDNN | FA2 | Triton vs cuDNN | Triton vs default | config |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results["attention"]:
+        cfgd = r["triton_config"]
+        cfg = f"{cfgd['block_m']}x{cfgd['block_n']} w{cfgd['num_warps']} s{cfgd['num_stages']}{' tma' if cfgd['use_tma'] else ''}"
+        vs = lambda k: f"{r[k]:.2f}x" if k in r else "n/a"  # noqa: E731
+        lines.append(f"| {r['model']} | {r['gen']} | {'/'.join(map(str, r['prefixes']))} | {r['triton']} | {r['triton_tflop_s']:.0f} | "
+                     f"{r['sdpa_default']} | {r['sdpa_CUDNN_ATTENTION']} | {r['sdpa_FLASH_ATTENTION']} | "
+                     f"{vs('triton_vs_CUDNN_ATTENTION')} | {vs('triton_vs_default')} | {cfg} |")
+    lines += ["", "**Residual add + RMSNorm, activations** (bf16)", "",
+              "| op | model | shape | torch path | fused | speedup | GB/s |", "|---|---|---|---|---|---|---|"]
+    for r in results["norms"]:
+        lines.append(f"| {r['op']} | {r['model']} | {r['shape'][0]}x{r['shape'][1]} | {r['torch_path']} | {r['fused']} | "
+                     f"{r['speedup']:.2f} | {r['fused_gb_s']:.0f} |")
+    if results.get("dispatch"):
+        lines += ["", "**Dispatch decisions (auto mode, measured on this GPU)**", "",
+                  "| model | gen | prefixes | op | path | triton ms | torch ms | reason |", "|---|---|---|---|---|---|---|---|"]
+        for r in results["dispatch"]:
+            ms = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+            lines.append(f"| {r['model']} | {r['gen']} | {'/'.join(map(str, r['prefixes']))} | {r['op']} | {r['path']} | "
+                         f"{ms(r['triton_ms'])} | {ms(r['torch_ms'])} | {r['reason']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help="folder for results.json and results.md")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on any device, one call each")
+    ap.add_argument("--iters", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--sections", default="ceilings,sweep,qk,attention,norms,dispatch")
+    args = ap.parse_args()
+    if not args.smoke and not torch.cuda.is_available():
+        sys.exit("bench_kernels needs CUDA (use --smoke for a CPU code-path check)")
+    env = Env(smoke=args.smoke, iters=args.iters, warmup=args.warmup)
+    sections = set(args.sections.split(","))
+    models = SMOKE_MODELS if args.smoke else MODELS
+    gen = (20, 33) if args.smoke else GEN_TOKENS
+    prefixes = (5, 19) if args.smoke else PREFIXES
+    attn_cases = ([(20, (5, 19)), (33, (7,))] if args.smoke else
+                  [(400, PREFIXES), (1024, PREFIXES), (12090, (1615,)), (12090, PREFIXES), (44160, (1615,))])
+    configs = tuple(pa.AttentionConfig(16, 16, 4, 2, t) for t in (False, True)) if args.smoke else ATTN_SWEEP
+    results: dict = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__, "triton": __import__("triton").__version__,
+        "cuda": torch.version.cuda, "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "reduce_order": str(qk.torch_reduce_order(device())),
+    }
+    print(json.dumps(results), flush=True)
+
+    def dump() -> None:  # after every section, so a later failure loses nothing
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+
+    results["ceilings"] = measure_ceilings(env) if "ceilings" in sections else measure_ceilings(Env(True, 1, 0))
+    print("ceilings", results["ceilings"], flush=True)
+    results["qk_launch"] = {}
+    if "sweep" in sections:
+        results["qk_sweep"] = sweep_qk(env, models, gen[-1], prefixes)
+        print("qk sweep", results["qk_sweep"], flush=True)
+        best = min((r for r in results["qk_sweep"] if r["rounded"]), key=lambda r: r["median_ms"])
+        results["qk_launch"] = dict(block_t=best["block_t"], num_warps=best["num_warps"],
+                                    heads_per_program=best["heads_per_program"])
+        dump()
+    results["qk"] = bench_qk(env, models, gen, prefixes, results["ceilings"], results["qk_launch"]) \
+        if "qk" in sections else []
+    dump()
+    results["attention"] = []
+    if "attention" in sections:
+        # Full sweep on the first model; the second reuses its three fastest configs.
+        first, *rest = models.items()
+        results["attention"] += bench_attention(env, dict([first]), attn_cases, configs, results["ceilings"])
+        score = {c: 0.0 for c in configs}
+        for r in results["attention"]:
+            for c in configs:
+                t = r["sweep"][f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}{'tma' if c.use_tma else ''}"]
+                score[c] += t if isinstance(t, float) else float("inf")
+        configs = tuple(sorted(configs, key=score.get)[:3])
+        if rest:
+            results["attention"] += bench_attention(env, dict(rest), attn_cases, configs, results["ceilings"])
+        dump()
+    results["norms"] = bench_norms(env, models, (2 * 12090, 2 * 44160) if not args.smoke else (40,), results["ceilings"]) \
+        if "norms" in sections else []
+    dump()
+    disp_cases = [(1024, PREFIXES), (12090, (1615,))] if not args.smoke else []
+    results["dispatch"] = bench_dispatch(env, models, disp_cases, configs[:2]) if "dispatch" in sections else []
+    dump()
+    md = markdown(results)
+    print(md, flush=True)
+    if args.out:
+        (args.out / "results.md").write_text(md + "\n")
+
+
+if __name__ == "__main__":
+    main()
