@@ -39,6 +39,10 @@ _EXPECTED_CLASSES = {
 }
 
 
+def looks_like_repo_id(text: str) -> bool:
+    return bool(_REPO_ID.match(text)) and not text.startswith((".", "/", "~"))
+
+
 def resolve_source(source: str | os.PathLike, *, config_only: bool = False) -> Path:
     """A local folder for `source`: the folder itself, or a snapshot of a hub repo id.
 
@@ -50,7 +54,7 @@ def resolve_source(source: str | os.PathLike, *, config_only: bool = False) -> P
     path = Path(text).expanduser()
     if path.exists():
         return path.resolve()
-    if text.startswith((".", "/", "~")) or os.sep in text.replace("/", "", 1) or not _REPO_ID.match(text):
+    if not looks_like_repo_id(text):
         raise CheckpointError(f"Checkpoint folder {text!r} does not exist (and it is not a hub repo id like 'org/name').")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
@@ -233,11 +237,13 @@ def load_model(source: str | os.PathLike, *, device: str | None = None, safety: 
 
     dropped_weights = quantizer_keys(root / "transformer")
     try:
-        transformer = _transformer_class().from_pretrained(root / "transformer", torch_dtype=dtype)
-        vae = diffusers.AutoencoderKLWan.from_pretrained(root / "vae", torch_dtype=dtype)
+        # safetensors only: a pickled weight file is never opened.
+        transformer = _transformer_class().from_pretrained(root / "transformer", torch_dtype=dtype, use_safetensors=True)
+        vae = diffusers.AutoencoderKLWan.from_pretrained(root / "vae", torch_dtype=dtype, use_safetensors=True)
         sound_tokenizer = None
         if sound_class:
-            sound_tokenizer = diffusers.Cosmos3AVAEAudioTokenizer.from_pretrained(root / "sound_tokenizer")
+            sound_tokenizer = diffusers.Cosmos3AVAEAudioTokenizer.from_pretrained(root / "sound_tokenizer",
+                                                                                  use_safetensors=True)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise CheckpointError(f"Loading weights from {str(root)!r} failed: {exc}") from exc
     try:

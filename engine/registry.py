@@ -4,7 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .defaults import sampling_defaults
-from .loader import resolve_source
+from pathlib import Path
+
+from .loader import looks_like_repo_id, resolve_source
 from .variants import REQUEST_MODES, VariantInfo, inspect_checkpoint
 
 
@@ -16,15 +18,42 @@ class ModelEntry:
 
 
 class ModelRegistry:
-    """Registered models. Inspection reads config files only, once per model, on first use."""
+    """Registered models. Inspection reads config files only, once per model, on first use.
 
-    def __init__(self, entries: list[ModelEntry]):
+    With `allowed_roots`, every local source must lie inside one of those folders (after resolving
+    links and `..`), so a deployment can say exactly which checkpoints it serves; hub repo ids are
+    allowed only when `allow_hub` is set.
+    """
+
+    def __init__(self, entries: list[ModelEntry], *, allowed_roots: list[str] | None = None, allow_hub: bool = True):
         names = [e.name for e in entries]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"Model names must be unique; repeated: {duplicates}.")
+        self.allowed_roots = [Path(r).expanduser().resolve() for r in allowed_roots] if allowed_roots else None
+        self.allow_hub = allow_hub
+        for entry in entries:
+            self.check_source(entry.source)
         self._entries = {e.name: e for e in entries}
         self._infos: dict[str, VariantInfo] = {}
+
+    def check_source(self, source: str) -> None:
+        """Refuse a source outside the configured roots (or a hub id when the hub is off)."""
+        if "\x00" in source:
+            raise ValueError("A model source contains a NUL character.")
+        local = Path(source).expanduser()
+        if not local.exists() and looks_like_repo_id(source):
+            if not self.allow_hub:
+                raise ValueError(f"Model source {source!r} is a hub repo id, and hub sources are turned off here.")
+            return
+        if self.allowed_roots is None:
+            return
+        resolved = local.resolve()
+        if not any(resolved == root or root in resolved.parents for root in self.allowed_roots):
+            raise ValueError(
+                f"Model source {source!r} is outside the allowed model folders "
+                f"{[str(r) for r in self.allowed_roots]}."
+            )
 
     def names(self) -> list[str]:
         return list(self._entries)
