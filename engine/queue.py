@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import re
 import queue as stdlib_queue
 import threading
 import time
@@ -24,6 +25,9 @@ from .loader import CheckpointError, LoadedModel, component_parameter_count, loa
 from .outputs import OutputError
 from .pipeline import GenerationResult, JobCancelled, generate
 from .registry import ModelRegistry
+
+
+_GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")
 
 
 class QueueFull(ValueError):
@@ -42,6 +46,7 @@ class _Job:
     model_name: str
     request: dict
     session_id: str | None
+    outputs_root: Path
     cancel: threading.Event = field(default_factory=threading.Event)
     events: stdlib_queue.Queue = field(default_factory=stdlib_queue.Queue)
     done: threading.Event = field(default_factory=threading.Event)
@@ -130,7 +135,14 @@ class JobQueue:
 
     # -- submitting ---------------------------------------------------------------------------
 
-    def submit(self, model_name: str, request: dict, session_id: str | None = None) -> JobHandle:
+    def submit(self, model_name: str, request: dict, session_id: str | None = None,
+               output_group: str | None = None) -> JobHandle:
+        """Queue a request. `output_group` (a plain folder name, e.g. a batch id) nests its outputs."""
+        outputs_root = self.outputs_root
+        if output_group is not None:
+            if not _GROUP.match(output_group):
+                raise ValueError(f"output_group must be a plain folder name, got {output_group!r}.")
+            outputs_root = outputs_root / output_group
         if not isinstance(request, dict):
             raise ValueError(f"The request must be a JSON object, got {type(request).__name__}.")
         info = self.registry.info(model_name)
@@ -146,7 +158,8 @@ class JobQueue:
                     f"The queue is full ({len(self._waiting)} jobs waiting, the limit is {self.max_size}); "
                     "try again in a minute."
                 )
-            job = _Job(id=f"job-{next(self._ids)}", model_name=model_name, request=dict(request), session_id=session_id)
+            job = _Job(id=f"job-{next(self._ids)}", model_name=model_name, request=dict(request), session_id=session_id,
+                       outputs_root=outputs_root)
             self._waiting.append(job)
             job.events.put(Queued(position=self._position_locked(job)))
             self._lock.notify_all()
@@ -218,7 +231,7 @@ class JobQueue:
             try:
                 model = self._model(job)
                 result = generate(model, job.request, on_progress=job.events.put, cancel=job.cancel,
-                                  outputs_root=self.outputs_root, model_name=job.model_name)
+                                  outputs_root=job.outputs_root, model_name=job.model_name)
             except JobCancelled:
                 self._finish(job, Cancelled())
             except Exception as exc:  # noqa: BLE001 - every failure becomes the job's message

@@ -1,0 +1,96 @@
+"""Batch runs: a JSONL file of requests, each with a model name, run through the job queue.
+
+Every line is validated on its own; a bad line is recorded with its message and the batch carries
+on. Results land in `outputs/<batch id>/<request id>/`, are registered for review, and the
+batch folder gets a `report.jsonl` with one entry per input line.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .queue import JobFailed, JobQueue
+from .pipeline import JobCancelled
+from .reviews import ReviewStore
+
+MAX_BATCH_LINES = 500
+
+
+@dataclass
+class BatchLine:
+    line: int
+    model: str | None = None
+    request: dict | None = None
+    status: str = "pending"  # pending | done | failed | cancelled
+    message: str = ""
+    request_id: str | None = None
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def parse_batch(text: str) -> list[BatchLine]:
+    """One JSON object per non-empty line: {"model": NAME, "mode": ..., ...request keys}."""
+    lines: list[BatchLine] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        entry = BatchLine(line=number)
+        lines.append(entry)
+        if len(lines) > MAX_BATCH_LINES:
+            raise ValueError(f"A batch holds at most {MAX_BATCH_LINES} requests.")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            entry.status, entry.message = "failed", f"line {number}: not valid JSON ({exc.msg}, column {exc.colno})"
+            continue
+        if not isinstance(value, dict) or not isinstance(value.get("model"), str):
+            entry.status, entry.message = "failed", f"line {number}: expected an object with a \"model\" name"
+            continue
+        entry.model = value.pop("model")
+        entry.request = value
+    if not lines:
+        raise ValueError("The batch file has no requests (one JSON object per line).")
+    return lines
+
+
+def new_batch_id() -> str:
+    return "batch-" + time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+def run_batch(queue: JobQueue, lines: list[BatchLine], *, reviews: ReviewStore | None = None,
+              session_id: str | None = None, batch_id: str | None = None,
+              on_line: Callable[[BatchLine, int, int], None] | None = None) -> tuple[str, list[BatchLine]]:
+    """Submit every valid line, wait for each, and write the batch report. Returns (batch id, lines)."""
+    batch_id = batch_id or new_batch_id()
+    handles = []
+    for entry in lines:
+        if entry.status == "failed":
+            continue
+        try:
+            handles.append((entry, queue.submit(entry.model, entry.request, session_id=session_id,
+                                                output_group=batch_id)))
+        except ValueError as exc:
+            entry.status, entry.message = "failed", f"line {entry.line}: {exc}"
+    for done, (entry, handle) in enumerate(handles, start=1):
+        try:
+            result = handle.result()
+        except JobCancelled:
+            entry.status, entry.message = "cancelled", "cancelled"
+        except JobFailed as exc:
+            entry.status, entry.message = "failed", f"line {entry.line}: {exc}"
+        else:
+            entry.status, entry.request_id = "done", result.request_id
+            entry.files = {k: str(v) for k, v in result.outputs.items()}
+            if reviews is not None:
+                reviews.register_result(result.request_id, result.output_dir, model=entry.model,
+                                        mode=result.params["mode"], origin=f"batch:{batch_id}")
+        if on_line is not None:
+            on_line(entry, done, len(handles))
+    folder = queue.outputs_root / batch_id
+    folder.mkdir(parents=True, exist_ok=True)
+    report = "".join(json.dumps({k: v for k, v in asdict(e).items() if k != "request"}) + "\n" for e in lines)
+    (folder / "report.jsonl").write_text(report, encoding="utf-8")
+    return batch_id, lines

@@ -1,0 +1,162 @@
+"""Durable reviews: results and their 1-5 ratings per criterion, in SQLite under the outputs folder.
+
+WAL mode and a busy timeout let several reviewers (threads or processes) write at once; every call
+opens its own connection, so nothing is shared between threads. Exports (CSV, JSONL) carry each
+rating with the paths of the result's files and parameter sidecar.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+DEFAULT_CRITERIA = ("prompt_adherence", "visual_quality", "temporal_consistency", "physics_plausibility")
+DB_NAME = "reviews.sqlite3"
+REQUEST_ID = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{12}$")
+_CRITERION = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+MAX_NOTES = 5000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS results (
+    request_id TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    folder TEXT NOT NULL,
+    created TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ratings (
+    request_id TEXT NOT NULL,
+    reviewer TEXT NOT NULL,
+    scores TEXT NOT NULL,
+    notes TEXT NOT NULL,
+    updated TEXT NOT NULL,
+    PRIMARY KEY (request_id, reviewer)
+);
+"""
+
+
+def parse_criteria(text: str | None) -> tuple[str, ...]:
+    """`"a,b,c"` -> ("a", "b", "c"); None or empty -> the defaults."""
+    if not text:
+        return DEFAULT_CRITERIA
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    bad = [n for n in names if not _CRITERION.match(n)]
+    if bad or not names:
+        raise ValueError(f"Criteria must be lowercase names like 'visual_quality', comma-separated; got {bad or text!r}.")
+    return names
+
+
+class ReviewStore:
+    def __init__(self, outputs_root: str | Path, criteria: tuple[str, ...] = DEFAULT_CRITERIA):
+        self.outputs_root = Path(outputs_root)
+        self.outputs_root.mkdir(parents=True, exist_ok=True)
+        self.path = self.outputs_root / DB_NAME
+        self.criteria = tuple(criteria)
+        with self._connect() as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(_SCHEMA)
+
+    @contextmanager
+    def _connect(self):
+        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        try:
+            db.execute("PRAGMA busy_timeout=30000")
+            yield db
+        finally:
+            db.close()
+
+    def register_result(self, request_id: str, folder: str | Path, *, model: str, mode: str, origin: str) -> None:
+        """Make a saved result reviewable (idempotent)."""
+        self._check_id(request_id)
+        with self._connect() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?)",
+                (request_id, model, mode, origin, str(Path(folder).resolve()), time.strftime("%Y-%m-%dT%H:%M:%S")),
+            )
+
+    def rate(self, request_id: str, reviewer: str, scores: dict[str, int], notes: str = "") -> None:
+        """Store (or replace) one reviewer's scores and notes for one result."""
+        self._check_id(request_id)
+        reviewer = (reviewer or "").strip()
+        if not reviewer or len(reviewer) > 100:
+            raise ValueError("A rating needs a reviewer name (1-100 characters).")
+        unknown = sorted(set(scores) - set(self.criteria))
+        if unknown:
+            raise ValueError(f"Unknown criteria {unknown}; this review uses {list(self.criteria)}.")
+        for criterion, score in scores.items():
+            if isinstance(score, bool) or not isinstance(score, int) or not 1 <= score <= 5:
+                raise ValueError(f"Score for {criterion!r} must be an integer from 1 to 5, got {score!r}.")
+        if not scores and not notes.strip():
+            raise ValueError("Give at least one score or a note.")
+        if len(notes) > MAX_NOTES:
+            raise ValueError(f"Notes are {len(notes)} characters long; at most {MAX_NOTES}.")
+        with self._connect() as db:
+            if db.execute("SELECT 1 FROM results WHERE request_id = ?", (request_id,)).fetchone() is None:
+                raise ValueError(f"No result {request_id!r} is registered for review.")
+            db.execute(
+                "INSERT INTO ratings VALUES (?, ?, ?, ?, ?) ON CONFLICT(request_id, reviewer) DO UPDATE SET "
+                "scores = excluded.scores, notes = excluded.notes, updated = excluded.updated",
+                (request_id, reviewer, json.dumps(scores, sort_keys=True), notes, time.strftime("%Y-%m-%dT%H:%M:%S")),
+            )
+
+    def ratings(self, request_id: str | None = None) -> list[dict]:
+        query = ("SELECT r.request_id, r.reviewer, r.scores, r.notes, r.updated, s.model, s.mode, s.origin, s.folder "
+                 "FROM ratings r JOIN results s USING (request_id)")
+        args: tuple = ()
+        if request_id is not None:
+            query += " WHERE r.request_id = ?"
+            args = (request_id,)
+        with self._connect() as db:
+            rows = db.execute(query + " ORDER BY r.request_id, r.reviewer", args).fetchall()
+        out = []
+        for rid, reviewer, scores, notes, updated, model, mode, origin, folder in rows:
+            out.append({"request_id": rid, "reviewer": reviewer, "scores": json.loads(scores), "notes": notes,
+                        "updated": updated, "model": model, "mode": mode, "origin": origin, "folder": folder,
+                        "files": sorted(p.name for p in Path(folder).glob("*") if p.is_file()),
+                        "sidecar": str(Path(folder) / "params.json")})
+        return out
+
+    def results(self) -> list[dict]:
+        with self._connect() as db:
+            rows = db.execute("SELECT request_id, model, mode, origin, folder, created FROM results ORDER BY created").fetchall()
+        return [dict(zip(("request_id", "model", "mode", "origin", "folder", "created"), row)) for row in rows]
+
+    # -- exports --------------------------------------------------------------------------------
+
+    def export_jsonl(self) -> str:
+        return "".join(json.dumps(row, sort_keys=True) + "\n" for row in self.ratings())
+
+    def export_csv(self) -> str:
+        columns = ["request_id", "reviewer", *self.criteria, "notes", "updated", "model", "mode", "origin", "folder",
+                   "sidecar"]
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        for row in self.ratings():
+            writer.writerow({**row, **{c: row["scores"].get(c, "") for c in self.criteria}})
+        return buffer.getvalue()
+
+    @staticmethod
+    def read_csv(text: str, criteria: tuple[str, ...] = DEFAULT_CRITERIA) -> list[dict]:
+        rows = []
+        for record in csv.DictReader(io.StringIO(text)):
+            scores = {c: int(record.pop(c)) for c in criteria if record.get(c)}
+            for c in criteria:
+                record.pop(c, None)
+            rows.append({**record, "scores": scores})
+        return rows
+
+    @staticmethod
+    def read_jsonl(text: str) -> list[dict]:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    @staticmethod
+    def _check_id(request_id: str) -> None:
+        if not isinstance(request_id, str) or not REQUEST_ID.match(request_id):
+            raise ValueError(f"{request_id!r} is not a result id (like 20261129-101500-0123456789ab).")

@@ -1,0 +1,99 @@
+"""Review storage (concurrent writers, restarts, exports) and batch runs (bad lines don't stop a batch)."""
+import json
+import multiprocessing
+import threading
+
+import pytest
+
+from engine.batch import parse_batch, run_batch
+from engine.queue import JobQueue
+from engine.registry import ModelEntry, ModelRegistry
+from engine.reviews import DEFAULT_CRITERIA, ReviewStore, parse_criteria
+
+RID = "20261129-101500-0123456789ab"
+
+
+def _store_with_result(tmp_path):
+    store = ReviewStore(tmp_path)
+    folder = tmp_path / RID
+    folder.mkdir()
+    (folder / "image.png").write_bytes(b"png")
+    (folder / "params.json").write_text("{}")
+    store.register_result(RID, folder, model="nano", mode="t2i", origin="history")
+    return store
+
+
+def _rate_in_process(root, reviewer, score):
+    ReviewStore(root).rate(RID, reviewer, {"visual_quality": score}, notes=f"from {reviewer}")
+
+
+def test_concurrent_reviewers_are_all_stored_and_survive_a_restart(tmp_path):
+    _store_with_result(tmp_path)
+    threads = [threading.Thread(target=_rate_in_process, args=(tmp_path, f"thread-{i}", 1 + i % 5)) for i in range(8)]
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=_rate_in_process, args=(tmp_path, f"proc-{i}", 5)) for i in range(2)]
+    for worker in threads + processes:
+        worker.start()
+    for worker in threads + processes:
+        worker.join(60)
+    reopened = ReviewStore(tmp_path)  # a fresh store, as after an app restart
+    ratings = reopened.ratings(RID)
+    assert sorted(r["reviewer"] for r in ratings) == sorted([f"thread-{i}" for i in range(8)] + ["proc-0", "proc-1"])
+    assert all(r["files"] == ["image.png", "params.json"] for r in ratings)
+
+
+def test_rating_rules(tmp_path):
+    store = _store_with_result(tmp_path)
+    with pytest.raises(ValueError, match="from 1 to 5"):
+        store.rate(RID, "ana", {"visual_quality": 6})
+    with pytest.raises(ValueError, match="Unknown criteria"):
+        store.rate(RID, "ana", {"vibes": 3})
+    with pytest.raises(ValueError, match="not a result id"):
+        store.rate("../../etc/passwd", "ana", {"visual_quality": 3})
+    with pytest.raises(ValueError, match="No result"):
+        store.rate("20261129-101500-ffffffffffff", "ana", {"visual_quality": 3})
+    store.rate(RID, "ana", {"visual_quality": 2})
+    store.rate(RID, "ana", {"visual_quality": 4}, notes="second look")  # a reviewer's newer rating replaces theirs
+    assert [(r["scores"], r["notes"]) for r in store.ratings(RID)] == [({"visual_quality": 4}, "second look")]
+    assert parse_criteria("sharpness, motion_smoothness") == ("sharpness", "motion_smoothness")
+    assert parse_criteria("") == DEFAULT_CRITERIA
+    with pytest.raises(ValueError):
+        parse_criteria("Bad Name")
+
+
+def test_exports_round_trip(tmp_path):
+    store = _store_with_result(tmp_path)
+    store.rate(RID, "ana", {"prompt_adherence": 5, "visual_quality": 3}, notes='likes the "sky", dislikes, commas')
+    store.rate(RID, "ben", {"physics_plausibility": 1})
+    jsonl = ReviewStore.read_jsonl(store.export_jsonl())
+    assert jsonl == store.ratings()
+    rows = ReviewStore.read_csv(store.export_csv())
+    assert [(r["reviewer"], r["scores"], r["notes"]) for r in rows] == [(r["reviewer"], r["scores"], r["notes"]) for r in jsonl]
+    assert rows[0]["sidecar"].endswith(f"{RID}/params.json")
+
+
+def test_batch_with_a_bad_line_finishes_the_good_ones(tiny_family, tmp_path):
+    registry = ModelRegistry([ModelEntry(n, str(tiny_family[n])) for n in ("nano", "edge")])
+    queue = JobQueue(registry, tmp_path / "out")
+    reviews = ReviewStore(tmp_path / "out")
+    text = "\n".join([
+        json.dumps({"model": "nano", "mode": "t2i", "prompt": "a kite", "steps": 1, "seed": 3}),
+        "{this is not json",
+        json.dumps({"model": "edge", "mode": "t2i", "prompt": "a kite", "width": 4096, "height": 4096}),
+        "",
+        json.dumps({"model": "unknown", "mode": "t2i", "prompt": "x"}),
+        json.dumps({"model": "edge", "mode": "t2v", "prompt": "a kite", "steps": 1, "num_frames": 5}),
+    ])
+    try:
+        batch_id, lines = run_batch(queue, parse_batch(text), reviews=reviews)
+    finally:
+        queue.close()
+    assert [(l.line, l.status) for l in lines] == [(1, "done"), (2, "failed"), (3, "failed"), (5, "failed"), (6, "done")]
+    assert "not valid JSON" in lines[1].message and "Allowed sizes" in lines[2].message
+    assert "Unknown model 'unknown'" in lines[3].message
+    report = [json.loads(l) for l in (tmp_path / "out" / batch_id / "report.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in report] == ["done", "failed", "failed", "failed", "done"]
+    for entry in (lines[0], lines[4]):
+        folder = tmp_path / "out" / batch_id / entry.request_id
+        assert (folder / "params.json").is_file()
+    assert {r["request_id"] for r in reviews.results()} == {lines[0].request_id, lines[4].request_id}
