@@ -171,6 +171,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default="nano,edge")
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--only-t2i", action="store_true", help="image workloads only (quick check)")
     parser.add_argument("--skip-vae", action="store_true")
     parser.add_argument("--skip-e2e", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny dims on the CPU: checks the script, times nothing real")
@@ -200,6 +201,8 @@ def main(argv=None) -> int:
         if args.smoke:
             model.transformer.config.rope_axes_dim = [8, 4, 4]
         for label, width, height, frames in WORKLOADS[family]:
+            if args.only_t2i and frames != 1:
+                continue
             if args.smoke:
                 width, height, frames = 64, 64, 1 if frames == 1 else 5
             ablate = frames == 1
