@@ -39,15 +39,13 @@ PREFIXES = (1615, 2866)  # the JSON prompt and the JSON negative prompt (CFG bra
 SMOKE_MODELS = {"Tiny": dict(hq=4, hkv=2, d=16, hidden=64, inter=96, flavour="diffusers")}
 
 ATTN_SWEEP = (
-    pa.AttentionConfig(128, 64, 4, 3),
-    pa.AttentionConfig(128, 128, 8, 2),
-    pa.AttentionConfig(128, 128, 8, 3),
-    pa.AttentionConfig(64, 64, 4, 3),
-    pa.AttentionConfig(128, 64, 4, 3, use_tma=True),
-    pa.AttentionConfig(128, 128, 8, 2, use_tma=True),
     pa.AttentionConfig(128, 128, 8, 3, use_tma=True),
     pa.AttentionConfig(64, 64, 4, 3, use_tma=True),
-    pa.AttentionConfig(64, 128, 4, 3, use_tma=True),
+    pa.AttentionConfig(128, 64, 4, 3, use_tma=True),
+    pa.AttentionConfig(128, 128, 8, 2, use_tma=True),
+    pa.AttentionConfig(128, 64, 4, 3, use_tma=False),
+    pa.AttentionConfig(128, 128, 8, 3, use_tma=False),
+    pa.AttentionConfig(64, 64, 4, 3, use_tma=False),
 )
 # (block_t, num_warps, heads_per_program) for the QK kernel
 QK_SWEEP = ((16, 4, 1), (32, 4, 1), (16, 4, 8), (32, 4, 8), (16, 2, 8), (32, 8, 8), (64, 8, 8), (8, 2, 8))
@@ -409,6 +407,8 @@ def main() -> None:
     print("ceilings", results["ceilings"], flush=True)
     results["qk_launch"] = {}
     if "sweep" in sections:
+        results["qk_sweep_short"] = sweep_qk(env, models, gen[1], prefixes)
+        print("qk sweep short", results["qk_sweep_short"], flush=True)
         results["qk_sweep"] = sweep_qk(env, models, gen[-1], prefixes)
         print("qk sweep", results["qk_sweep"], flush=True)
         best = min((r for r in results["qk_sweep"] if r["rounded"]), key=lambda r: r["median_ms"])

@@ -50,11 +50,12 @@ class Decision:
 
 
 # Candidate launch shapes for attention, timed against each other and SDPA on first use of a shape.
-# Why these two: 128x128 with 8 warps (two warpgroups, TMA-fed K/V) was fastest at long sequences on
-# the H200; 128x64 with 4 warps keeps more programs per SM when the gen sequence is short.
+# Why these two (H200 sweep, docs/PERFORMANCE.md): 128x128 with 8 warps (two warpgroups, TMA-fed K/V)
+# was fastest from 12k gen tokens up; 64x64 with 4 warps was fastest at the T2I shapes (400 and 1024
+# gen tokens), where 128-row blocks leave too few programs per SM.
 DEFAULT_ATTENTION_CONFIGS = (
     attn.AttentionConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, use_tma=True),
-    attn.AttentionConfig(block_m=128, block_n=64, num_warps=4, num_stages=3, use_tma=True),
+    attn.AttentionConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, use_tma=True),
 )
 
 

@@ -93,8 +93,12 @@ class PackedKVLayout:
         kv_buffer[0, start : start + length].copy_(k_prefix)
         kv_buffer[1, start : start + length].copy_(v_prefix)
 
-    def index_tensors(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(branch_starts, kv_lens, gen_offsets)`` as int32 device tensors, built once per device.
+    def index_tensors(
+        self, device: torch.device | str
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(branch_starts, kv_lens, gen_offsets, longest_first)`` as int32 device tensors, once per device.
+
+        ``longest_first`` lists the branches by decreasing key count (the launch order for attention).
 
         Why cached: a fresh host-to-device copy per layer per step would cost a launch and a pageable copy
         36 times a step, and could not be captured in a CUDA graph.
@@ -103,9 +107,13 @@ class PackedKVLayout:
 
 
 @functools.lru_cache(maxsize=64)
-def _index_tensors(layout: PackedKVLayout, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _index_tensors(
+    layout: PackedKVLayout, device: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     branches = range(layout.num_branches)
     starts = torch.tensor([layout.branch_start(b) for b in branches], dtype=torch.int32, device=device)
     lens = torch.tensor([layout.kv_len(b) for b in branches], dtype=torch.int32, device=device)
     gen_offsets = torch.tensor([layout.gen_offset(b) for b in branches], dtype=torch.int32, device=device)
-    return starts, lens, gen_offsets
+    order = sorted(branches, key=lambda b: -layout.kv_len(b))
+    longest_first = torch.tensor(order, dtype=torch.int32, device=device)
+    return starts, lens, gen_offsets, longest_first

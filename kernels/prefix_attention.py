@@ -120,7 +120,7 @@ def _attend_tile(acc, m_i, l_i, q, k, v, qk_scale, cols, kv_left, MASKED: tl.con
 
 @triton.jit
 def _prefix_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, desc_k, desc_v, kv_start_ptr, kv_len_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, desc_k, desc_v, kv_start_ptr, kv_len_ptr, order_ptr,
     n_gen, qk_scale,
     s_qb, s_qn, s_qh,
     s_kv_row, s_kv_head,
@@ -130,9 +130,11 @@ def _prefix_attention_kernel(
 ):
     # Query blocks vary fastest in launch order: the programs in flight together share one (branch,
     # head), so that head's K/V rows are read from HBM about once and then served from L2.
+    # Branches launch longest first: CFG branches differ in prefix length (1615 vs 2866 keys at T2I),
+    # and the long programs must not be the last wave, or the GPU idles while they finish.
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // HQ
+    b = tl.load(order_ptr + pid_bh // HQ)
     h = pid_bh % HQ
     hk = h // GROUP  # GQA: GROUP consecutive q heads read one kv head
     kv_start = tl.load(kv_start_ptr + b)
@@ -242,7 +244,7 @@ def prefix_attention(
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
     block_n = min(config.block_n, max(16, triton.next_power_of_2(max(layout.kv_len(b) for b in range(batch)))))
     block_m = min(config.block_m, max(16, triton.next_power_of_2(n_gen)))
-    kv_starts, kv_lens, _ = layout.index_tensors(q.device)
+    kv_starts, kv_lens, _, longest_first = layout.index_tensors(q.device)
     k_plane, v_plane = kv_buffer[0], kv_buffer[1]
     use_tma = bool(config.use_tma) and _tma_ok(kv_buffer)
     if use_tma:
@@ -255,7 +257,7 @@ def prefix_attention(
     sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     grid = (triton.cdiv(n_gen, block_m), batch * hq)
     _prefix_attention_kernel[grid](
-        q, k_plane, v_plane, out, desc_k, desc_v, kv_starts, kv_lens,
+        q, k_plane, v_plane, out, desc_k, desc_v, kv_starts, kv_lens, longest_first,
         n_gen, sm_scale * LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
         kv_buffer.stride(1), kv_buffer.stride(2),

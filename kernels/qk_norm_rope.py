@@ -513,7 +513,7 @@ def qk_norm_rope_pack(
     if reduce_order is None:
         reduce_order = torch_reduce_order(q.device) if round_norm_before_rope else None
         reduce_order = DEFAULT_REDUCE_ORDER if reduce_order is None else reduce_order
-    _, _, gen_offsets = layout.index_tensors(q.device)
+    _, _, gen_offsets, _ = layout.index_tensors(q.device)
     cos_b_stride = 0 if cos.dim() == 2 or cos.shape[0] == 1 else cos.stride(0)
     # A program's heads must all be q, all k or all v: the group size divides both head counts.
     hpp = math.gcd(math.gcd(hq, hkv), max(1, heads_per_program))

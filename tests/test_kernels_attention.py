@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import prefix_attention as pa
+from kernels.dispatch import DEFAULT_ATTENTION_CONFIGS
 from kernels.packed_kv import PackedKVLayout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -91,8 +92,9 @@ def test_rejects_bad_inputs():
 @gpu
 @pytest.mark.parametrize("hq", [32, 16])
 @pytest.mark.parametrize(
-    "config", [pa.AttentionConfig(), pa.AttentionConfig(block_m=64), pa.AttentionConfig(use_tma=True)],
-    ids=["default", "bm64", "tma"],
+    "config",
+    [*DEFAULT_ATTENTION_CONFIGS, pa.AttentionConfig(block_m=128, block_n=64, num_warps=4, use_tma=False)],
+    ids=["dispatch0", "dispatch1", "pointers"],
 )
 def test_gpu_t2i_cfg_shape_bf16(hq, config):
     layout, q, buf = _inputs((1615, 2866), 1024, hq, 8, 128, torch.bfloat16)
