@@ -47,15 +47,20 @@ def parse_size(label: str) -> tuple[int, int]:
 
 
 def _aspect_name(width: int, height: int) -> str:
+    """"16:9" when exact and short, else the nearest caption aspect marked approximate ("~16:9")."""
     from math import gcd
 
+    from engine.captions import nearest_aspect_ratio
+
     g = gcd(width, height)
-    return f"{width // g}:{height // g}"
+    if max(width // g, height // g) <= 16:
+        return f"{width // g}:{height // g}"
+    return "~" + nearest_aspect_ratio(width, height).replace(",", ":")
 
 
 def resolution_choices(resolutions: list[list[int]]) -> list[tuple[str, str]]:
     """Dropdown (label, value) pairs: exactly the sizes the model allows, in the table's order."""
-    return [(f"{w} x {h}  ({_aspect_name(w, h)})", size_label(w, h)) for w, h in resolutions]
+    return [(f"{w} x {h} ({_aspect_name(w, h)})", size_label(w, h)) for w, h in resolutions]
 
 
 def unsupported_reason(model: dict, mode: str) -> str | None:

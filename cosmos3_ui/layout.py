@@ -8,7 +8,9 @@ switch, previews) skip the queue and are private, so they are not part of the pu
 from __future__ import annotations
 
 import asyncio
+import functools
 import html
+import logging
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,9 @@ from .requests import (
     prompt_from_editor,
     video_request,
 )
-from .service import JobWasCancelled, StudioError, StudioService, apply_event
+from .service import JobWasCancelled, StudioError, StudioService, apply_event, cancel_outcome
+
+log = logging.getLogger("cosmos3_ui")
 
 GPU_POOL = "gpu"
 PRIVATE = "private"
@@ -474,19 +478,40 @@ class Studio:
                     return result
                 self._report(progress, job.status)
         except (asyncio.CancelledError, anyio.get_cancelled_exc_class()):
-            handle.cancel()
+            self.service.active.mark_cancelled(job)
             raise
         finally:
             self.service.active.remove(session, handle)
 
     def _cancel_handler(self, result: ResultBox):
         def cancel(request: gr.Request):
-            job = self.service.active.cancel(request.session_hash) if request else None
+            job = self.service.active.cancel(self._session(request))
             if job is None:
-                return {result.status: _status("Nothing is running in this tab.", "info")}
-            return {result.status: _status(f"Cancelling… {job.status.describe()}", "warn")}
+                return {result.status: _status("No job of yours was running; a waiting one, if any, was removed "
+                                               "from the queue.", "info")}
+            return {result.status: _status(cancel_outcome(job), "warn")}
 
         return cancel
+
+    def _guarded(self, tab):
+        """Turn an unexpected exception in a generate handler into a message next to the button.
+
+        The traceback goes to the server log; the user sees what failed, and every input stays as it was.
+        """
+        def wrap(handler):
+            @functools.wraps(handler)
+            async def guarded(v: dict, request: gr.Request, progress=gr.Progress()):
+                try:
+                    return await handler(v, request, progress)
+                except (asyncio.CancelledError, anyio.get_cancelled_exc_class()):
+                    raise
+                except Exception as exc:  # noqa: BLE001
+                    log.exception("generate handler failed")
+                    message = f"Something went wrong while showing the result ({type(exc).__name__}: {exc})."
+                    gr.Warning(message)
+                    return {tab.result.status: _status(message, "error")}
+            return guarded
+        return wrap
 
     @staticmethod
     def _session(request: gr.Request | None) -> str:
@@ -574,6 +599,7 @@ class Studio:
         outputs = [box.status, box.output, box.used_seed, box.downloads, box.result_json, box.prompt_view,
                    box.negative_view, tab.editor.message, tab.negative_message, self.history_state, self.gallery]
 
+        @self._guarded(tab)
         async def generate(v: dict, request: gr.Request, progress=gr.Progress()):
             model = v[self.model]
             try:
@@ -676,6 +702,7 @@ class Studio:
         a.domain.input(on_domain, inputs=a.domain, outputs=[a.chunk_size, a.fps, a.domain_note], queue=False,
                        api_visibility=PRIVATE)
 
+        @self._guarded(a)
         async def generate(v: dict, request: gr.Request, progress=gr.Progress()):
             model = v[self.model]
             try:

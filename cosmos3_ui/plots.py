@@ -9,9 +9,7 @@ import numpy as np
 
 def actions_plot(actions, *, domain: str = "", fps: float | None = None) -> np.ndarray:
     """[H, W, 3] uint8 image of `actions` ([steps, channels]) as lines over time."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     data = np.asarray(actions, dtype=np.float64)
@@ -30,8 +28,8 @@ def actions_plot(actions, *, domain: str = "", fps: float | None = None) -> np.n
     axes.grid(True, alpha=0.3)
     if channels <= 12:
         axes.legend(loc="upper right", fontsize=7, ncol=min(channels, 6))
+    canvas = FigureCanvasAgg(figure)  # draws off-screen; no global pyplot state
     figure.tight_layout()
-    canvas = figure.canvas
     canvas.draw()
     image = np.asarray(canvas.buffer_rgba())[..., :3].copy()
     return image

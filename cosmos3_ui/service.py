@@ -95,20 +95,31 @@ class ActiveJob:
     handle: Any
     status: JobStatus = field(default_factory=JobStatus)
     cancel_requested: bool = False
+    ended_at: float | None = None
+
+
+RECENT_CANCEL_S = 30.0
 
 
 class ActiveJobs:
-    """Per-session running jobs, so that a session's Cancel reaches its own job and no one else's."""
+    """Per-session running jobs, so that a session's Cancel reaches its own job and no one else's.
+
+    A job that stopped because its handler was cancelled (Gradio's `cancels=`, or the client went
+    away) stays findable for a short while, so the Cancel button can still report how it ended
+    whichever of the two arrives first.
+    """
 
     def __init__(self):
         self._lock = threading.Lock()
         self._jobs: dict[str, ActiveJob] = {}
+        self._recent: dict[str, ActiveJob] = {}
         self.cancelled_ids: list[str] = []  # for tests and logs: jobs stopped through Cancel
 
     def add(self, session: str, handle) -> ActiveJob:
         job = ActiveJob(handle)
         with self._lock:
             self._jobs[session] = job
+            self._recent.pop(session, None)
         return job
 
     def remove(self, session: str, handle) -> None:
@@ -116,23 +127,51 @@ class ActiveJobs:
             current = self._jobs.get(session)
             if current is not None and current.handle is handle:
                 del self._jobs[session]
+                if current.cancel_requested:
+                    current.ended_at = time.monotonic()
+                    self._recent[session] = current
 
     def get(self, session: str) -> ActiveJob | None:
         with self._lock:
             return self._jobs.get(session)
 
+    def mark_cancelled(self, job: ActiveJob) -> None:
+        """The handler of `job` was cancelled: stop the engine job and remember it."""
+        if not job.cancel_requested:
+            job.cancel_requested = True
+            self.cancelled_ids.append(job.handle.id)
+        job.handle.cancel()
+
     def cancel(self, session: str) -> ActiveJob | None:
+        """Cancel this session's running job; or find the one it cancelled a moment ago."""
         with self._lock:
             job = self._jobs.get(session)
-        if job is not None:
-            job.cancel_requested = True
-            job.handle.cancel()
-            self.cancelled_ids.append(job.handle.id)
+            if job is None:
+                recent = self._recent.get(session)
+                if recent is not None and time.monotonic() - (recent.ended_at or 0.0) < RECENT_CANCEL_S:
+                    return recent
+                return None
+        self.mark_cancelled(job)
         return job
 
     def count(self) -> int:
         with self._lock:
             return len(self._jobs)
+
+
+def cancel_outcome(job: ActiveJob, timeout: float = 20.0) -> str:
+    """Wait (at most `timeout`) for a cancelled job to end and say how it ended."""
+    from engine.pipeline import JobCancelled
+
+    try:
+        job.handle.result(timeout=timeout)
+    except JobCancelled:
+        return JobWasCancelled(job.status.denoise_step, job.status.denoise_total).message()
+    except TimeoutError:
+        return "Cancelling: the job has not stopped yet."
+    except Exception as exc:  # noqa: BLE001 - a failure is an ending too
+        return f"The job ended with an error before Cancel reached it: {exc}"
+    return "The job had already finished when Cancel reached it; its result is in the history."
 
 
 def apply_event(status: JobStatus, event) -> Any:

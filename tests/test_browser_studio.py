@@ -1,0 +1,275 @@
+"""The Studio in a real browser (Playwright driving Debian's Chromium) against the tiny family.
+
+Screenshots go to pytest's temporary folder, never into the repository.
+"""
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+import app  # noqa: E402
+from engine.defaults import FAMILY_TABLE  # noqa: E402
+from engine.variants import TINY_MARKER  # noqa: E402
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+TINY_NAMES = ("nano", "nano-distilled", "super", "super-distilled", "edge", "edge-distilled")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def with_family_canvases(source: Path, target: Path) -> Path:
+    """A copy of a tiny checkpoint that declares its real family's canvases (sizes and frame range).
+
+    The six stock tiny checkpoints share one small canvas list, so switching between them cannot show
+    that Nano and Edge allow different sizes; these copies carry the family table's lists instead.
+    """
+    shutil.copytree(source, target)
+    marker = json.loads((target / TINY_MARKER).read_text())
+    limits = FAMILY_TABLE[marker["family"]]
+    marker.update(image_sizes=[list(s) for s in limits.image_sizes], video_sizes=[list(s) for s in limits.video_sizes],
+                  frame_range=list(limits.frame_range), default_frames=limits.video.num_frames)
+    (target / TINY_MARKER).write_text(json.dumps(marker))
+    return target
+
+
+@pytest.fixture(scope="module")
+def studio(tiny_family, tmp_path_factory):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Chromium is missing: run scripts/ensure_chromium.sh (apt-get install chromium)")
+    extra = tmp_path_factory.mktemp("family-canvases")
+    argv = ["--outputs", str(tmp_path_factory.mktemp("browser-outputs")),
+            "--cache-dir", str(tmp_path_factory.mktemp("browser-cache")), "--queue-size", "4"]
+    for name in TINY_NAMES:
+        argv += ["--model", f"{name}={tiny_family[name]}"]
+    for name in ("nano", "edge"):
+        argv += ["--model", f"{name}-family-sizes={with_family_canvases(tiny_family[name], extra / name)}"]
+    args = app.parse_args(argv)
+    studio = app.create_studio(args)
+    port = free_port()
+    studio.launch(host="127.0.0.1", port=port, prevent_thread_lock=True, quiet=True)
+    studio.url = f"http://127.0.0.1:{port}/"
+    try:
+        yield studio
+    finally:
+        studio.close()
+        studio.service.queue.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser, studio, tmp_path):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(studio.url)
+    page.wait_for_selector("#model-picker")
+    page.wait_for_timeout(500)
+    try:
+        yield page
+    finally:
+        page.screenshot(path=str(tmp_path / "last.png"), full_page=True)
+        context.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+def pick_model(page, name: str) -> None:
+    page.locator("#model-picker input").click()
+    page.get_by_role("option", name=name, exact=True).click()
+    page.wait_for_timeout(300)
+
+
+def open_tab(page, label: str) -> None:
+    page.get_by_role("tab", name=label, exact=True).click()
+    page.wait_for_timeout(200)
+
+
+def dropdown_options(page, elem_id: str) -> list[str]:
+    page.locator(f"#{elem_id} input").click()
+    options = page.get_by_role("option").all_inner_texts()
+    page.keyboard.press("Escape")
+    # Option texts start with the size ("1280 x 720"); the selected one also carries a check mark.
+    return [" ".join(o.replace("✓", " ").split()) for o in options]
+
+
+def set_number(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]").first
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def wait_for_text(page, selector: str, fragment: str, timeout_s: float = 60) -> str:
+    deadline = time.time() + timeout_s
+    text = ""
+    while time.time() < deadline:
+        text = page.locator(selector).inner_text()
+        if fragment in text:
+            return text
+        time.sleep(0.1)
+    raise AssertionError(f"{fragment!r} never appeared in {selector}; last text: {text!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# tests
+# ---------------------------------------------------------------------------------------------
+
+def test_switching_nano_to_edge_changes_the_resolution_choices(page, tmp_path):
+    pick_model(page, "nano-family-sizes")
+    wait_for_text(page, "#variant-panel", "nano-family-sizes")
+    nano = dropdown_options(page, "t2i-resolution")
+    pick_model(page, "edge-family-sizes")
+    wait_for_text(page, "#variant-panel", "Edge")
+    edge = dropdown_options(page, "t2i-resolution")
+    page.screenshot(path=str(tmp_path / "edge.png"))
+    assert any(o.startswith("1280 x 720") for o in nano) and not any(o.startswith("1280 x 720") for o in edge)
+    assert [o.split(" (")[0] for o in edge] == [f"{w} x {h}" for w, h in FAMILY_TABLE["edge"].image_sizes]
+    open_tab(page, "Text to Video")
+    frames = page.locator("#t2v-frames input[type=number]")
+    assert frames.get_attribute("min") == "49" and frames.get_attribute("max") == "149"
+    assert frames.get_attribute("step") == "4"
+
+
+def test_unsupported_modes_are_disabled_and_distilled_locks_sampling(page):
+    pick_model(page, "super")
+    wait_for_text(page, "#variant-panel", "Not available: action")
+    assert page.get_by_role("tab", name="Action", exact=True).is_disabled()
+    pick_model(page, "nano-distilled")
+    wait_for_text(page, "#variant-panel", "Fixed sigmas")
+    assert page.get_by_role("tab", name="Action", exact=True).is_disabled()  # few-step: vision modes only
+    page.locator("#t2i-sampling").click()
+    assert page.locator("#t2i-steps input[type=number]").first.is_disabled()
+    assert "distilled" in page.locator("#t2i-sampling").inner_text()
+    pick_model(page, "nano")
+    wait_for_text(page, "#variant-panel", "full sampler")
+    assert not page.get_by_role("tab", name="Action", exact=True).is_disabled()
+
+
+def test_malformed_json_caption_shows_a_positioned_error(page, tmp_path):
+    page.locator("#t2i-json-tab-button").click() if page.locator("#t2i-json-tab-button").count() else \
+        page.locator("#tab-t2i").get_by_role("tab", name="JSON", exact=True).click()
+    editor = page.locator("#t2i-code .cm-content")
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Delete")
+    page.keyboard.insert_text('{\n  "subjects": [{"description": "a kite"}]\n  "style_medium": "photo"\n}')
+    message = wait_for_text(page, "#t2i-caption-message", "Line 3, column 3", timeout_s=15)
+    page.screenshot(path=str(tmp_path / "json-error.png"))
+    assert "Expecting ',' delimiter" in message
+    assert '"style_medium": "photo"' in message and "^" in message  # the line and a caret under the column
+    # A fix clears the error and the form follows the JSON.
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Delete")
+    page.keyboard.insert_text('{"subjects": [{"description": "a kite"}], "background_setting": "a windy beach"}')
+    deadline = time.time() + 15
+    while time.time() < deadline and page.locator("#t2i-caption-message").inner_text().strip():
+        time.sleep(0.1)
+    assert page.locator("#t2i-caption-message").inner_text().strip() == ""
+    assert page.locator("#t2i-field-background_setting textarea").input_value() == "a windy beach"
+
+
+def test_an_image_and_a_video_are_generated_and_shown(page, tmp_path):
+    pick_model(page, "edge")
+    page.locator("#t2i-sampling").click()
+    set_number(page, "t2i-steps", 3)
+    page.locator("#t2i-generate").click()
+    page.wait_for_selector("#t2i-output img", timeout=90_000)
+    status = wait_for_text(page, "#t2i-status", "Done")
+    seed = page.locator("#t2i-used-seed textarea, #t2i-used-seed input").first.input_value()
+    assert seed.isdigit() and f"seed {seed}" in status
+    assert "image.png" in page.locator("#t2i-files").inner_text().replace("\n", "")
+    page.locator("#t2i-final-text").click()
+    assert '"resolution"' in page.locator("#t2i-prompt-text textarea").input_value()
+
+    open_tab(page, "Text to Video")
+    page.locator("#t2v-sampling").click()
+    set_number(page, "t2v-steps", 2)
+    page.locator("#t2v-generate").click()
+    page.wait_for_selector("#t2v-output video", timeout=90_000)
+    wait_for_text(page, "#t2v-status", "Done")
+    page.screenshot(path=str(tmp_path / "generated.png"), full_page=True)
+    assert "video.mp4" in page.locator("#t2v-files").inner_text().replace("\n", "")
+
+    # Both results are in this browser's history; clicking one restores its settings and seed.
+    gallery = page.locator("#history-gallery button.thumbnail-item, #history-gallery .thumbnail-item")
+    deadline = time.time() + 10
+    while time.time() < deadline and gallery.count() < 2:
+        time.sleep(0.1)
+    assert gallery.count() == 2
+    open_tab(page, "Text to Video")
+    gallery.nth(1).click()  # the older one: the image
+    wait_for_text(page, "#history", "Restored")
+    assert page.locator("#t2i-seed input").first.input_value() == seed
+    assert not page.locator("#t2i-randomize input").is_checked()
+
+
+def test_a_running_job_is_cancelled_then_a_policy_run_shows_actions(page, studio, tmp_path):
+    # A policy run on the 720p tier with a 32-step chunk takes well over a second per step on the CPU
+    # even with tiny weights, so it is still denoising when Cancel is pressed.
+    first_frame = tmp_path / "first-frame.png"
+    Image.fromarray(np.tile(np.linspace(0, 255, 1280, dtype=np.uint8)[None, :, None], (720, 1, 3))).save(first_frame)
+    pick_model(page, "nano")
+    open_tab(page, "Action")
+    page.locator("#action-image input[type=file]").set_input_files(str(first_frame))
+    page.wait_for_selector("#action-image img")
+    page.locator("#action-tier input").click()
+    page.get_by_role("option", name="720p", exact=True).click()
+    set_number(page, "action-chunk", 32)
+    page.locator("#action-sampling").click()
+    set_number(page, "action-steps", 200)
+    saved_before = len(list(studio.service.outputs_root.iterdir()))
+    cancelled_before = len(studio.service.active.cancelled_ids)
+    page.locator("#action-generate").click()
+    # The per-step progress really reaches the browser.
+    wait_for_text(page, "#action-output", "Denoising: step", timeout_s=90)
+    page.screenshot(path=str(tmp_path / "running.png"))
+    page.locator("#action-cancel").click()
+    status = wait_for_text(page, "#action-status", "Cancelled after denoising step", timeout_s=30)
+    step, total = (int(x) for x in status.split("denoising step ")[1].split(";")[0].split(" of "))
+    assert total == 200 and 1 <= step < 20
+    deadline = time.time() + 10
+    while time.time() < deadline and studio.service.active.count():
+        time.sleep(0.1)
+    assert studio.service.active.count() == 0
+    assert len(studio.service.active.cancelled_ids) == cancelled_before + 1
+    assert len(list(studio.service.outputs_root.iterdir())) == saved_before  # nothing was saved
+    # The inputs stay in place, and the GPU slot is free for the next run.
+    assert page.locator("#action-steps input[type=number]").first.input_value() == "200"
+    page.locator("#action-tier input").click()
+    page.get_by_role("option", name="256p", exact=True).click()
+    set_number(page, "action-chunk", 4)
+    set_number(page, "action-steps", 2)
+    page.locator("#action-generate").click()
+    wait_for_text(page, "#action-status", "Done", timeout_s=90)
+    page.wait_for_selector("#action-output video")
+    page.wait_for_selector("#action-plot img")
+    assert "actions.json" in page.locator("#action-json").inner_text().replace("\n", "")
+    page.screenshot(path=str(tmp_path / "policy.png"), full_page=True)
