@@ -60,6 +60,10 @@ def timed(fn, warmup: int, iters: int) -> dict:
     return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples), "n": iters}
 
 
+def _max_error(ours, reference) -> float:
+    return max(float((a - b).norm() / b.norm()) for a, b in zip(ours, reference))
+
+
 def peak_gib(fn) -> float:
     if not torch.cuda.is_available():
         return 0.0
@@ -84,14 +88,18 @@ def bench_workload(model, label, width, height, frames, iters, ablate, prefix_le
         if ablate:
             exact = EagerGenTower(model, inputs.cache, inputs.branches)
             rows["prefix cache only"] = timed(lambda: inputs.engine_step(exact), 1, iters)
+            reference = inputs.diffusers_step()
+            rows["prefix cache only"]["rel_error"] = _max_error(inputs.engine_step(exact), reference)
             for name, options in (
-                ("fast, no CUDA graphs", FastPathOptions(True, True, False, "auto")),
-                ("fast, kernels off", FastPathOptions(True, True, True, "torch")),
-                ("fast, CFG not batched", FastPathOptions(True, False, True, "auto")),
+                ("fast, no CUDA graphs", FastPathOptions(True, True, False, "auto", True)),
+                ("fast, kernels off", FastPathOptions(True, True, True, "torch", True)),
+                ("fast, CFG not batched", FastPathOptions(True, False, True, "auto", True)),
+                ("fast, projections not fused", FastPathOptions(True, True, True, "auto", False)),
             ):
                 model.fast_path = options
                 variant = make_gen_tower(model, inputs.cache, inputs.branches)
                 rows[name] = timed(lambda: inputs.engine_step(variant), 2, iters)
+                rows[name]["rel_error"] = _max_error(inputs.engine_step(variant), reference)
                 del variant
             model.fast_path = None
         reference = inputs.diffusers_step()
@@ -163,7 +171,9 @@ def markdown(results: list[dict]) -> str:
         lines += ["", "| workload | " + " | ".join(k for k in ablations[0]["rows"]) + " |",
                   "|---|" + "---|" * len(ablations[0]["rows"])]
         for r in ablations:
-            lines.append(f"| {r['workload']} | " + " | ".join(f"{v['median_ms']:.1f}" for v in r["rows"].values()) + " |")
+            lines.append(f"| {r['workload']} | " + " | ".join(
+                f"{v['median_ms']:.1f}" + (f" (err {v['rel_error']:.1e})" if "rel_error" in v else "")
+                for v in r["rows"].values()) + " |")
     return "\n".join(lines)
 
 

@@ -6,12 +6,14 @@
 - **kernels**: fused QK-norm + RoPE + K/V pack, prefix attention, residual-add + RMSNorm and the MLP
   activations, each through `kernels.dispatch`, which picks the Triton kernel or the PyTorch path per
   shape by measuring on the GPU in hand;
+- **fused projections**: one GEMM for q|k|v and one for gate|up per layer; the original Linear
+  weights become views of the fused tensors, so no weight is stored twice;
 - **CUDA graphs**: the tower's step is captured once per request shape and replayed every step, where
   the step is short enough for launch overhead to matter.
 
 Off the GPU the engine runs the exact eager tower (`engine.pipeline.EagerGenTower`). Switches:
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
-`COSMOS3_KERNELS=auto|triton|torch`; `bench/bench_engine.py` ablates them.
+`COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_FUSED_PROJECTIONS=0`; `bench/bench_engine.py` ablates them.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class FastPathOptions:
     batched_cfg: bool = True
     cuda_graphs: bool = True
     kernels: str = "auto"
+    fused_projections: bool = True
 
     @classmethod
     def from_env(cls, device: torch.device) -> "FastPathOptions":
@@ -48,11 +51,49 @@ class FastPathOptions:
             batched_cfg=_env_on("COSMOS3_BATCHED_CFG"),
             cuda_graphs=device.type == "cuda" and _env_on("COSMOS3_CUDA_GRAPHS"),
             kernels=os.environ.get("COSMOS3_KERNELS", "auto"),
+            fused_projections=_env_on("COSMOS3_FUSED_PROJECTIONS"),
         )
 
     @classmethod
     def for_model(cls, model) -> "FastPathOptions":
         return model.fast_path if model.fast_path is not None else cls.from_env(model.device)
+
+
+@dataclass
+class FusedProjections:
+    """Per gen layer: one [q|k|v] weight and, for SwiGLU, one [gate|up] weight."""
+
+    qkv: list[torch.Tensor]
+    gate_up: list[torch.Tensor | None]
+
+
+def _fuse(linears) -> torch.Tensor:
+    """Concatenate Linear weights along the output dim and make each Linear's weight a view of it.
+
+    Why views: the fused GEMM reads one weight instead of three (fewer launches, wider tiles), and the
+    model keeps one copy of its weights, so the exact path and diffusers see the same values.
+    """
+    fused = torch.cat([linear.weight.data for linear in linears], dim=0)
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight.data = fused[start:start + rows]
+        start += rows
+    return fused
+
+
+def fused_projections(model) -> FusedProjections:
+    """Fuse the gen tower's projections once per loaded model (biases are absent in Cosmos3)."""
+    if model.fused is None:
+        qkv, gate_up = [], []
+        for layer in model.transformer.layers:
+            attn, mlp = layer.self_attn, layer.mlp_moe_gen
+            if any(l.bias is not None for l in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)):
+                raise ValueError("fused projections expect bias-free gen projections")
+            qkv.append(_fuse([attn.add_q_proj, attn.add_k_proj, attn.add_v_proj]))
+            gate_up.append(_fuse([mlp.gate_proj, mlp.up_proj]) if mlp.hidden_act == "silu" else None)
+        model.fused = FusedProjections(qkv, gate_up)
+    return model.fused
 
 
 def dispatcher_for(model, mode: str) -> KernelDispatcher:
@@ -76,6 +117,7 @@ class FastGenTower:
         # Per-branch rotary tables [B, N, D]: positions differ between branches by their text lengths.
         self.cos = torch.stack([b.rotary.cos.squeeze(1) for b in branches])
         self.sin = torch.stack([b.rotary.sin.squeeze(1) for b in branches])
+        self.fused = fused_projections(model) if options.fused_projections else None
         self.use_graphs = (options.cuda_graphs and tr.device.type == "cuda"
                            and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS)
         self._graphs: dict[tuple[int, int], tuple] = {}
@@ -110,19 +152,30 @@ class FastGenTower:
         for index, layer in enumerate(layers):
             attn = layer.self_attn
             heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
-            q = attn.add_q_proj(normed).view(count, n, heads, head_dim)
-            k = attn.add_k_proj(normed).view(count, n, kv_heads, head_dim)
-            v = attn.add_v_proj(normed).view(count, n, kv_heads, head_dim)
+            if self.fused is not None:
+                qkv = torch.nn.functional.linear(normed, self.fused.qkv[index])
+                q_width, kv_width = heads * head_dim, kv_heads * head_dim
+                q = qkv[:, :q_width].view(count, n, heads, head_dim)
+                k = qkv[:, q_width:q_width + kv_width].view(count, n, kv_heads, head_dim)
+                v = qkv[:, q_width + kv_width:].view(count, n, kv_heads, head_dim)
+            else:
+                q = attn.add_q_proj(normed).view(count, n, heads, head_dim)
+                k = attn.add_k_proj(normed).view(count, n, kv_heads, head_dim)
+                v = attn.add_v_proj(normed).view(count, n, kv_heads, head_dim)
             q = d.qk_norm_rope_pack(
                 q, k, v, attn.norm_added_q.weight, attn.norm_added_k.weight, cos, sin, buffers[index], layout,
-                eps=attn.norm_added_q.eps, flavour=flavour, round_norm_before_rope=True, q_out=q,
+                eps=attn.norm_added_q.eps, flavour=flavour, round_norm_before_rope=True,
             )
             out = d.prefix_attention(q, buffers[index], layout)
             out = attn.to_add_out(out.reshape(count * n, heads * head_dim))
             post = layer.post_attention_layernorm_moe_gen
             normed, hidden = d.add_rms_norm(out, hidden, post.weight, eps=post.eps, flavour=flavour)
             mlp = layer.mlp_moe_gen
-            if mlp.hidden_act == "silu":
+            if mlp.hidden_act == "silu" and self.fused is not None:
+                gate_up = torch.nn.functional.linear(normed, self.fused.gate_up[index])
+                half = gate_up.shape[-1] // 2
+                out = mlp.down_proj(d.swiglu(gate_up[:, :half], gate_up[:, half:]))
+            elif mlp.hidden_act == "silu":
                 out = mlp.down_proj(d.swiglu(mlp.gate_proj(normed), mlp.up_proj(normed)))
             else:
                 out = mlp.down_proj(d.relu2(mlp.up_proj(normed)))

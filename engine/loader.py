@@ -171,6 +171,7 @@ class LoadedModel:
     # kept per model so they persist across requests.
     fast_path: Any = None
     dispatchers: dict = field(default_factory=dict)
+    fused: Any = None  # engine.fast_path.FusedProjections, built on first fast-path use
 
     def make_scheduler(self, **overrides):
         config = dict(self.scheduler_config)

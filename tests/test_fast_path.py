@@ -20,8 +20,9 @@ REQUEST = dict(mode="t2i", prompt="a lighthouse at dusk", negative_prompt="blurr
                guidance_scale=5.0, guidance_interval=None)
 
 
-@pytest.mark.parametrize("kernels,batched", [("torch", True), ("torch", False), ("triton", True)])
-def test_fast_tower_matches_the_exact_engine(model, kernels, batched, monkeypatch):
+@pytest.mark.parametrize("kernels,batched,fused", [("torch", True, True), ("torch", False, False),
+                                                   ("triton", True, True)])
+def test_fast_tower_matches_the_exact_engine(model, kernels, batched, fused, monkeypatch):
     model.fast_path = None
     exact = generate(model, REQUEST)
     towers = []
@@ -45,13 +46,21 @@ def test_fast_tower_matches_the_exact_engine(model, kernels, batched, monkeypatc
     for module, name in targets:
         fn = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _fn=fn, _n=name, **k: calls.update({_n: calls.get(_n, 0) + 1}) or _fn(*a, **k))
-    model.fast_path = FastPathOptions(enabled=True, batched_cfg=batched, cuda_graphs=False, kernels=kernels)
+    model.fast_path = FastPathOptions(enabled=True, batched_cfg=batched, cuda_graphs=False, kernels=kernels,
+                                      fused_projections=fused)
     try:
         fast = generate(model, REQUEST)
     finally:
         model.fast_path = None
     assert isinstance(towers[0], FastGenTower)
     assert np.abs(fast.frames - exact.frames).max() <= 1e-4
+    if fused:
+        # The pass made each projection's weight a view of one fused tensor: one copy of the weights.
+        attn = model.transformer.layers[0].self_attn
+        fused_qkv = model.fused.qkv[0]
+        assert attn.add_k_proj.weight.data_ptr() == fused_qkv[attn.add_q_proj.weight.shape[0]:].data_ptr()
+        # And the exact engine still gives the same frames through the views.
+        assert np.array_equal(generate(model, REQUEST).frames, exact.frames)
     layers, steps = len(model.transformer.layers), REQUEST["steps"]
     launches = steps * layers * (1 if batched else 2)
     suffix = "" if kernels == "triton" else "_reference"
