@@ -23,7 +23,7 @@ from engine import captions
 
 from . import controls as C
 from . import history as H
-from .assets import CSS_PATH, negative_caption
+from .assets import CSS_PATH, example_media, negative_caption
 from .caption_editor import CaptionEditor, error_html
 from .plots import actions_from_file, actions_plot
 from .requests import (
@@ -309,6 +309,7 @@ class Studio:
                                                file_types=[".json", ".csv", ".npy"], visible=False,
                                                elem_id="action-actions-file")
                     upload_message = gr.HTML("", js_on_load=None)
+                    self._action_examples([kind, domain, image, video, actions_file, instruction, chunk_size, tier, fps])
                     sampling = self._sampling_box(spec, "action", with_interval=False)
                     buttons = self._buttons("action")
                 with gr.Column(scale=5):
@@ -319,6 +320,22 @@ class Studio:
         return ActionTab(tab, notice, kind, kind_note, domain, domain_note, view_point, chunk_size, tier, fps,
                          instruction, image, video, actions_file, upload_message, sampling, result, plot,
                          actions_download)
+
+    @staticmethod
+    def _action_examples(inputs: list) -> None:
+        frame, clip, actions = (example_media(n) for n in ("tabletop_first_frame.png", "tabletop_push.mp4",
+                                                           "umi_push_right.json"))
+        if not (frame and clip and actions):
+            return
+        gr.Examples(
+            examples=[
+                ["policy", "umi", frame, None, None, "push the red cube towards the plate", 16, 256, 20.0],
+                ["forward_dynamics", "umi", frame, None, actions, "", 16, 256, 20.0],
+                ["inverse_dynamics", "bridge_orig_lerobot", None, clip, None, "", 16, 256, 5.0],
+            ],
+            inputs=inputs, label="Examples (a tabletop drawn for this app)", cache_examples=False,
+            examples_per_page=3, elem_id="action-examples",
+        )
 
     def _history_section(self) -> None:
         with gr.Accordion("History (kept in this browser only)", open=True, elem_id="history"):
@@ -692,15 +709,21 @@ class Studio:
                 a.actions_file: gr.update(visible=need.actions),
             }
 
-        a.kind.input(on_kind, inputs=a.kind, outputs=[a.kind_note, a.image, a.actions_file], queue=False,
-                     api_visibility=PRIVATE)
+        # `.change` (not `.input`) so that examples and history restores update the uploads shown too.
+        a.kind.change(on_kind, inputs=a.kind, outputs=[a.kind_note, a.image, a.actions_file], queue=False,
+                      api_visibility=PRIVATE)
+
+        def on_domain_note(domain):
+            return C.domain_controls(domain).note
+
+        a.domain.change(on_domain_note, inputs=a.domain, outputs=a.domain_note, queue=False, api_visibility=PRIVATE)
 
         def on_domain(domain):
+            # Only a user's pick resets chunk and fps to the domain's typical clip; examples set their own.
             spec = C.domain_controls(domain)
-            return {a.chunk_size: spec.chunk_size, a.fps: spec.fps, a.domain_note: spec.note}
+            return {a.chunk_size: spec.chunk_size, a.fps: spec.fps}
 
-        a.domain.input(on_domain, inputs=a.domain, outputs=[a.chunk_size, a.fps, a.domain_note], queue=False,
-                       api_visibility=PRIVATE)
+        a.domain.input(on_domain, inputs=a.domain, outputs=[a.chunk_size, a.fps], queue=False, api_visibility=PRIVATE)
 
         @self._guarded(a)
         async def generate(v: dict, request: gr.Request, progress=gr.Progress()):
