@@ -1,0 +1,320 @@
+"""The UI's decisions without a server: control specs from the engine's table, request building,
+history checks, and the caption editor's messages."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cosmos3_ui import controls as C
+from cosmos3_ui import history as H
+from cosmos3_ui.caption_editor import describe_problem
+from cosmos3_ui.requests import (
+    STYLE_JSON,
+    STYLE_PROSE,
+    ActionInputs,
+    Sampling,
+    action_request,
+    api_request,
+    file_kind,
+    image_request,
+    negative_from_text,
+    parse_request_json,
+    prompt_from_editor,
+    video_request,
+)
+from cosmos3_ui.service import ActiveJobs, JobStatus, StudioError, apply_event, field_of
+from engine.action import ACTION_DOMAINS, SUPPORTED_DOMAINS
+from engine.events import Cancelled, Failed, Finished, Progress, Queued, Started
+from engine.registry import ModelEntry, ModelRegistry
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+
+
+@pytest.fixture(scope="module")
+def models(tiny_family):
+    registry = ModelRegistry([ModelEntry(n, str(p), "tiny random weights") for n, p in tiny_family.items()])
+    return {m["name"]: m for m in registry.describe_all()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Controls follow the variant and the mode
+# ---------------------------------------------------------------------------------------------
+
+def test_resolution_choices_are_exactly_the_allowed_sizes(models):
+    for name, model in models.items():
+        for mode in ("t2i", "t2v"):
+            spec = C.sampling_controls(model, mode)
+            allowed = model["defaults"][mode]["resolutions"]
+            assert [value for _, value in spec.resolution_choices] == [f"{w}x{h}" for w, h in allowed]
+            assert spec.resolution == f"{model['defaults'][mode]['width']}x{model['defaults'][mode]['height']}"
+    assert C.resolution_choices([[1280, 720], [832, 480], [640, 640]]) == [
+        ("1280 x 720 (16:9)", "1280x720"), ("832 x 480 (~16:9)", "832x480"), ("640 x 640 (1:1)", "640x640")]
+    assert C.parse_size("832x480") == (832, 480)
+    with pytest.raises(ValueError, match="WIDTHxHEIGHT"):
+        C.parse_size("big")
+
+
+def test_frames_follow_the_range_in_steps_of_four(models):
+    spec = C.sampling_controls(models["edge"], "t2v")
+    assert spec.frames_range == tuple(models["edge"]["defaults"]["t2v"]["frame_range"])
+    lo, hi = spec.frames_range
+    assert (lo - 1) % 4 == 0 and (hi - 1) % 4 == 0 and lo <= spec.frames <= hi
+    assert C.sampling_controls(models["edge"], "t2i").frames_range is None
+
+
+def test_distilled_locks_steps_and_guidance_and_says_why(models):
+    spec = C.sampling_controls(models["super-distilled"], "t2v")
+    assert spec.locked and spec.steps == 4 and spec.guidance_scale == 1.0 and spec.flow_shift == 1.0
+    assert "distilled" in spec.lock_note and "[1.0, 0.9375, 0.8333, 0.625]" in spec.lock_note
+    assert not spec.negative_enabled
+    full = C.sampling_controls(models["super"], "t2v")
+    assert not full.locked and full.lock_note == "" and full.negative_enabled
+
+
+def test_guidance_interval_is_shown_for_t2i_only(models):
+    t2i = C.sampling_controls(models["nano"], "t2i")
+    assert t2i.show_interval and t2i.guidance_interval == (400.0, 1000.0)
+    assert not C.sampling_controls(models["nano"], "t2v").show_interval
+    assert C.sampling_controls(models["nano-distilled"], "t2i").guidance_interval is None
+
+
+def test_unsupported_modes_are_off_with_a_reason(models):
+    action = C.sampling_controls(models["super"], "action")
+    assert not action.available and "no action head" in action.reason
+    assert "Distilled" in C.unsupported_reason(models["edge-distilled"], "action")
+    assert C.unsupported_reason(models["edge"], "action") is None
+    assert C.sampling_controls(models["nano"], "t2v").sound_available
+    edge_video = C.sampling_controls(models["edge"], "t2v")
+    assert not edge_video.sound_available and "sound" in edge_video.sound_reason
+    availability = C.tab_availability(models["super"])
+    assert availability.t2i[0] and availability.t2v[0] and not availability.action[0]
+
+
+def test_variant_panel_names_family_flags_and_limits(models):
+    text = C.variant_markdown(models["edge-distilled"])
+    assert "Edge" in text and "distilled, 4 steps" in text and "tiny random weights" in text
+    assert "Fixed sigmas" in text and "Not available: action" in text
+    assert "Not available" not in C.variant_markdown(models["nano"])
+
+
+def test_action_controls_come_from_the_domain_table():
+    values = [v for _, v in C.domain_choices()]
+    assert values == list(SUPPORTED_DOMAINS) and "libero" not in values and "no_action" not in values
+    assert "libero" in C.unsupported_domains_note()
+    for name in SUPPORTED_DOMAINS:
+        spec = C.domain_controls(name)
+        assert spec.chunk_size % 4 == 0 and C.ACTION_CHUNK_UI_RANGE[0] <= spec.chunk_size <= C.ACTION_CHUNK_UI_RANGE[1]
+        assert spec.raw_dim == ACTION_DOMAINS[name].raw_dim and spec.fps == ACTION_DOMAINS[name].typical_fps
+    assert C.domain_controls("av").chunk_size == 60 and C.domain_controls("av").fps == 10.0
+    assert C.kind_inputs("inverse_dynamics") == C.KindInputs(False, True, False, C.kind_inputs("inverse_dynamics").note)
+    assert C.kind_inputs("forward_dynamics").actions and not C.kind_inputs("policy").actions
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests from the inputs
+# ---------------------------------------------------------------------------------------------
+
+def test_prompt_from_the_editor():
+    text, warnings = prompt_from_editor(STYLE_JSON, '{\n "context": "café"\n}', "", "image")
+    assert text == '{"context": "café"}' and warnings == []
+    assert prompt_from_editor(STYLE_PROSE, "", "  a boat  ", "video")[0] == "a boat"
+    _, warnings = prompt_from_editor(STYLE_JSON, '{"segments": [], "context": "x"}', "", "image")
+    assert [w.path for w in warnings] == ["segments"]
+    for style, code, prose, fragment in (
+        (STYLE_JSON, '{"context": "x",}', "", "Line 1, column 17"),
+        (STYLE_JSON, '{"lighting": "dim"}', "", "lighting: must be an object"),
+        (STYLE_JSON, "{}", "", "empty object"),
+        (STYLE_PROSE, "", "   ", "empty"),
+    ):
+        with pytest.raises(StudioError) as info:
+            prompt_from_editor(style, code, prose, "image")
+        assert fragment in str(info.value) and info.value.field == "caption"
+
+
+def test_negative_prompt_is_json_checked_or_prose():
+    assert negative_from_text("", "video") == ""
+    assert negative_from_text(" blurry ", "video") == "blurry"
+    negative = (ASSETS / "captions" / "negative_video.json").read_text()
+    assert json.loads(negative_from_text(negative, "video")) == json.loads(negative)
+    with pytest.raises(StudioError) as info:
+        negative_from_text('{"style_medium": 3}', "video")
+    assert info.value.field == "negative" and "style_medium" in str(info.value)
+
+
+def test_image_and_video_requests():
+    sampling = Sampling(resolution="96x64", steps=3.0, guidance_scale=4, flow_shift=3, seed=12.0, randomize=False,
+                        use_interval=True, interval_lo=400, interval_hi=1000)
+    assert image_request("p", "", sampling) == {
+        "mode": "t2i", "prompt": "p", "negative_prompt": "", "width": 96, "height": 64, "num_frames": 1,
+        "guidance_interval": [400.0, 1000.0], "steps": 3, "guidance_scale": 4.0, "flow_shift": 3.0, "seed": 12}
+    video = Sampling(resolution="64x64", frames=9, fps=24, steps=2, guidance_scale=6, flow_shift=10, randomize=True)
+    assert video_request("p", "n", video, image=None, video=None, sound=False)["mode"] == "t2v"
+    i2v = video_request("p", "n", video, image="/up/a.png", video=None, sound=True)
+    assert i2v["mode"] == "i2v" and i2v["image"] == "/up/a.png" and i2v["sound"] and i2v["seed"] == -1
+    assert video_request("p", "", video, image=None, video="/up/c.mp4", sound=False)["mode"] == "v2v"
+    with pytest.raises(StudioError, match="not both"):
+        video_request("p", "", video, image="/a.png", video="/c.mp4", sound=False)
+    for bad, field in ((Sampling(resolution=None), "resolution"), (Sampling(resolution="64x64", steps=None), "steps"),
+                       (Sampling(resolution="64x64", steps=2.5), "steps"),
+                       (Sampling(resolution="64x64", seed=None, randomize=False), "seed"),
+                       (Sampling(resolution="64x64", guidance_scale=float("nan")), "guidance")):
+        with pytest.raises(StudioError) as info:
+            image_request("p", "", bad)
+        assert info.value.field == field
+
+
+def test_action_requests(tmp_path):
+    sampling = Sampling(fps=5, steps=2, guidance_scale=1, flow_shift=10, randomize=True)
+    policy = action_request(ActionInputs("policy", "bridge_orig_lerobot", "ego_view", 16, 480, "stack the cups",
+                                         image="/up/f.png"), sampling)
+    assert policy["action"] == {"kind": "policy", "domain": "bridge_orig_lerobot", "view_point": "ego_view",
+                                "chunk_size": 16, "resolution_tier": 480}
+    assert policy["image"] == "/up/f.png" and policy["prompt"] == "stack the cups" and "video" not in policy
+    actions_file = tmp_path / "a.csv"
+    actions_file.write_text("x0,x1\n0.1,0.2\n0.3,0.4\n")
+    forward = action_request(ActionInputs("forward_dynamics", "pusht", "ego_view", 4, 256, image="/f.png",
+                                          actions_file=str(actions_file)), sampling)
+    assert forward["action"]["actions"] == [[0.1, 0.2], [0.3, 0.4]]
+    inverse = action_request(ActionInputs("inverse_dynamics", "umi", "wrist_view", 16, 256, video="/c.mp4",
+                                          image="/ignored.png"), sampling)
+    assert inverse["video"] == "/c.mp4" and "image" not in inverse
+    wide = tmp_path / "wide.json"
+    wide.write_text(json.dumps([[0.0] * 3] * 4))
+    cases = (
+        (ActionInputs("inverse_dynamics", "umi", "ego_view", 16, 256), "video", "needs a video"),
+        (ActionInputs("policy", "umi", "ego_view", 16, 256), "image", "needs a first frame"),
+        (ActionInputs("policy", "umi", "ego_view", 16, 256, image="/a.png", video="/b.mp4"), "image", "not both"),
+        (ActionInputs("forward_dynamics", "umi", "ego_view", 16, 256, image="/a.png"), "actions", "actions file"),
+        (ActionInputs("forward_dynamics", "pusht", "ego_view", 4, 256, image="/a.png", actions_file=str(wide)),
+         "actions", "takes exactly 2"),
+    )
+    for inputs, field, fragment in cases:
+        with pytest.raises(StudioError) as info:
+            action_request(inputs, sampling)
+        assert info.value.field == field and fragment in str(info.value), str(info.value)
+
+
+def test_api_request_routes_the_file_and_refuses_paths(tmp_path):
+    assert parse_request_json('{"mode": "t2i"}') == {"mode": "t2i"}
+    for text, fragment in (("", "empty"), ("{", "line 1, column 2"), ("[]", "JSON object"), ("null", "JSON object")):
+        with pytest.raises(StudioError, match=fragment):
+            parse_request_json(text)
+    assert api_request({"mode": "i2v", "prompt": "p"}, "/u/x.png")["image"] == "/u/x.png"
+    assert api_request({"mode": "v2v", "prompt": "p"}, "/u/x.mp4")["video"] == "/u/x.mp4"
+    policy = {"mode": "action", "action": {"kind": "policy", "domain": "umi"}}
+    assert api_request(policy, "/u/x.webp")["image"] == "/u/x.webp"
+    assert api_request(policy, "/u/x.mov")["video"] == "/u/x.mov"
+    actions = tmp_path / "a.npy"
+    np.save(actions, np.zeros((4, 10)))
+    forward = api_request({"mode": "action", "action": {"kind": "forward_dynamics", "domain": "umi"}}, str(actions))
+    assert forward["action"]["actions"] == [[0.0] * 10] * 4
+    refusals = (
+        ({"mode": "i2v", "image": "/etc/passwd"}, None, "must not name a file"),
+        ({"mode": "v2v", "video": "../x.mp4"}, None, "must not name a file"),
+        ({"mode": "action", "action": {"kind": "forward_dynamics", "actions": "/srv/a.npy"}}, None, "not a file name"),
+        ({"mode": "t2i"}, "/u/x.png", "takes no file"),
+        ({"mode": "i2v"}, "/u/x.mp4", "takes an image"),
+        (policy, str(actions), "only used by forward_dynamics"),
+        ({"mode": "action", "action": {"kind": "inverse_dynamics", "domain": "umi"}}, "/u/x.png", "video file"),
+        ({"mode": "i2v"}, "/u/x.exe", "has type '.exe'"),
+    )
+    for request, file, fragment in refusals:
+        with pytest.raises(StudioError) as info:
+            api_request(request, file)
+        assert fragment in str(info.value), str(info.value)
+    assert file_kind("/a/b.JPG") == "image"
+
+
+# ---------------------------------------------------------------------------------------------
+# Job events, Cancel bookkeeping, history
+# ---------------------------------------------------------------------------------------------
+
+class FakeHandle:
+    def __init__(self, job_id="job-1"):
+        self.id = job_id
+        self.cancelled = False
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_events_drive_the_status_text():
+    status = JobStatus()
+    apply_event(status, Queued(position=2))
+    assert status.describe() == "Waiting for the GPU: 2 jobs ahead"
+    apply_event(status, Started(model_name="nano"))
+    assert status.describe() == "Loading the model"
+    apply_event(status, Progress("denoise", 3, 10, 1.0, 2.4))
+    assert status.describe() == "Denoising: step 3/10 · about 2 s left"
+    assert apply_event(status, Finished(result="R")) == "R"
+    with pytest.raises(StudioError) as info:
+        apply_event(JobStatus(), Failed("Size 8x8 is not allowed", kind="invalid"))
+    assert info.value.field == "resolution"
+    with pytest.raises(Exception) as info:
+        apply_event(status, Cancelled())
+    assert info.value.message() == "Cancelled after denoising step 3 of 10; nothing was saved."
+    assert field_of("num_frames must be 4k+1") == "frames" and field_of("Something else") == ""
+
+
+def test_cancel_reaches_only_the_sessions_own_job():
+    jobs = ActiveJobs()
+    mine, theirs = FakeHandle("job-1"), FakeHandle("job-2")
+    jobs.add("me", mine)
+    jobs.add("you", theirs)
+    assert jobs.cancel("me").handle is mine and mine.cancelled and not theirs.cancelled
+    assert jobs.cancel("nobody") is None
+    jobs.remove("me", mine)
+    assert jobs.count() == 1 and jobs.cancel("me").handle is mine  # recently cancelled: still reportable
+    assert jobs.cancelled_ids == ["job-1"]
+    jobs.remove("you", theirs)
+    assert jobs.cancel("you") is None  # finished normally: nothing to cancel
+
+
+def test_history_keeps_only_files_the_server_wrote(tmp_path):
+    root = tmp_path / "outputs"
+    folder = root / "20260101-000000-abc"
+    folder.mkdir(parents=True)
+    (folder / "image.png").write_bytes(b"png")
+    (folder / "params.json").write_text("{}")
+    outside = tmp_path / "secret.txt"
+    outside.write_text("x")
+
+    def owns(path):
+        resolved = Path(path).resolve()
+        return resolved.is_file() and root.resolve() in resolved.parents
+
+    good = {"id": "a", "model": "nano", "tab": "t2i", "mode": "t2i", "seed": 1,
+            "files": {"image": str(folder / "image.png"), "sidecar": str(folder / "params.json")}}
+    forged = dict(good, id="b", files={"image": str(outside)})
+    sneaky = dict(good, id="c", files={"image": str(folder / ".." / ".." / "secret.txt")})
+    broken = [None, "x", dict(good, files="nope"), dict(good, tab="admin"), dict(good, files={})]
+    cleaned = H.clean([good, forged, sneaky, *broken], owns)
+    assert [e["id"] for e in cleaned] == ["a"]
+    assert H.clean("not a list", owns) == []
+    assert H.gallery_items(cleaned) == [(str(folder / "image.png"), "nano · T2I · seed 1")]
+    assert H.entry_at(cleaned, 0) is good and H.entry_at(cleaned, 1) is None
+    assert H.download_paths(good) == [str(folder / "image.png"), str(folder / "params.json")]
+    many = H.add([good] * (H.HISTORY_LIMIT + 5), dict(good, id="new"))
+    assert len(many) == H.HISTORY_LIMIT and many[0]["id"] == "new"
+
+
+def test_caption_editor_messages():
+    caption, message = describe_problem('{\n  "a": 1\n  "b": 2\n}', "video")
+    assert caption is None and "Line 3, column 3" in message and "^" in message
+    caption, message = describe_problem('{"subjects": {"x": 1}}', "video")
+    assert caption is not None and "subjects" in message and "must be a list" in message
+    caption, message = describe_problem('{"quadrant_scan": {}}', "video")
+    assert caption is not None and "image captions" in message  # a warning, shown but not blocking
+    assert describe_problem('{"context": "fine"}', "image") == ({"context": "fine"}, "")
+    escaped = describe_problem('{"context": "<script>" "oops"}', "image")[1]
+    assert "&lt;script&gt;" in escaped and "<script>" not in escaped  # user text is escaped in the HTML
+
+
+def test_actions_plot_is_an_image():
+    from cosmos3_ui.plots import actions_from_file, actions_plot
+
+    image = actions_plot(np.random.default_rng(0).normal(size=(16, 10)), domain="umi", fps=20)
+    assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3 and image.std() > 0
+    assert actions_from_file(ASSETS / "media" / "umi_push_right.json").shape == (16, 10)
+    assert actions_from_file(ASSETS / "captions" / "negative_video.json") is None
