@@ -153,7 +153,9 @@ def bench_end_to_end(transformer, vae) -> dict:
     theirs = time.perf_counter() - began
     return {"steps": result.params["steps"], "guidance_interval": result.params["guidance_interval"],
             "engine_s": ours, "engine_timings": result.timings, "diffusers_s": theirs,
-            "prompt_tokens": len(tokenizer.apply_chat_template([{"role": "user", "content": result.prompt_text}]))}
+            "prompt_chars": len(result.prompt_text),
+            "prompt_tokens": len(tokenizer.apply_chat_template([{"role": "user", "content": result.prompt_text}],
+                                                               tokenize=True, return_dict=True)["input_ids"])}
 
 
 def markdown(results: list[dict]) -> str:
