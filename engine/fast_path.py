@@ -8,12 +8,13 @@
   shape by measuring on the GPU in hand;
 - **fused projections**: one GEMM for q|k|v and one for gate|up per layer; the original Linear
   weights become views of the fused tensors, so no weight is stored twice;
+- **VAE channels-last-3d**: the decoder's 3-D convolutions in cuDNN's channels-last layout;
 - **CUDA graphs**: the tower's step is captured once per request shape and replayed every step, where
   the step is short enough for launch overhead to matter.
 
 Off the GPU the engine runs the exact eager tower (`engine.pipeline.EagerGenTower`). Switches:
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
-`COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_FUSED_PROJECTIONS=0`; `bench/bench_engine.py` ablates them.
+`COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_FUSED_PROJECTIONS=0`, `COSMOS3_VAE_CHANNELS_LAST=0`; `bench/bench_engine.py` ablates them.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class FastPathOptions:
     cuda_graphs: bool = True
     kernels: str = "auto"
     fused_projections: bool = True
+    vae_channels_last: bool = True
 
     @classmethod
     def from_env(cls, device: torch.device) -> "FastPathOptions":
@@ -52,6 +54,7 @@ class FastPathOptions:
             cuda_graphs=device.type == "cuda" and _env_on("COSMOS3_CUDA_GRAPHS"),
             kernels=os.environ.get("COSMOS3_KERNELS", "auto"),
             fused_projections=_env_on("COSMOS3_FUSED_PROJECTIONS"),
+            vae_channels_last=_env_on("COSMOS3_VAE_CHANNELS_LAST"),
         )
 
     @classmethod
@@ -94,6 +97,24 @@ def fused_projections(model) -> FusedProjections:
             gate_up.append(_fuse([mlp.gate_proj, mlp.up_proj]) if mlp.hidden_act == "silu" else None)
         model.fused = FusedProjections(qkv, gate_up)
     return model.fused
+
+
+def vae_channels_last(model) -> bool:
+    """Put the VAE's 3-D conv weights in channels-last-3d once, where the fast path allows it.
+
+    Why: measured on the H200 (docs/PERFORMANCE.md, VAE decode), cuDNN's channels-last kernels decode
+    832x480x121 in 2.44 s instead of 2.67 s (1.09x), within 2.5e-2 of the plain decode on its [-1, 1]
+    output; an image decode gains nothing either way.
+    """
+    options = FastPathOptions.for_model(model)
+    if not (options.enabled and options.vae_channels_last):
+        return False
+    if not model.vae_channels_last:
+        for param in model.vae.parameters():
+            if param.dim() == 5:
+                param.data = param.data.contiguous(memory_format=torch.channels_last_3d)
+        model.vae_channels_last = True
+    return True
 
 
 def dispatcher_for(model, mode: str) -> KernelDispatcher:

@@ -172,6 +172,7 @@ class LoadedModel:
     fast_path: Any = None
     dispatchers: dict = field(default_factory=dict)
     fused: Any = None  # engine.fast_path.FusedProjections, built on first fast-path use
+    vae_channels_last: bool = False
 
     def make_scheduler(self, **overrides):
         config = dict(self.scheduler_config)

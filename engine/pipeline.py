@@ -37,6 +37,7 @@ from . import outputs as output_files
 from .action import ACTION_DOMAINS, RESOLUTION_TIERS
 from .defaults import validate_request
 from .events import Progress
+from .fast_path import FastGenTower, FastPathOptions, vae_channels_last
 from .loader import LoadedModel
 from .media import load_image, load_video
 from .prompts import build_prompt_texts, tokenize
@@ -154,8 +155,6 @@ class Branch:
 
 def make_gen_tower(model: LoadedModel, cache: KVCache, branches: list[Branch]):
     """The exact eager tower, or the fast path where it applies (CUDA, unless switched off)."""
-    from .fast_path import FastGenTower, FastPathOptions
-
     options = FastPathOptions.for_model(model)
     if options.enabled:
         return FastGenTower(model, cache, branches, options)
@@ -536,7 +535,10 @@ def decode_stage(model: LoadedModel, latents: Latents) -> tuple[np.ndarray, np.n
     vae = model.vae
     mean = torch.tensor(vae.config.latents_mean, dtype=vae.dtype, device=latents.vision.device).view(1, -1, 1, 1, 1)
     inv_std = (1.0 / torch.tensor(vae.config.latents_std, dtype=vae.dtype)).to(latents.vision.device).view(1, -1, 1, 1, 1)
-    decoded = vae.decode(latents.vision.to(vae.dtype) / inv_std + mean).sample.float()
+    z = latents.vision.to(vae.dtype) / inv_std + mean
+    if vae_channels_last(model):
+        z = z.contiguous(memory_format=torch.channels_last_3d)
+    decoded = vae.decode(z).sample.float()
     processor = VideoProcessor(vae_scale_factor=VAE_SPATIAL, resample="bilinear")
     frames = processor.postprocess_video(decoded, output_type="np")[0].astype(np.float32)
     audio = None

@@ -5,6 +5,7 @@ every pass; the GPU tests (tests/test_gpu_fast_path.py) check the same on the H2
 """
 import numpy as np
 import pytest
+import torch
 
 import engine
 from engine.fast_path import FastGenTower, FastPathOptions
@@ -54,6 +55,8 @@ def test_fast_tower_matches_the_exact_engine(model, kernels, batched, fused, mon
         model.fast_path = None
     assert isinstance(towers[0], FastGenTower)
     assert np.abs(fast.frames - exact.frames).max() <= 1e-4
+    conv = next(p for p in model.vae.parameters() if p.dim() == 5)
+    assert model.vae_channels_last and conv.is_contiguous(memory_format=torch.channels_last_3d)
     if fused:
         # The pass made each projection's weight a view of one fused tensor: one copy of the weights.
         attn = model.transformer.layers[0].self_attn
