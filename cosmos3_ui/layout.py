@@ -460,6 +460,13 @@ class Studio:
         self._wire_history(blocks)
         self._wire_api()
 
+        def on_unload(request: gr.Request):
+            # The tab was closed or reloaded: Gradio only marks a running handler dead, so stop the
+            # engine job too and let the GPU move on to the next one.
+            self.service.active.cancel(self._session(request))
+
+        blocks.unload(on_unload)
+
     # -- shared pieces -----------------------------------------------------------------------------
 
     def _report(self, progress, status) -> None:

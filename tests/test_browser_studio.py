@@ -103,9 +103,18 @@ def page(browser, studio, tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 def pick_model(page, name: str) -> None:
+    """Select a model and wait until the controls have followed it (the variant panel names it)."""
+    if page.locator("#model-picker input").input_value() == name:
+        return
     page.locator("#model-picker input").click()
     page.get_by_role("option", name=name, exact=True).click()
-    page.wait_for_timeout(300)
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        if page.locator("#variant-panel").inner_text().startswith(f"{name} ·"):
+            page.wait_for_timeout(200)
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the variant panel never showed {name!r}")
 
 
 def open_tab(page, label: str) -> None:
@@ -273,3 +282,30 @@ def test_a_running_job_is_cancelled_then_a_policy_run_shows_actions(page, studio
     page.wait_for_selector("#action-plot img")
     assert "actions.json" in page.locator("#action-json").inner_text().replace("\n", "")
     page.screenshot(path=str(tmp_path / "policy.png"), full_page=True)
+
+
+def test_closing_the_tab_cancels_its_running_job(browser, studio, tmp_path):
+    first_frame = tmp_path / "first-frame.png"
+    Image.fromarray(np.full((720, 1280, 3), 90, np.uint8)).save(first_frame)
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.goto(studio.url)
+    page.wait_for_selector("#model-picker")
+    pick_model(page, "edge")
+    open_tab(page, "Action")
+    page.locator("#action-image input[type=file]").set_input_files(str(first_frame))
+    page.wait_for_selector("#action-image img")
+    page.locator("#action-tier input").click()
+    page.get_by_role("option", name="720p", exact=True).click()
+    set_number(page, "action-chunk", 32)
+    page.locator("#action-sampling").click()
+    set_number(page, "action-steps", 200)
+    cancelled_before = len(studio.service.active.cancelled_ids)
+    page.locator("#action-generate").click()
+    wait_for_text(page, "#action-output", "Denoising: step", timeout_s=90)
+    context.close()
+    deadline = time.time() + 30
+    while time.time() < deadline and studio.service.active.count():
+        time.sleep(0.2)
+    assert studio.service.active.count() == 0
+    assert len(studio.service.active.cancelled_ids) == cancelled_before + 1
