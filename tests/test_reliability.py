@@ -1,0 +1,367 @@
+"""Reliability against the launched app: the bad-input catalogue, fault drills, isolation, and a soak run.
+
+Every refusal must carry its specific message, and after each one the app must still serve. The soak
+prints its figures (jobs, wall time, memory) for docs/RELIABILITY.md.
+"""
+import errno
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+
+import app
+
+MODELS = ("nano", "super", "edge")
+REQUEST_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{12}$")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def studio(tiny_family, tmp_path_factory):
+    broken = tmp_path_factory.mktemp("broken-model") / "edge-broken"
+    shutil.copytree(tiny_family["edge"], broken)
+    weights = broken / "transformer" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])
+    outputs = tmp_path_factory.mktemp("reliability-outputs")
+    argv = ["--outputs", str(outputs), "--cache-dir", str(tmp_path_factory.mktemp("cache")), "--queue-size", "64"]
+    for name in MODELS:
+        argv += ["--model", f"{name}={tiny_family[name]}"]
+    argv += ["--model", f"broken={broken}"]
+    studio = app.create_studio(app.parse_args(argv))
+    port = _free_port()
+    studio.launch(host="127.0.0.1", port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/", studio, outputs
+    finally:
+        studio.close()
+        studio.service.queue.close()
+
+
+@pytest.fixture(scope="module")
+def client(studio):
+    return Client(studio[0], verbose=False)
+
+
+def _generate(client, model, request, file=None):
+    payload = request if isinstance(request, str) else json.dumps(request)
+    return client.predict(model, payload, handle_file(str(file)) if file else None, api_name="/generate")
+
+
+def _still_serving(client):
+    media, result = _generate(client, "edge", {"mode": "t2i", "prompt": "a quiet harbour", "steps": 1, "seed": 5})
+    assert Path(media).is_file() and result["seed"] == 5
+
+
+@pytest.fixture(scope="module")
+def upload_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("uploads")
+    Image.fromarray(np.full((48, 64, 3), 120, np.uint8)).save(root / "frame.png")
+    (root / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
+    (root / "empty.png").write_bytes(b"")
+    (root / "notes.txt").write_text("not media")
+    Image.new("1", (8000, 6000)).save(root / "huge.png")  # 48 MP declared, a few KB on disk
+    np.save(root / "cube.npy", np.zeros((4, 10, 2)))
+    np.save(root / "wide.npy", np.zeros((4, 70)))
+    (root / "actions.yaml").write_text("- [0, 1]")
+    return root
+
+
+T2I = {"mode": "t2i", "prompt": "a lighthouse", "steps": 1}
+DEEP = "{" + '"a": {' * 100 + '"b": 1' + "}" * 101
+POLICY = {"mode": "action", "prompt": "push the block", "steps": 1,
+          "action": {"kind": "forward_dynamics", "domain": "bridge_orig_lerobot", "chunk_size": 4, "resolution_tier": 256}}
+
+# (model, request or raw request_json, upload name or None, fragment of the expected message)
+CATALOGUE = [
+    ("nano", "{not json", None, "request_json is not valid JSON"),
+    ("nano", "[1, 2, 3]", None, "request_json must be a JSON object"),
+    ("nano", "", None, "request_json is empty"),
+    ("nano", {**T2I, "prompt": '{"subjects": [}'}, None, "Line 1, column 15"),
+    ("nano", {**T2I, "prompt": DEEP}, None, "nested too deeply"),
+    ("nano", {**T2I, "prompt": '{"subjects": "' + "x" * 60_000 + '"}'}, None, "characters long"),
+    ("nano", {**T2I, "negative_prompt": '{"bad": '}, None, "negative_prompt looks like a JSON caption"),
+    ("nano", {**T2I, "prompt": "   "}, None, "prompt is empty"),
+    ("nano", {**T2I, "prompt": 42}, None, "prompt must be a string"),
+    ("nano", {**T2I, "width": 512, "height": 512}, None, "Allowed sizes (WxH): 64x64, 96x64, 64x96, 128x64"),
+    ("nano", {**T2I, "width": 100, "height": 64}, None, "not a multiple of 16"),
+    ("nano", {"mode": "t2v", "prompt": "waves", "num_frames": 8}, None, "4k+1"),
+    ("nano", {"mode": "t2v", "prompt": "waves", "num_frames": 33}, None, "in 5..17"),
+    ("nano", {**T2I, "steps": -4}, None, "steps must be in [1, 200]"),
+    ("nano", '{"mode": "t2i", "prompt": "x", "steps": NaN}', None, "steps must be an integer"),
+    ("nano", '{"mode": "t2i", "prompt": "x", "guidance_scale": Infinity}', None, "guidance_scale must be a finite number"),
+    ("nano", {**T2I, "guidance_scale": 1e12}, None, "guidance_scale must be in [0, 30]"),
+    ("nano", {**T2I, "steps": 10**6}, None, "steps must be in [1, 200]"),
+    ("nano", {**T2I, "seed": 2**70}, None, "seed must be in [-1,"),
+    ("nano", {**T2I, "seed": "lucky"}, None, "seed must be an integer"),
+    ("super", {**POLICY}, "frame.png", "does not support mode 'action'"),
+    ("edge", {"mode": "t2v", "prompt": "rain", "sound": True}, None, "cannot generate sound"),
+    ("nano", {**POLICY, "action": {**POLICY["action"], "actions": [[0.0] * 70] * 4}}, "frame.png",
+     "wider than the model's action width 64"),
+    ("nano", {**POLICY, "action": {**POLICY["action"], "domain": "submarine"}}, "frame.png", "Unknown action domain"),
+    ("nano", {**POLICY}, "cube.npy", "must be 2-D"),
+    ("nano", {**POLICY}, "wide.npy", "wider than the model's action width 64"),
+    ("nano", {**POLICY}, "actions.yaml", None),  # an unknown file type: refused as such
+    ("nano", {"mode": "i2v", "prompt": "a boat"}, "corrupt.png", "could not be decoded"),
+    ("nano", {"mode": "i2v", "prompt": "a boat"}, "empty.png", "empty"),
+    ("nano", {"mode": "i2v", "prompt": "a boat"}, "huge.png", "pixels"),
+    ("nano", {"mode": "i2v", "prompt": "a boat"}, "notes.txt", None),
+    ("nano", {"mode": "i2v", "prompt": "a boat", "image": "../../etc/passwd"}, None, "must not name a file"),
+    ("nano", {"mode": "i2v", "prompt": "a boat", "image": "/etc/hostname"}, None, "must not name a file"),
+    ("nano", {"mode": "i2v", "prompt": "a boat", "image": "frame\u0000.png"}, None, "must not name a file"),
+    ("nano", {**T2I, "colour": "teal"}, None, "Unknown request keys ['colour']"),
+    ("no-such-model", T2I, None, "Unknown model 'no-such-model'"),
+]
+
+
+@pytest.mark.parametrize("model,request_,upload,fragment", CATALOGUE,
+                         ids=[f"{i:02d}" for i in range(len(CATALOGUE))])
+def test_bad_input_catalogue(client, upload_files, model, request_, upload, fragment):
+    with pytest.raises(AppError) as caught:
+        _generate(client, model, request_, upload_files / upload if upload else None)
+    message = str(caught.value)
+    assert "Traceback" not in message and len(message) < 2000
+    if fragment is None:  # an upload of a type nothing takes: the message names what is allowed
+        assert "takes" in message or "allowed" in message or "type" in message, message
+    else:
+        assert fragment in message, message
+
+
+def test_catalogue_is_large_and_app_still_serves(client):
+    assert len(CATALOGUE) >= 30
+    _still_serving(client)
+
+
+def test_oversized_upload_in_bytes(client, upload_files, monkeypatch):
+    from engine import media
+
+    monkeypatch.setattr(media, "MAX_UPLOAD_BYTES", 100)
+    with pytest.raises(AppError, match="at most 0 MiB|MiB"):
+        _generate(client, "nano", {"mode": "i2v", "prompt": "a boat", "steps": 1}, upload_files / "frame.png")
+
+
+# ----------------------------------------------------------------------------------------------
+# Fault drills
+# ----------------------------------------------------------------------------------------------
+
+
+def test_drill_cancel_mid_denoise(client, studio):
+    outputs = studio[2]
+    before = set(outputs.iterdir())
+    job = client.submit("nano", json.dumps({"mode": "t2i", "prompt": "a long one", "steps": 200}), None,
+                        api_name="/generate")
+    deadline = time.time() + 60
+    while time.time() < deadline and not studio[1].service.queue._running:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    job.cancel()
+    # The GPU slot frees within a step: a short job right after finishes promptly.
+    _still_serving(client)
+    time.sleep(0.5)
+    after = {p for p in outputs.iterdir() if not p.name.startswith(".")} - before
+    assert all(json.loads((p / "params.json").read_text())["prompt_text"].startswith("a quiet harbour") for p in after)
+
+
+def test_drill_out_of_memory_in_a_step(client, monkeypatch):
+    from engine import pipeline
+
+    original = pipeline.gen_tokens
+    state = {"raised": False}
+
+    def failing(*args, **kwargs):
+        if not state["raised"]:
+            state["raised"] = True
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "gen_tokens", failing)
+    with pytest.raises(AppError, match="ran out of memory"):
+        _generate(client, "nano", {**T2I, "steps": 2})
+    _still_serving(client)
+
+
+def test_drill_corrupt_model_keeps_the_others_serving(client):
+    _still_serving(client)
+    with pytest.raises(AppError, match="could not be loaded.*(corrupt|truncated)"):
+        _generate(client, "broken", T2I)
+    _still_serving(client)
+
+
+def test_drill_disk_full_writes_no_partial_result(client, studio, monkeypatch):
+    from engine import outputs as output_files
+
+    def full_disk(path, frame):
+        path.write_bytes(b"half a png")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    before = set(studio[2].iterdir())
+    monkeypatch.setattr(output_files, "_write_png", full_disk)
+    with pytest.raises(AppError, match="No space left on device"):
+        _generate(client, "nano", T2I)
+    assert set(studio[2].iterdir()) == before
+    monkeypatch.undo()
+    _still_serving(client)
+
+
+def test_drill_client_disconnects_mid_job(studio, client):
+    script = textwrap.dedent(f"""
+        import json, time
+        from gradio_client import Client
+        job = Client({studio[0]!r}, verbose=False).submit(
+            "nano", json.dumps({{"mode": "t2i", "prompt": "abandoned", "steps": 150}}), None, api_name="/generate")
+        time.sleep(2.0)
+        print("submitted", flush=True)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "submitted"
+    process.kill()  # gone without a goodbye
+    process.wait(10)
+    began = time.time()
+    _still_serving(client)
+    assert time.time() - began < 120
+
+
+# ----------------------------------------------------------------------------------------------
+# Isolation
+# ----------------------------------------------------------------------------------------------
+
+
+def test_files_are_served_only_from_the_outputs_root(client, studio):
+    media, result = _generate(client, "nano", {**T2I, "seed": 77})
+    folder = studio[2] / result["request_id"]
+    assert REQUEST_ID.match(result["request_id"]) and sorted(p.name for p in folder.iterdir()) == ["image.png", "params.json"]
+    base = studio[0].rstrip("/")
+    inside = httpx.get(f"{base}/gradio_api/file={folder / 'image.png'}")
+    assert inside.status_code == 200 and inside.content[:4] == b"\x89PNG"
+    for outside in ("/etc/hostname", str(Path(app.__file__).resolve()), str(folder / ".." / ".." / "etc" / "passwd")):
+        assert httpx.get(f"{base}/gradio_api/file={outside}").status_code in (403, 404)
+
+
+def test_upload_names_never_become_output_names(client, studio, tmp_path):
+    tricky = tmp_path / "..%2F..%2Fevil name.png"
+    Image.fromarray(np.full((48, 64, 3), 30, np.uint8)).save(tricky, format="PNG")
+    _, result = _generate(client, "nano", {"mode": "i2v", "prompt": "a boat", "steps": 1, "num_frames": 5}, tricky)
+    folder = studio[2] / result["request_id"]
+    assert sorted(p.name for p in folder.iterdir()) == ["params.json", "video.mp4"]
+    assert not any("evil" in p.name for p in studio[2].rglob("*"))
+
+
+def test_only_the_public_api_is_callable(client):
+    endpoints = client.view_api(return_format="dict", print_info=False)
+    assert set(endpoints["named_endpoints"]) == {"/models", "/generate"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Soak
+# ----------------------------------------------------------------------------------------------
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _soak_jobs(upload_files):
+    jobs = []
+    for i in range(50):
+        tag = f"soak job {i:02d}"
+        if i % 10 == 7:  # invalid: wrong size
+            jobs.append(("invalid", "nano", {"mode": "t2i", "prompt": tag, "width": 500, "height": 500}, None))
+        elif i % 10 == 3:  # cancelled while long
+            jobs.append(("cancel", "edge", {"mode": "t2i", "prompt": tag, "steps": 120, "seed": i}, None))
+        elif i % 3 == 0:
+            jobs.append(("video", "edge", {"mode": "t2v", "prompt": tag, "steps": 2, "num_frames": 5, "seed": i}, None))
+        elif i % 3 == 1:
+            jobs.append(("image", MODELS[i % 3], {"mode": "t2i", "prompt": tag, "steps": 2, "seed": i}, None))
+        else:
+            jobs.append(("action", "nano", {"mode": "action", "prompt": tag, "steps": 2, "seed": i,
+                                            "action": {"kind": "policy", "domain": "umi", "chunk_size": 4,
+                                                       "resolution_tier": 256}}, upload_files / "frame.png"))
+    return jobs
+
+
+def test_soak_fifty_mixed_jobs_from_four_clients(studio, upload_files):
+    url, _, outputs = studio
+    jobs = _soak_jobs(upload_files)
+    outcomes: dict[int, tuple] = {}
+    warm_rss = {}
+
+    def client_loop(worker: int):
+        client = Client(url, verbose=False)
+        for index in range(worker, len(jobs), 4):
+            kind, model, request, upload = jobs[index]
+            payload = (model, json.dumps(request), handle_file(str(upload)) if upload else None)
+            if kind == "cancel":
+                job = client.submit(*payload, api_name="/generate")
+                time.sleep(0.6)
+                job.cancel()
+                outcomes[index] = ("cancelled", None)
+                continue
+            try:
+                media, result = client.predict(*payload, api_name="/generate")
+                outcomes[index] = ("ok", (media, result))
+            except AppError as exc:
+                outcomes[index] = ("refused", str(exc))
+            if index == 8:
+                warm_rss["mib"] = _rss_mib()
+
+    began = time.time()
+    threads = [threading.Thread(target=client_loop, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    wall = time.time() - began
+    end_rss = _rss_mib()
+
+    assert len(outcomes) == 50
+    counts = {}
+    for index, (kind, model, request, _) in enumerate(jobs):
+        status, payload = outcomes[index]
+        counts[status] = counts.get(status, 0) + 1
+        if kind == "invalid":
+            assert status == "refused" and "Allowed sizes" in payload
+        elif kind == "cancel":
+            assert status == "cancelled"
+        else:
+            assert status == "ok", (index, payload)
+            media, result = payload
+            folder = outputs / result["request_id"]
+            sidecar = json.loads((folder / "params.json").read_text())
+            # Nothing mixed up: each result carries its own prompt, seed and model.
+            assert sidecar["params"]["prompt"] == request["prompt"] and sidecar["seed"] == request["seed"]
+            assert sidecar["model"]["name"] == model and result["prompt_text"] == sidecar["prompt_text"]
+            expected = {"image": "image.png", "video": "video.mp4", "action": "video.mp4"}[kind]
+            assert (folder / expected).is_file() and Path(media).name == expected
+            if kind == "action":
+                assert (folder / "actions.json").is_file()
+    growth = end_rss - warm_rss.get("mib", end_rss)
+    print(f"\nSOAK: 50 jobs from 4 clients in {wall:.1f} s; outcomes {counts}; "
+          f"RSS {warm_rss.get('mib', float('nan')):.0f} MiB after 9 jobs -> {end_rss:.0f} MiB at the end "
+          f"(+{growth:.0f} MiB)")
+    # Flat memory: tiny models, so anything beyond allocator noise would be a leak of results or jobs.
+    assert growth < 300
+    leftovers = [p for p in outputs.iterdir() if p.name.startswith(".")]
+    assert not leftovers, leftovers
