@@ -17,6 +17,8 @@ MODE_SHORT = {"t2i": "T2I", "t2v": "T2V", "i2v": "I2V", "v2v": "V2V", "action": 
 def make_entry(*, model: str, tab: str, result, ui: dict) -> dict:
     """A history entry for a finished job. `ui` holds what the tab needs to restore its inputs."""
     summary = result.summary()
+    # The browser keeps the entry and sends it back with each run: the actions stay in their file.
+    summary.pop("actions", None)
     files = {key: str(path) for key, path in result.outputs.items()}
     return {
         "id": result.request_id or f"unsaved-{time.time_ns()}",

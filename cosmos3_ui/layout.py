@@ -13,7 +13,6 @@ import html
 import logging
 import secrets
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -190,7 +189,7 @@ class Studio:
                                             interactive=not spec.locked, elem_id=f"{prefix}-interval-hi")
         with gr.Row(equal_height=True):
             seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=UI_SEED_MAX, scale=3,
-                             elem_id=f"{prefix}-seed")
+                             interactive=False, elem_id=f"{prefix}-seed")
             randomize = gr.Checkbox(True, label="Random seed", scale=1, elem_id=f"{prefix}-randomize")
         return SamplingBox(lock_note, steps, guidance, flow_shift, use_interval, interval_lo, interval_hi, seed,
                            randomize)
@@ -454,6 +453,10 @@ class Studio:
         for tab_id, tab in (("t2i", self.t2i.tab), ("t2v", self.t2v.tab), ("action", self.action.tab)):
             tab.select(lambda t=tab_id: t, outputs=self.current_tab, queue=False, api_visibility=PRIVATE)
 
+        for box in (self.t2i.sampling, self.t2v.sampling, self.action.sampling):
+            # The seed box is editable only when it is used; restores turn Random off and fill it.
+            box.randomize.change(lambda random: gr.update(interactive=not random), inputs=box.randomize,
+                                 outputs=box.seed, queue=False, api_visibility=PRIVATE)
         for tab in (self.t2i, self.t2v):
             self._wire_gen_tab(tab)
         self._wire_action_tab()

@@ -131,9 +131,20 @@ def dropdown_options(page, elem_id: str) -> list[str]:
 
 
 def set_number(page, elem_id: str, value) -> None:
+    """Type a number into a slider's or number box's input and check that it stuck.
+
+    Controls inside an accordion mount when it opens, and a fresh mount can reset a value typed a
+    moment earlier; so the value is typed again until it holds.
+    """
     box = page.locator(f"#{elem_id} input[type=number]").first
-    box.fill(str(value))
-    box.press("Enter")
+    box.wait_for(state="visible")
+    for _ in range(5):
+        box.fill(str(value))
+        box.press("Enter")
+        page.wait_for_timeout(250)
+        if box.input_value() == str(value):
+            return
+    raise AssertionError(f"#{elem_id} did not keep the value {value}")
 
 
 def wait_for_text(page, selector: str, fragment: str, timeout_s: float = 60) -> str:
