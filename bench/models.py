@@ -63,14 +63,7 @@ def build_vae(device: str = "cuda", dtype: torch.dtype = torch.bfloat16):
 
 
 def as_loaded_model(transformer, family: str, *, vae=None, tokenizer=None, fast_path=None) -> LoadedModel:
-    config = transformer.config
-    info = VariantInfo(
-        path=f"<random {family}>", family=family, is_edge=family == "edge", is_distilled=False,
-        distilled_sigmas=None, modes=("t2i", "t2v", "i2v", "v2v"), hidden_size=config.hidden_size,
-        num_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim, action_dim=None,
-        default_use_system_prompt=True,
-    )
+    info = VariantInfo.released(family)
     from diffusers import UniPCMultistepScheduler
 
     scheduler_config = dict(num_train_timesteps=1000, solver_order=2, prediction_type="flow_prediction",

@@ -65,6 +65,21 @@ class VariantInfo:
     tiny: TinyLimits | None = None
     config_files_read: tuple[str, ...] = field(default=(), compare=False)
 
+    @classmethod
+    def released(cls, family: str, distilled_sigmas: tuple[float, ...] | None = None) -> "VariantInfo":
+        """What inspection reports for a released checkpoint of `family` (benchmarks and table tests)."""
+        hidden, layers, heads = {"nano": (4096, 36, 32), "super": (5120, 64, 64), "edge": (2048, 28, 16)}[family]
+        distilled = distilled_sigmas is not None
+        modes = ("t2i", "t2v", "i2v", "v2v")
+        if not distilled and family != "super":
+            modes += ("action",) + (("sound",) if family == "nano" else ())
+        return cls(
+            path=f"<released {family}>", family=family, is_edge=family == "edge", is_distilled=distilled,
+            distilled_sigmas=distilled_sigmas, modes=modes, hidden_size=hidden, num_layers=layers,
+            num_attention_heads=heads, num_key_value_heads=8, head_dim=128,
+            action_dim=64 if "action" in modes else None, default_use_system_prompt=True,
+        )
+
     @property
     def is_tiny(self) -> bool:
         return self.tiny is not None

@@ -81,15 +81,7 @@ def test_defaults_for_every_supported_mode(tiny_family, name):
 
 
 def _real_table_info(family, distilled=False):
-    """A VariantInfo for a real (non-tiny) checkpoint of `family`, for table checks."""
-    dims = {"nano": (4096, 36, 32), "super": (5120, 64, 64), "edge": (2048, 28, 16)}[family]
-    return variants.VariantInfo(
-        path="/nowhere", family=family, is_edge=family == "edge", is_distilled=distilled,
-        distilled_sigmas=(1.0, 0.9375, 0.8333, 0.625) if distilled else None,
-        modes=("t2i", "t2v", "i2v", "v2v") + (() if distilled or family == "super" else ("action",)),
-        hidden_size=dims[0], num_layers=dims[1], num_attention_heads=dims[2], num_key_value_heads=8,
-        head_dim=128, action_dim=64, default_use_system_prompt=True,
-    )
+    return variants.VariantInfo.released(family, (1.0, 0.9375, 0.8333, 0.625) if distilled else None)
 
 
 def test_real_family_table():
