@@ -206,6 +206,7 @@ class StudioService:
         self.queue = job_queue
         self.outputs_root = Path(outputs_root).resolve()
         self.active = ActiveJobs()
+        self.reviews = None  # an engine.reviews.ReviewStore in review mode: finished results are registered
         self._described: dict[str, dict] = {}
         self._lock = threading.Lock()
 
@@ -260,6 +261,13 @@ class StudioService:
             raise StudioError(str(exc), "queue") from None
         except ValueError as exc:
             raise StudioError(str(exc), field_of(str(exc))) from None
+
+    def record(self, result, model_name: str, origin: str) -> None:
+        """Make a finished result reviewable (review mode only). `origin`: "ui", "api", "compare"."""
+        if self.reviews is None or not result.request_id or result.output_dir is None:
+            return
+        self.reviews.register_result(result.request_id, result.output_dir, model=model_name,
+                                     mode=result.params.get("mode", ""), origin=origin)
 
     def wait_position(self, handle) -> float | None:
         try:
