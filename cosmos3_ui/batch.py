@@ -1,0 +1,77 @@
+"""Batch runs from the UI, without Gradio: reading the uploaded JSONL, the per-line status table,
+and the call of `engine.batch.run_batch` (which owns the semantics: per-line failures, the batch
+folder, `report.jsonl`, registration for review).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from engine.batch import BatchLine, parse_batch, run_batch
+
+from .requests import api_request
+from .service import StudioError, StudioService
+
+MAX_BATCH_BYTES = 4 * 2**20
+STATUS_COLUMNS = ["line", "model", "mode", "status", "message", "request_id"]
+EXAMPLE_LINE = '{"model": "nano", "mode": "t2i", "prompt": "A red kite over a beach.", "seed": 7}'
+
+
+def read_batch_file(path: str | None) -> list[BatchLine]:
+    """Parse an uploaded JSONL file; bad lines come back marked failed, a bad file raises StudioError."""
+    if not path:
+        raise StudioError("Upload a .jsonl file: one request per line, each with a \"model\" key.", "batch")
+    file = Path(path)
+    try:
+        size = file.stat().st_size
+        if size > MAX_BATCH_BYTES:
+            raise StudioError(f"The batch file is {size} bytes; at most {MAX_BATCH_BYTES}.", "batch")
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise StudioError("The batch file is not UTF-8 text (expected JSON Lines).", "batch") from None
+    except OSError as exc:
+        raise StudioError(f"The batch file could not be read: {exc}", "batch") from None
+    try:
+        lines = parse_batch(text)
+    except ValueError as exc:
+        raise StudioError(str(exc), "batch") from None
+    for line in lines:
+        if line.status == "failed":
+            continue
+        try:
+            api_request(line.request, None)  # same rule as /generate: a request never names a server file
+        except StudioError as exc:
+            line.status, line.message = "failed", f"line {line.line}: {exc}"
+    return lines
+
+
+def check_fits(lines: list[BatchLine], service: StudioService) -> None:
+    """`run_batch` queues every valid line at once, so a batch may not exceed the wait list."""
+    runnable = sum(1 for line in lines if line.status != "failed")
+    limit = service.queue.max_size
+    if runnable > limit:
+        raise StudioError(
+            f"The batch has {runnable} runnable requests, but the queue holds at most {limit} waiting jobs "
+            f"(--queue-size). Split the file, or start the app with --queue-size {runnable} or more.", "batch")
+
+
+def status_rows(lines: list[BatchLine]) -> list[list]:
+    rows = []
+    for line in lines:
+        mode = (line.request or {}).get("mode", "") if isinstance(line.request, dict) else ""
+        rows.append([line.line, line.model or "", mode, line.status, line.message, line.request_id or ""])
+    return rows
+
+
+def counts(lines: list[BatchLine]) -> str:
+    by_status: dict[str, int] = {}
+    for line in lines:
+        by_status[line.status] = by_status.get(line.status, 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in sorted(by_status.items()))
+
+
+def run(service: StudioService, lines: list[BatchLine], session: str,
+        on_line: Callable[[BatchLine, int, int], None] | None = None) -> tuple[str, Path]:
+    """Run the batch (blocking); returns (batch id, path of report.jsonl)."""
+    batch_id, _ = run_batch(service.queue, lines, reviews=service.reviews, session_id=session, on_line=on_line)
+    return batch_id, Path(service.queue.outputs_root) / batch_id / "report.jsonl"

@@ -1,0 +1,62 @@
+"""Hugging Face ZeroGPU: detection, and the `spaces.GPU` wrapper sized from the request.
+
+The `spaces` package imports gradio, so this lives in the UI layer (the engine never imports
+gradio). Elsewhere, and when `spaces` is not installed, `gpu_wrapper` returns the function as it
+is. See docs/HOSTING.md for what is and is not verified, and for why app.py does not yet run on
+ZeroGPU: ZeroGPU runs a decorated call in a forked process, while the engine's jobs run on its own
+worker thread, which such a call cannot reach without an engine hook.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from typing import Any, Callable
+
+# A reservation covers loading onto the GPU, the estimate's error, and decoding on a slower slice.
+DURATION_MARGIN = 1.5
+DURATION_EXTRA_S = 15.0
+DURATION_MIN_S = 30
+DURATION_MAX_S = 600
+
+
+def zero_gpu_requested(environ=None) -> bool:
+    """What the Space says: SPACES_ZERO_GPU=true (or 1) on a ZeroGPU Space."""
+    value = (environ if environ is not None else os.environ).get("SPACES_ZERO_GPU", "")
+    return value.strip().lower() in ("1", "t", "true")
+
+
+def spaces_installed() -> bool:
+    return importlib.util.find_spec("spaces") is not None
+
+
+def on_zero_gpu(environ=None) -> bool:
+    return zero_gpu_requested(environ) and spaces_installed()
+
+
+def request_seconds(registry, model_name: str, request: dict) -> int:
+    """Seconds to reserve for one request: the measured-step estimate with a margin, clamped."""
+    from engine.defaults import validate_request
+    from engine.estimates import estimate_seconds
+
+    info = registry.info(model_name)
+    validated = validate_request(info, request["mode"], request)
+    seconds = estimate_seconds(info, validated) * DURATION_MARGIN + DURATION_EXTRA_S
+    return int(min(DURATION_MAX_S, max(DURATION_MIN_S, math.ceil(seconds))))
+
+
+def job_duration(registry) -> Callable[..., int]:
+    """The `duration=` callable for a GPU function called as fn(model_name, request, ...)."""
+    def duration(model_name: str, request: dict, *args: Any, **kwargs: Any) -> int:
+        return request_seconds(registry, model_name, request)
+
+    return duration
+
+
+def gpu_wrapper(fn: Callable, duration: Callable[..., int], environ=None) -> Callable:
+    """`spaces.GPU(duration=duration)(fn)` on ZeroGPU; `fn` itself anywhere else."""
+    if not on_zero_gpu(environ):
+        return fn
+    import spaces
+
+    return spaces.GPU(duration=duration)(fn)
