@@ -1,7 +1,8 @@
-"""Cosmos3 Studio's Gradio UI: layout, the caption editor, handlers and the scripting API.
+"""Cosmos3 Studio's Gradio UI: layout, the caption editor, handlers, the scripting API, and the
+Compare, Review and Batch tabs.
 
-It talks to the engine only through `engine` (registry, queue, defaults, captions) and never
-imports torch itself.
+It talks to the engine only through `engine` (registry, queue, defaults, captions, reviews) and
+never imports torch itself.
 """
 from .layout import Studio
 from .service import StudioError, StudioService
@@ -9,6 +10,18 @@ from .service import StudioError, StudioService
 __all__ = ["Studio", "StudioError", "StudioService", "build_studio"]
 
 
-def build_studio(registry, job_queue, outputs_root, *, queue_size: int = 16, state_secret: str | None = None) -> Studio:
-    """The Studio for a registry and a running `engine.queue.JobQueue`; call `.launch()` on it."""
-    return Studio(StudioService(registry, job_queue, outputs_root), queue_size=queue_size, state_secret=state_secret)
+def build_studio(registry, job_queue, outputs_root, *, queue_size: int = 16, state_secret: str | None = None,
+                 reviews=None, auth: list[tuple[str, str]] | None = None) -> Studio:
+    """The Studio for a registry and a running `engine.queue.JobQueue`; call `.launch()` on it.
+
+    With `reviews` (an `engine.reviews.ReviewStore`) the Review and Batch tabs are added and every
+    finished result is registered for review; that needs `auth` (a list of (user, password)).
+    """
+    service = StudioService(registry, job_queue, outputs_root)
+    desk = None
+    if reviews is not None:
+        from .review import ReviewDesk
+
+        service.reviews = reviews
+        desk = ReviewDesk(reviews)
+    return Studio(service, queue_size=queue_size, state_secret=state_secret, review_desk=desk, auth=auth)

@@ -59,6 +59,7 @@ async def generate_api(studio, model_name: str, request_json: str, file: Any, se
     except Exception as exc:  # noqa: BLE001
         log.exception("/generate: job failed")
         raise gr.Error(f"Generation failed ({type(exc).__name__}).", print_exception=False) from None
+    service.record(result, model_name, "api")
     outputs = result.outputs
     media = outputs.get("image") or outputs.get("video") or outputs.get("actions")
     summary = dict(result.summary(), model=model_name)

@@ -35,6 +35,7 @@ from .requests import (
     prompt_from_editor,
     video_request,
 )
+from .review_tabs import BatchTab, CompareTab, ReviewTab
 from .service import JobWasCancelled, StudioError, StudioService, apply_event, cancel_outcome
 
 log = logging.getLogger("cosmos3_ui")
@@ -124,11 +125,16 @@ class Studio:
     """Builds the Blocks for one `StudioService` and launches it."""
 
     def __init__(self, service: StudioService, *, queue_size: int = 16, state_secret: str | None = None,
-                 title: str = "Cosmos3 Studio"):
+                 title: str = "Cosmos3 Studio", review_desk=None, auth: list[tuple[str, str]] | None = None):
         self.service = service
         self.queue_size = queue_size
         self.state_secret = state_secret or secrets.token_hex(32)
         self.title = title
+        # Review mode (Review and Batch tabs) only behind a login: app.py refuses to start it without one.
+        if review_desk is not None and not auth:
+            raise ValueError("Review mode needs a login (auth); it must never be open to the public.")
+        self.review_desk = review_desk
+        self.auth = auth or None
         names = service.model_names()
         if not names:
             raise ValueError("No models are registered; give at least one --model NAME=SOURCE.")
@@ -158,6 +164,11 @@ class Studio:
                 self.t2i = self._gen_tab("t2i", "Text to Image", first)
                 self.t2v = self._gen_tab("t2v", "Text to Video", first)
                 self.action = self._action_tab(first)
+                self.compare_tab = CompareTab(self).build()
+                self.review_tab = self.batch_tab = None
+                if self.review_desk is not None:
+                    self.review_tab = ReviewTab(self, self.review_desk).build()
+                    self.batch_tab = BatchTab(self).build()
             self._history_section()
             self._api_section()
             self._wire(blocks)
@@ -462,6 +473,10 @@ class Studio:
         self._wire_action_tab()
         self._wire_history(blocks)
         self._wire_api()
+        self.compare_tab.wire()
+        if self.review_tab is not None:
+            self.review_tab.wire(blocks)
+            self.batch_tab.wire()
 
         def on_unload(request: gr.Request):
             # The tab was closed or reloaded: Gradio only marks a running handler dead, so stop the
@@ -643,6 +658,7 @@ class Studio:
             except StudioError as exc:
                 gr.Warning(str(exc))
                 return self._error_updates(tab, exc)
+            self.service.record(result, model, "ui")
             style, code, prose = (v[c] for c in tab.editor.inputs)
             ui = {"editor": {"style": style, "json": code, "prose": prose}, "negative": v[tab.negative]}
             entry = H.make_entry(model=model, tab=tab.mode, result=result, ui=ui)
@@ -752,6 +768,7 @@ class Studio:
             except StudioError as exc:
                 gr.Warning(str(exc))
                 return self._error_updates(a, exc)
+            self.service.record(result, model, "ui")
             ui = {"action": {"kind": v[a.kind], "domain": v[a.domain], "view_point": v[a.view_point],
                              "chunk_size": v[a.chunk_size], "tier": v[a.tier], "fps": v[a.fps],
                              "instruction": v[a.instruction]}}
@@ -938,7 +955,7 @@ class Studio:
             server_name=host, server_port=port, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
             theme=gr.themes.Soft(primary_hue="green", neutral_hue="slate"), css_paths=[CSS_PATH],
             allowed_paths=[str(self.service.outputs_root)], show_error=False, ssr_mode=False,
-            footer_links=["api", "settings"], **extra,
+            footer_links=["api", "settings"], auth=self.auth, **extra,
         )
 
     def close(self) -> None:

@@ -1,0 +1,398 @@
+"""The Compare, Review and Batch tabs: Gradio layout and wiring over `compare`, `review` and `batch`.
+
+Each tab is built inside the Studio's tab strip (`build`) and wired once the page's shared pieces
+(history) exist (`wire`). Every event here is private (not part of the public API). Runs go through
+the same "gpu" concurrency pool and job queue as the other tabs.
+"""
+from __future__ import annotations
+
+import asyncio
+import html
+import queue as stdlib_queue
+import secrets
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+
+from engine import captions
+
+from . import batch as B
+from . import controls as C
+from . import history as H
+from .compare import (
+    COMPARE_MODES,
+    EACH_DEFAULT,
+    CompareSettings,
+    outcome_summary,
+    outcome_title,
+    plan_compare,
+    prompt_from_text,
+    run_compare,
+    size_choices,
+)
+from .requests import STYLE_JSON, STYLE_PROSE, negative_from_text, seed_value
+from .review import SCORE_CHOICES, ReviewDesk, criterion_label
+from .service import StudioError
+
+if TYPE_CHECKING:
+    from .layout import Studio
+
+PRIVATE = "private"
+GPU_POOL = "gpu"
+MAX_COMPARE_SLOTS = 6
+SEED_MAX = 2**32 - 1
+
+
+def _status(message: str, kind: str = "info") -> str:
+    return f"<div class='studio-status studio-{kind}' role='status'>{html.escape(message)}</div>"
+
+
+# ==============================================================================================
+# Compare
+# ==============================================================================================
+
+
+@dataclass
+class SlotBox:
+    column: gr.Column
+    title: gr.Markdown
+    image: gr.Image
+    video: gr.Video
+    params: gr.JSON
+
+
+class CompareTab:
+    def __init__(self, studio: "Studio"):
+        self.studio = studio
+        self.service = studio.service
+
+    def build(self) -> "CompareTab":
+        models = self.service.describe_all()
+        names = [m["name"] for m in models]
+        self.slot_count = min(len(names), MAX_COMPARE_SLOTS)
+        with gr.Tab("Compare", id="compare", elem_id="tab-compare") as self.tab:
+            gr.Markdown("One prompt and one seed over several models, run one after another through the same "
+                        "queue. A model that cannot run the settings says why in its place. (The model picker "
+                        "above is not used here.)")
+            with gr.Row(equal_height=False):
+                with gr.Column(scale=5):
+                    self.models = gr.CheckboxGroup(C.model_choices(models), value=names[:3],
+                                                   label=f"Models (2 to {self.slot_count})", elem_id="compare-models")
+                    self.mode = gr.Radio([("Text to image", "t2i"), ("Text to video", "t2v")], value="t2i",
+                                         label="Mode", elem_id="compare-mode")
+                    self.prompt = gr.Textbox("", label="Prompt (prose, or one JSON caption object)", lines=4,
+                                             max_lines=14, elem_id="compare-prompt")
+                    self.negative = gr.Textbox("", label="Negative prompt (optional; distilled models ignore it)",
+                                               lines=2, elem_id="compare-negative")
+                with gr.Column(scale=4):
+                    self.size = gr.Dropdown(size_choices(models, "t2i"), value=EACH_DEFAULT, label="Size",
+                                            info="A fixed size applies only to the models that offer it.",
+                                            elem_id="compare-size")
+                    self.frames = gr.Number(0, label="Frames (0: each model's default)", precision=0, minimum=0,
+                                            maximum=1000, visible=False, elem_id="compare-frames")
+                    self.steps = gr.Number(0, label="Steps (0: each model's default; distilled models keep theirs)",
+                                           precision=0, minimum=0, maximum=200, elem_id="compare-steps")
+                    with gr.Row(equal_height=True):
+                        self.seed = gr.Number(0, label="Seed (the same for every model)", precision=0, minimum=0,
+                                              maximum=SEED_MAX, interactive=False, scale=3, elem_id="compare-seed")
+                        self.randomize = gr.Checkbox(True, label="Random seed", scale=1, elem_id="compare-randomize")
+                    with gr.Row():
+                        self.run = gr.Button("Compare", variant="primary", scale=3, elem_id="compare-run")
+                        self.cancel = gr.Button("Cancel", variant="stop", scale=1, elem_id="compare-cancel")
+                    self.status = gr.HTML("", elem_id="compare-status")
+            self.slots: list[SlotBox] = []
+            for start in range(0, self.slot_count, 3):
+                with gr.Row(equal_height=False):
+                    for i in range(start, min(self.slot_count, start + 3)):
+                        with gr.Column(min_width=220, visible=False, elem_id=f"compare-slot-{i}") as column:
+                            title = gr.Markdown("", elem_id=f"compare-title-{i}")
+                            image = gr.Image(label="Result", type="filepath", interactive=False, height=260,
+                                             buttons=["download", "fullscreen"], elem_id=f"compare-image-{i}")
+                            video = gr.Video(label="Result", interactive=False, format="mp4", height=260,
+                                             buttons=["download"], visible=False, loop=True,
+                                             elem_id=f"compare-video-{i}")
+                            with gr.Accordion("Parameters and timings", open=False):
+                                params = gr.JSON(elem_id=f"compare-params-{i}")
+                        self.slots.append(SlotBox(column, title, image, video, params))
+        return self
+
+    def _outputs(self) -> list:
+        out = [self.status, self.studio.history_state, self.studio.gallery]
+        for s in self.slots:
+            out += [s.column, s.title, s.image, s.video, s.params]
+        return out
+
+    def _settings(self, v: dict) -> tuple[CompareSettings, list[str]]:
+        mode = v[self.mode]
+        if mode not in COMPARE_MODES:
+            raise StudioError(f"Pick a mode: text to image or text to video (got {mode!r}).")
+        kind = captions.kind_for_mode(mode)
+        seed = seed_value(v[self.seed], bool(v[self.randomize]))
+        if seed < 0:
+            seed = secrets.randbelow(SEED_MAX)  # one seed drawn here, so every model gets the same one
+        frames = int(v[self.frames] or 0) if mode == "t2v" else 0
+        steps = int(v[self.steps] or 0)
+        settings = CompareSettings(mode=mode, prompt=prompt_from_text(v[self.prompt], kind), seed=seed,
+                                   negative=negative_from_text(v[self.negative], kind),
+                                   size=v[self.size] or EACH_DEFAULT, frames=frames or None, steps=steps or None)
+        models = list(v[self.models] or [])
+        if len(models) > self.slot_count:
+            raise StudioError(f"Compare shows at most {self.slot_count} models at once; {len(models)} are picked.",
+                              "model")
+        return settings, models
+
+    def _history_entry(self, v: dict, outcome) -> dict:
+        text = (v[self.prompt] or "").strip()
+        is_json = captions.looks_like_json(text)
+        ui = {"editor": {"style": STYLE_JSON if is_json else STYLE_PROSE, "json": text if is_json else "",
+                         "prose": "" if is_json else text}, "negative": v[self.negative] or ""}
+        mode = outcome.result.params.get("mode", v[self.mode])
+        return H.make_entry(model=outcome.model, tab=mode, result=outcome.result, ui=ui)
+
+    def wire(self) -> None:
+        studio = self.studio
+
+        def on_mode(mode):
+            models = self.service.describe_all()
+            return {self.size: gr.update(choices=size_choices(models, mode), value=EACH_DEFAULT),
+                    self.frames: gr.update(visible=mode == "t2v")}
+
+        self.mode.change(on_mode, inputs=self.mode, outputs=[self.size, self.frames], queue=False,
+                         api_visibility=PRIVATE)
+        self.randomize.change(lambda random: gr.update(interactive=not random), inputs=self.randomize,
+                              outputs=self.seed, queue=False, api_visibility=PRIVATE)
+
+        async def compare(v: dict, request: gr.Request, progress=gr.Progress()):
+            session = studio._session(request)
+            try:
+                settings, models = self._settings(v)
+                slots = plan_compare(self.service, models, settings)
+            except StudioError as exc:
+                yield {self.status: _status(str(exc), "error")}
+                return
+            video = settings.mode == "t2v"
+            out: dict[Any, Any] = {self.status: _status(f"Comparing {len(slots)} models with seed {settings.seed}.",
+                                                        "info")}
+            for i, box in enumerate(self.slots):
+                used = i < len(slots)
+                out[box.column] = gr.update(visible=used)
+                out[box.title] = f"**{slots[i].model}** · waiting" if used else ""
+                out[box.image] = gr.update(value=None, visible=not video)
+                out[box.video] = gr.update(value=None, visible=video)
+                out[box.params] = None
+            yield out
+            history = v[studio.history_state]
+            done = 0
+
+            async def follow(handle):
+                return await studio._drive(handle, session, progress)
+
+            async for index, outcome in run_compare(self.service, slots, session, follow):
+                box = self.slots[index]
+                update: dict[Any, Any] = {box.title: outcome_title(outcome), box.params: outcome_summary(outcome)}
+                if outcome.result is not None:
+                    done += 1
+                    media = outcome.result.outputs.get("video" if video else "image")
+                    update[box.video if video else box.image] = str(media) if media else None
+                    history = H.add(history, self._history_entry(v, outcome))
+                    update[studio.history_state] = history
+                    update[studio.gallery] = H.gallery_items(history)
+                yield update
+            kind = "ok" if done == len(slots) else "warn"
+            yield {self.status: _status(f"{done} of {len(slots)} models produced a result with seed "
+                                        f"{settings.seed}.", kind)}
+
+        event = self.run.click(
+            compare, inputs={self.models, self.mode, self.prompt, self.negative, self.size, self.frames, self.steps,
+                             self.seed, self.randomize, studio.history_state},
+            outputs=self._outputs(), concurrency_id=GPU_POOL, concurrency_limit=1, trigger_mode="once",
+            api_visibility=PRIVATE, api_name="ui_compare", show_progress="minimal", show_progress_on=[self.status],
+        )
+        self.cancel.click(studio._cancel_handler(SimpleNamespace(status=self.status)), outputs=[self.status],
+                          cancels=[event], queue=False, api_visibility=PRIVATE, api_name="ui_compare_cancel")
+
+
+# ==============================================================================================
+# Review
+# ==============================================================================================
+
+
+def _table(desk: ReviewDesk, rows: list) -> dict:
+    return {"headers": desk.columns(), "data": rows}
+
+
+class ReviewTab:
+    def __init__(self, studio: "Studio", desk: ReviewDesk):
+        self.studio = studio
+        self.desk = desk
+
+    def build(self) -> "ReviewTab":
+        desk = self.desk
+        with gr.Tab("Review", id="review", elem_id="tab-review") as self.tab:
+            gr.Markdown("Rate any result made here (tabs, Compare, Batch, `/generate`): pick it by its id, score "
+                        "each criterion from 1 (poor) to 5 (excellent), add notes. Saving again replaces your "
+                        "earlier rating of that result. Ratings are kept in SQLite under the outputs folder.")
+            with gr.Row(equal_height=False):
+                self.pick = gr.Dropdown(desk.choices(), value=None, label="Result (newest first)", filterable=True,
+                                        scale=5, elem_id="review-result")
+                self.refresh = gr.Button("Refresh list", size="sm", scale=0, min_width=120, elem_id="review-refresh")
+            with gr.Row(equal_height=False):
+                with gr.Column(scale=5):
+                    self.image = gr.Image(label="Result", type="filepath", interactive=False, height=320,
+                                          elem_id="review-image")
+                    self.video = gr.Video(label="Result", interactive=False, format="mp4", height=320, visible=False,
+                                          elem_id="review-video")
+                    with gr.Accordion("Parameters and timings", open=False):
+                        self.summary = gr.JSON(elem_id="review-summary")
+                with gr.Column(scale=5):
+                    self.reviewer = gr.Textbox("", label="Reviewer", max_lines=1, elem_id="review-reviewer",
+                                               info="Filled with your login name; one rating per reviewer and result.")
+                    self.scores = {c: gr.Radio(list(SCORE_CHOICES), value=None, label=criterion_label(c),
+                                               elem_id=f"review-score-{c}") for c in desk.criteria}
+                    self.notes = gr.Textbox("", label="Notes", lines=3, max_lines=12, elem_id="review-notes")
+                    self.save = gr.Button("Save rating", variant="primary", elem_id="review-save")
+                    self.status = gr.HTML("", elem_id="review-status")
+            self.table = gr.Dataframe(value=_table(desk, []), label="Ratings of this result", interactive=False,
+                                      wrap=True, elem_id="review-ratings")
+            with gr.Row(equal_height=False):
+                with gr.Column(scale=1, min_width=200):
+                    self.export_csv = gr.Button("Export all ratings (CSV)", size="sm", elem_id="review-export-csv")
+                    self.export_jsonl = gr.Button("Export all ratings (JSONL)", size="sm",
+                                                  elem_id="review-export-jsonl")
+                self.export_file = gr.File(label="Export", interactive=False, height=120, scale=3,
+                                           elem_id="review-export")
+        return self
+
+    def _view_updates(self, request_id, reviewer) -> dict:
+        try:
+            view = self.desk.view(request_id, reviewer)
+        except StudioError as exc:
+            return {self.status: _status(str(exc), "error")}
+        if view is None:
+            return {self.image: None, self.video: gr.update(value=None, visible=False), self.summary: None,
+                    self.table: _table(self.desk, []), self.status: ""}
+        out: dict[Any, Any] = {
+            self.image: gr.update(value=None if view.is_video else view.media, visible=not view.is_video),
+            self.video: gr.update(value=view.media if view.is_video else None, visible=view.is_video),
+            self.summary: view.summary,
+            self.table: _table(self.desk, view.rows),
+            self.notes: view.own_notes,
+            self.status: _status(f"{len(view.rows)} rating(s) so far." + (" Yours is filled in below."
+                                                                          if view.own_scores or view.own_notes else ""),
+                                 "info"),
+        }
+        for criterion, radio in self.scores.items():
+            score = view.own_scores.get(criterion)
+            out[radio] = str(score) if score is not None else None
+        return out
+
+    def wire(self, blocks: gr.Blocks) -> None:
+        view_outputs = [self.image, self.video, self.summary, self.table, self.notes, self.status,
+                        *self.scores.values()]
+
+        def on_load(request: gr.Request):
+            username = getattr(request, "username", None) or ""
+            return {self.reviewer: username, self.pick: gr.update(choices=self.desk.choices())}
+
+        blocks.load(on_load, outputs=[self.reviewer, self.pick], queue=False, api_visibility=PRIVATE)
+
+        def on_refresh(current):
+            choices = self.desk.choices()
+            keep = current if current in [value for _, value in choices] else None
+            return gr.update(choices=choices, value=keep)
+
+        self.refresh.click(on_refresh, inputs=self.pick, outputs=self.pick, queue=False, api_visibility=PRIVATE)
+        self.tab.select(on_refresh, inputs=self.pick, outputs=self.pick, queue=False, api_visibility=PRIVATE)
+        self.pick.change(self._view_updates, inputs=[self.pick, self.reviewer], outputs=view_outputs, queue=False,
+                         api_visibility=PRIVATE)
+
+        criteria = list(self.scores)
+
+        def on_save(request_id, reviewer, notes, *scores):
+            try:
+                message = self.desk.rate(request_id, reviewer, dict(zip(criteria, scores)), notes)
+            except StudioError as exc:
+                return {self.status: _status(str(exc), "error")}
+            out = self._view_updates(request_id, reviewer)
+            out[self.status] = _status(message, "ok")
+            return out
+
+        self.save.click(on_save, inputs=[self.pick, self.reviewer, self.notes, *self.scores.values()],
+                        outputs=view_outputs, queue=False, api_visibility=PRIVATE)
+
+        for button, kind in ((self.export_csv, "csv"), (self.export_jsonl, "jsonl")):
+            button.click(lambda kind=kind: self.desk.export(kind), outputs=self.export_file, queue=False,
+                         api_visibility=PRIVATE)
+
+
+# ==============================================================================================
+# Batch
+# ==============================================================================================
+
+
+class BatchTab:
+    def __init__(self, studio: "Studio"):
+        self.studio = studio
+        self.service = studio.service
+
+    def build(self) -> "BatchTab":
+        with gr.Tab("Batch", id="batch", elem_id="tab-batch") as self.tab:
+            gr.Markdown(
+                "Upload a JSON Lines file: one request per line in the `/generate` format plus a `\"model\"` "
+                f"name, e.g.\n\n`{B.EXAMPLE_LINE}`\n\nLines run through the queue in order; a bad line is "
+                "reported and the batch carries on. Results land in `outputs/<batch id>/` with a `report.jsonl`, "
+                "and are listed in the Review tab. Requests cannot name files (no image or video conditioning).")
+            self.file = gr.File(label="Requests (.jsonl)", file_types=[".jsonl", ".json", ".txt"], file_count="single",
+                                elem_id="batch-file")
+            self.run = gr.Button("Run batch", variant="primary", elem_id="batch-run")
+            self.status = gr.HTML("", elem_id="batch-status")
+            self.table = gr.Dataframe(value={"headers": B.STATUS_COLUMNS, "data": []}, label="Lines",
+                                      interactive=False, wrap=True, elem_id="batch-lines")
+            self.report = gr.File(label="report.jsonl", interactive=False, elem_id="batch-report")
+        return self
+
+    def wire(self) -> None:
+        service = self.service
+
+        def table(lines):
+            return {"headers": B.STATUS_COLUMNS, "data": B.status_rows(lines)}
+
+        async def run(upload, request: gr.Request, progress=gr.Progress()):
+            session = self.studio._session(request)
+            path = upload if isinstance(upload, str) else getattr(upload, "name", None)
+            try:
+                lines = B.read_batch_file(path)
+                B.check_fits(lines, service)
+            except StudioError as exc:
+                yield {self.status: _status(str(exc), "error")}
+                return
+            yield {self.table: table(lines), self.report: None,
+                   self.status: _status(f"Running {len(lines)} line(s): {B.counts(lines)}.", "info")}
+            ended: stdlib_queue.SimpleQueue = stdlib_queue.SimpleQueue()
+            loop = asyncio.get_running_loop()
+            # run_batch blocks until every line ends; it runs on a worker thread while this handler reports
+            # progress from its own task (progress sent from another thread would not reach the browser).
+            task = loop.run_in_executor(None, B.run, service, lines, session,
+                                        lambda line, done, total: ended.put((done, total)))
+            while not task.done():
+                await asyncio.wait({task}, timeout=0.5)
+                latest = None
+                while not ended.empty():
+                    latest = ended.get()
+                if latest is not None:
+                    progress(latest, desc=f"Batch: {latest[0]} of {latest[1]} done", unit="requests")
+                    yield {self.table: table(lines)}
+            try:
+                batch_id, report = task.result()
+            except Exception as exc:  # noqa: BLE001 - the reviewer sees what failed; lines keep their status
+                yield {self.table: table(lines), self.status: _status(f"The batch stopped: {exc}", "error")}
+                return
+            kind = "ok" if all(line.status == "done" for line in lines) else "warn"
+            yield {self.table: table(lines), self.report: str(report),
+                   self.status: _status(f"Batch {batch_id} finished: {B.counts(lines)}.", kind)}
+
+        self.run.click(run, inputs=self.file, outputs=[self.status, self.table, self.report],
+                       concurrency_id=GPU_POOL, concurrency_limit=1, trigger_mode="once", api_visibility=PRIVATE,
+                       api_name="ui_batch", show_progress="minimal", show_progress_on=[self.status])
