@@ -2,12 +2,16 @@
 
     python app.py                                  # six tiny random-weight models, built once
     python app.py --model nano=nvidia/Cosmos3-Nano --model edge=/models/cosmos3-edge --port 7860
+    python app.py --review --auth-file reviewers.txt --criteria realism,prompt_adherence
 
-Models load lazily on their first job, so the app starts in seconds.
+Models load lazily on their first job, so the app starts in seconds. Every flag that a hosted app
+(a Hugging Face Space, which runs `python app.py` with no arguments) needs also has an environment
+variable; a flag wins over its variable. See docs/HOSTING.md.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import secrets
@@ -16,6 +20,25 @@ from pathlib import Path
 
 TINY_LABEL = "tiny random weights"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_TRUE = ("1", "true", "yes", "on")
+
+# The engine loads the Cosmos guardrail with each model (`load_model(safety=True)`), but its pipeline
+# does not yet run it on prompts and frames. Until it does, --safety refuses to start rather than
+# serve unchecked output under a flag that promises checks (docs/HOSTING.md, "Safety checker").
+ENGINE_APPLIES_SAFETY = False
+
+SAFETY_MISSING = ("--safety was given, but the 'cosmos_guardrail' package is not installed. Install it "
+                  "(pip install cosmos_guardrail) or run without --safety; the checker is never skipped silently.")
+SAFETY_NOT_APPLIED = ("--safety: the engine loads the Cosmos guardrail but does not yet apply it to prompts and "
+                      "generated frames, so the app refuses to start rather than serve unchecked output. "
+                      "See docs/HOSTING.md (Safety checker).")
+ZERO_GPU_UNSUPPORTED = ("This is a ZeroGPU Space (SPACES_ZERO_GPU=true). ZeroGPU runs each GPU call in a forked "
+                        "process, and the engine's jobs run on its own worker thread, which such a call cannot "
+                        "reach yet. Use a Space with a dedicated GPU (see docs/HOSTING.md, ZeroGPU).")
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
 
 
 def default_cache_dir() -> Path:
@@ -34,26 +57,123 @@ def parse_model(text: str) -> tuple[str, str]:
     return name, source
 
 
+def parse_auth(text: str) -> tuple[str, str]:
+    """USER:PASS -> (user, password). The password is never echoed back in a message."""
+    user, sep, password = text.partition(":")
+    user = user.strip()
+    if not sep or not user or not password:
+        raise argparse.ArgumentTypeError("expected USER:PASS with a non-empty user and password")
+    return user, password
+
+
+def read_auth_file(path: Path) -> list[tuple[str, str]]:
+    """Lines `user:pass`; blank lines and lines starting with # are skipped."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--auth-file {str(path)!r} could not be read: {exc}") from None
+    pairs = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            pairs.append(parse_auth(line))
+        except argparse.ArgumentTypeError:
+            raise ValueError(f"--auth-file {str(path)!r}, line {number}: expected user:pass") from None
+    if not pairs:
+        raise ValueError(f"--auth-file {str(path)!r} holds no user:pass line")
+    return pairs
+
+
+def env_models(text: str) -> list[tuple[str, str]]:
+    """COSMOS3_MODELS="nano=org/repo,edge=/path" -> [(name, source), ...]."""
+    out = []
+    for item in text.split(","):
+        if item.strip():
+            try:
+                out.append(parse_model(item))
+            except argparse.ArgumentTypeError as exc:
+                raise argparse.ArgumentTypeError(f"COSMOS3_MODELS: {exc}") from None
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="app.py", description="Cosmos3 Studio: a web app for Cosmos3 models.")
+    parser = argparse.ArgumentParser(
+        prog="app.py", description="Cosmos3 Studio: a web app for Cosmos3 models.",
+        epilog="Environment variables (a flag wins over its variable): COSMOS3_MODELS=\"name=source,...\", "
+               "COSMOS3_MODEL_ROOTS (folders, separated by ':'), COSMOS3_OUTPUTS, COSMOS3_REVIEW=1, "
+               "COSMOS3_AUTH=\"user:pass,...\", COSMOS3_AUTH_FILE, COSMOS3_CRITERIA, COSMOS3_SAFETY=1, "
+               "GRADIO_SERVER_NAME, GRADIO_SERVER_PORT; HF_HUB_OFFLINE and HF_HOME are read by huggingface_hub.")
     parser.add_argument("--model", action="append", type=parse_model, default=[], metavar="NAME=SOURCE",
                         help="serve a checkpoint (a folder or a Hugging Face repo id) under NAME; repeatable. "
-                             "Without any, six tiny random-weight models are built once and served.")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=7860, help="port (default 7860)")
-    parser.add_argument("--outputs", default="outputs", help="folder for results, one subfolder per request "
-                                                             "(default ./outputs)")
+                             "Without any (and without COSMOS3_MODELS), six tiny random-weight models are built "
+                             "once and served.")
+    parser.add_argument("--model-root", action="append", default=[], metavar="DIR",
+                        help="serve only checkpoints inside DIR (repeatable); hub repo ids are then refused "
+                             "unless --allow-hub is given")
+    parser.add_argument("--allow-hub", action="store_true",
+                        help="with --model-root, still allow Hugging Face repo ids as sources")
+    parser.add_argument("--host", default=None,
+                        help="address to listen on (default $GRADIO_SERVER_NAME, 0.0.0.0 on a Space, else 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port (default $GRADIO_SERVER_PORT or 7860)")
+    parser.add_argument("--outputs", default=None, help="folder for results, one subfolder per request "
+                                                        "(default $COSMOS3_OUTPUTS or ./outputs)")
     parser.add_argument("--queue-size", type=int, default=16,
                         help="most jobs that may wait for the GPU at once; more are refused (default 16)")
     parser.add_argument("--cache-dir", default=None,
                         help="where the tiny models and the app's state key live "
                              "(default $COSMOS3_STUDIO_CACHE or ~/.cache/cosmos3-studio)")
+    review = parser.add_argument_group("review mode (internal reviewers; never on a public demo)")
+    review.add_argument("--review", action="store_true",
+                        help="add the Review and Batch tabs and keep ratings in SQLite under the outputs folder; "
+                             "needs --auth or --auth-file")
+    review.add_argument("--auth", action="append", type=parse_auth, default=[], metavar="USER:PASS",
+                        help="a login for the whole app; repeatable")
+    review.add_argument("--auth-file", default=None, metavar="PATH", help="logins, one user:pass per line")
+    review.add_argument("--criteria", default=None, metavar="A,B,C",
+                        help="rating criteria, lowercase names (default prompt_adherence, visual_quality, "
+                             "temporal_consistency, physics_plausibility)")
+    parser.add_argument("--safety", action="store_true",
+                        help="run the Cosmos guardrail (needs the cosmos_guardrail package; refuses to start "
+                             "without it). Recommended for public demos.")
     return parser
+
+
+def _apply_environment(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fill what the flags left unset from the environment (a Space passes no arguments)."""
+    if not args.model and os.environ.get("COSMOS3_MODELS", "").strip():
+        try:
+            args.model = env_models(os.environ["COSMOS3_MODELS"])
+        except argparse.ArgumentTypeError as exc:
+            parser.error(str(exc))
+    if not args.model_root and os.environ.get("COSMOS3_MODEL_ROOTS", "").strip():
+        args.model_root = [p for p in os.environ["COSMOS3_MODEL_ROOTS"].split(os.pathsep) if p.strip()]
+    on_space = os.environ.get("SYSTEM") == "spaces"
+    if args.host is None:
+        args.host = os.environ.get("GRADIO_SERVER_NAME") or ("0.0.0.0" if on_space else "127.0.0.1")
+    if args.port is None:
+        try:
+            args.port = int(os.environ.get("GRADIO_SERVER_PORT") or 7860)
+        except ValueError:
+            parser.error(f"GRADIO_SERVER_PORT must be a number, got {os.environ['GRADIO_SERVER_PORT']!r}")
+    if args.outputs is None:
+        args.outputs = os.environ.get("COSMOS3_OUTPUTS") or "outputs"
+    args.review = args.review or env_flag("COSMOS3_REVIEW")
+    args.safety = args.safety or env_flag("COSMOS3_SAFETY")
+    if not args.auth and os.environ.get("COSMOS3_AUTH", "").strip():
+        try:
+            args.auth = [parse_auth(item) for item in os.environ["COSMOS3_AUTH"].split(",") if item.strip()]
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"COSMOS3_AUTH: {exc}")
+    args.auth_file = args.auth_file or os.environ.get("COSMOS3_AUTH_FILE") or None
+    args.criteria = args.criteria or os.environ.get("COSMOS3_CRITERIA") or None
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _apply_environment(args, parser)
     names = [name for name, _ in args.model]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -64,7 +184,43 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--port must be in 1..65535")
     args.cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
     args.outputs = Path(args.outputs).expanduser().resolve()
+    if args.auth_file:
+        try:
+            args.auth = list(args.auth) + read_auth_file(Path(args.auth_file).expanduser())
+        except ValueError as exc:
+            parser.error(str(exc))
+    if args.review and not args.auth:
+        parser.error("--review needs a login: give --auth USER:PASS (repeatable) or --auth-file PATH "
+                     "(or COSMOS3_AUTH / COSMOS3_AUTH_FILE), so that review mode is never open to the public")
+    if args.criteria and not args.review:
+        parser.error("--criteria only applies with --review")
+    if args.criteria:
+        from engine.reviews import parse_criteria
+
+        try:
+            args.criteria = parse_criteria(args.criteria)
+        except ValueError as exc:
+            parser.error(f"--criteria: {exc}")
+    if args.allow_hub and not args.model_root:
+        parser.error("--allow-hub only applies with --model-root")
     return args
+
+
+def check_safety(args: argparse.Namespace) -> None:
+    """--safety fails loudly at start: without the package, or while the engine does not apply it."""
+    if not args.safety:
+        return
+    if importlib.util.find_spec("cosmos_guardrail") is None:
+        raise ValueError(SAFETY_MISSING)
+    if not ENGINE_APPLIES_SAFETY:
+        raise ValueError(SAFETY_NOT_APPLIED)
+
+
+def check_hosting() -> None:
+    from cosmos3_ui.zerogpu import on_zero_gpu
+
+    if on_zero_gpu():
+        raise ValueError(ZERO_GPU_UNSUPPORTED)
 
 
 def model_entries(args: argparse.Namespace):
@@ -103,24 +259,41 @@ def create_studio(args: argparse.Namespace):
     from engine.queue import JobQueue
     from engine.registry import ModelRegistry
 
-    registry = ModelRegistry(model_entries(args))
+    check_safety(args)
+    check_hosting()
+    roots = args.model_root or None
+    registry = ModelRegistry(model_entries(args), allowed_roots=roots, allow_hub=args.allow_hub or not roots)
     for name in registry.names():
         registry.info(name)  # config files only: a wrong path fails now, not on the first job
     args.outputs.mkdir(parents=True, exist_ok=True)
-    job_queue = JobQueue(registry, args.outputs, max_size=args.queue_size)
+    queue_options = {}
+    if args.safety:
+        import functools
+
+        from engine.loader import load_model
+
+        queue_options["loader"] = functools.partial(load_model, safety=True)
+    job_queue = JobQueue(registry, args.outputs, max_size=args.queue_size, **queue_options)
+    reviews = None
+    if args.review:
+        from engine.reviews import DEFAULT_CRITERIA, ReviewStore
+
+        reviews = ReviewStore(args.outputs, args.criteria or DEFAULT_CRITERIA)
     return build_studio(registry, job_queue, args.outputs, queue_size=args.queue_size,
-                        state_secret=state_secret(args.cache_dir))
+                        state_secret=state_secret(args.cache_dir), reviews=reviews,
+                        auth=args.auth or None)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         studio = create_studio(args)
-    except ValueError as exc:  # unknown folders, malformed checkpoints: say which, without a traceback
+    except ValueError as exc:  # unknown folders, malformed checkpoints, --safety: say which, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"Cosmos3 Studio: serving {', '.join(studio.service.model_names())} on http://{args.host}:{args.port}/ "
-          f"(outputs in {args.outputs})")
+    mode = " in review mode (login required)" if args.review else (" (login required)" if args.auth else "")
+    print(f"Cosmos3 Studio: serving {', '.join(studio.service.model_names())} on http://{args.host}:{args.port}/"
+          f"{mode} (outputs in {args.outputs})")
     studio.launch(host=args.host, port=args.port)
     return 0
 
