@@ -6,6 +6,7 @@ cosmos3.md section 6 (with the project's choices marked there).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -189,6 +190,29 @@ def _float(params: dict, key: str, lo: float, hi: float, *, lo_open: bool = Fals
         bracket = "(" if lo_open else "["
         raise ValueError(f"{key} must be in {bracket}{lo:g}, {hi:g}], got {value:g}.")
     return value
+
+
+@functools.lru_cache(maxsize=512)
+def _distinct_timesteps(flow_shift: float, steps: int) -> bool:
+    """Whether UniPC's flow schedule gives `steps` distinct integer timesteps at this shift.
+
+    Why: at high shifts the schedule crowds near t = 1000 and integer timesteps repeat, and UniPC's
+    multistep update then fails mid-run (shift 10 breaks past 100 steps). Refusing up front beats
+    losing a long run at step 101.
+    """
+    from diffusers import UniPCMultistepScheduler
+
+    scheduler = UniPCMultistepScheduler(num_train_timesteps=1000, solver_order=2, prediction_type="flow_prediction",
+                                        use_flow_sigmas=True, flow_shift=flow_shift, final_sigmas_type="zero")
+    scheduler.set_timesteps(steps)
+    return len(set(scheduler.timesteps.tolist())) == steps
+
+
+def max_distinct_steps(flow_shift: float) -> int:
+    steps = STEPS_MAX
+    while steps > 1 and not _distinct_timesteps(flow_shift, steps):
+        steps -= 1
+    return steps
 
 
 def _size_list(sizes) -> str:
@@ -382,6 +406,11 @@ def validate_request(info: VariantInfo, mode: str, params: dict) -> dict:
     if not isinstance(out["sound"], bool):
         raise ValueError(f"sound must be true or false, got {out['sound']!r}.")
 
+    if not info.is_distilled and not _distinct_timesteps(out["flow_shift"], out["steps"]):
+        raise ValueError(
+            f"With flow_shift {out['flow_shift']:g}, {out['steps']} steps repeat timesteps near t = 1000 and the "
+            f"scheduler cannot run them; at most {max_distinct_steps(out['flow_shift'])} steps are allowed at this shift."
+        )
     if info.is_distilled:
         fixed = len(info.distilled_sigmas)
         if out["steps"] != fixed:

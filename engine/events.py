@@ -43,5 +43,9 @@ class Cancelled:
     pass
 
 
+class JobCancelled(Exception):
+    """The job's cancel flag was set; nothing was written."""
+
+
 JobEvent = Union[Queued, Started, Progress, Finished, Failed, Cancelled]
 TERMINAL_EVENTS = (Finished, Failed, Cancelled)

@@ -36,7 +36,7 @@ from diffusers.video_processor import VideoProcessor
 from . import outputs as output_files
 from .action import ACTION_DOMAINS, RESOLUTION_TIERS
 from .defaults import validate_request
-from .events import Progress
+from .events import JobCancelled, Progress
 from .fast_path import FastGenTower, FastPathOptions, vae_channels_last
 from .loader import LoadedModel
 from .media import load_image, load_video
@@ -45,10 +45,6 @@ from .transformer import GenRotary, KVCache, allocate_cache, gen_forward, prefil
 
 VAE_SPATIAL = 16
 VAE_TEMPORAL = 4
-
-
-class JobCancelled(Exception):
-    """The job's cancel flag was set; nothing was written."""
 
 
 @dataclass

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .defaults import validate_request
-from .events import TERMINAL_EVENTS, Cancelled, Failed, Finished, JobEvent, Progress, Queued, Started
+from .events import TERMINAL_EVENTS, Cancelled, Failed, Finished, JobCancelled, JobEvent, Progress, Queued, Started
 from .loader import CheckpointError, LoadedModel, component_parameter_count, load_model, resolve_source
 from .outputs import OutputError
-from .pipeline import GenerationResult, JobCancelled, generate
 from .registry import ModelRegistry
 
 
@@ -88,7 +87,8 @@ class JobHandle:
         self._job.cancel.set()
         self._owner._wake()
 
-    def result(self, timeout: float | None = None) -> GenerationResult:
+    def result(self, timeout: float | None = None):
+        """The job's `engine.pipeline.GenerationResult`, or its failure raised."""
         if not self._job.done.wait(timeout):
             raise TimeoutError(f"Job {self.id} did not finish within {timeout} s.")
         outcome = self._job.outcome
@@ -219,6 +219,10 @@ class JobQueue:
             self._running = None
 
     def _work(self) -> None:
+        # The denoising stack (torch, diffusers) is imported here, on the worker thread, so the app
+        # can start serving pages while it loads.
+        from .pipeline import generate
+
         while True:
             job = self._next_job()
             if job is None:

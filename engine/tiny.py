@@ -20,12 +20,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 TINY_NAMES = ("nano", "nano-distilled", "super", "super-distilled", "edge", "edge-distilled")
 
 # Bump when the layout or shapes change so that cached copies are rebuilt.
-TINY_VERSION = 1
+TINY_VERSION = 2
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|pad|>"]
 CHAT_TEMPLATE = (
@@ -36,12 +34,15 @@ CHAT_TEMPLATE = (
 # Sigma lists seen in public code; the released values are read from each checkpoint.
 _T_LISTS = {"nano": [0.999, 0.75, 0.5, 0.25], "super": [1.0, 0.9375, 0.8333, 0.625], "edge": [0.999, 0.75, 0.5, 0.25]}
 
+# Small stand-ins for each family's table, different where the real ones differ: Edge gets a smaller
+# largest canvas and a narrower frame range (as 480p / 49..149 against 720p / 17..189).
 _TINY_LIMITS = {
-    "image_sizes": [[64, 64], [96, 64], [64, 96], [128, 64]],
-    "video_sizes": [[64, 64], [96, 64], [64, 96]],
-    "frame_range": [5, 17],
-    "default_frames": 9,
+    "nano": {"image_sizes": [[64, 64], [96, 64], [64, 96], [128, 64]], "video_sizes": [[64, 64], [96, 64], [64, 96]],
+             "frame_range": [5, 17], "default_frames": 9},
+    "edge": {"image_sizes": [[64, 64], [96, 64], [64, 96], [32, 32]], "video_sizes": [[64, 64], [96, 64], [64, 96], [32, 32]],
+             "frame_range": [9, 17], "default_frames": 9},
 }
+_TINY_LIMITS["super"] = _TINY_LIMITS["nano"]
 
 # Small, but each family differs the way the real ones do (depth, width, norms, rope theta).
 _TRANSFORMERS = {
@@ -101,6 +102,7 @@ def build_tokenizer():
 
 
 def _build_transformer(family: str, vocab_size: int):
+    import torch
     from diffusers import Cosmos3OmniTransformer
 
     spec = dict(_TRANSFORMERS[family])
@@ -133,6 +135,7 @@ def _build_transformer(family: str, vocab_size: int):
 
 
 def _build_vae():
+    import torch
     from diffusers import AutoencoderKLWan
 
     generator = torch.Generator().manual_seed(1234)
@@ -199,6 +202,8 @@ def _write_json(path: Path, data: dict) -> None:
 
 def write_checkpoint(name: str, out: Path) -> Path:
     """Write one tiny checkpoint folder `out/name` and return its path."""
+    import torch
+
     if name not in TINY_NAMES:
         raise ValueError(f"Unknown tiny checkpoint {name!r}; allowed: {list(TINY_NAMES)}.")
     family = _family_of(name)
@@ -235,7 +240,7 @@ def write_checkpoint(name: str, out: Path) -> Path:
             "use_native_flow_schedule": False,
         }
         _write_json(staging / "model_index.json", index)
-        _write_json(staging / "cosmos3_studio_tiny.json", {"family": family, "version": TINY_VERSION, **_TINY_LIMITS})
+        _write_json(staging / "cosmos3_studio_tiny.json", {"family": family, "version": TINY_VERSION, **_TINY_LIMITS[family]})
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

@@ -181,7 +181,7 @@ def test_a_file_the_mode_does_not_take_is_refused(client, tmp_path):
 def test_full_queue_answers_clearly_and_cancel_frees_it(studio_url):
     url, studio, _ = studio_url
     clients = [Client(url, verbose=False) for _ in range(4)]
-    long_job = {"mode": "t2v", "prompt": "a slow pan", "num_frames": 17, "width": 96, "height": 64, "steps": 200}
+    long_job = {"mode": "t2v", "prompt": "a slow pan", "num_frames": 17, "width": 96, "height": 64, "steps": 100}
     jobs = [clients[0].submit("nano", json.dumps(long_job), None, api_name="/generate")]
     deadline = time.time() + 60
     while studio.service.active.count() == 0 and time.time() < deadline:

@@ -264,7 +264,7 @@ def test_a_running_job_is_cancelled_then_a_policy_run_shows_actions(page, studio
     page.get_by_role("option", name="720p", exact=True).click()
     set_number(page, "action-chunk", 32)
     page.locator("#action-sampling").click()
-    set_number(page, "action-steps", 200)
+    set_number(page, "action-steps", 100)
     saved_before = len(list(studio.service.outputs_root.iterdir()))
     cancelled_before = len(studio.service.active.cancelled_ids)
     page.locator("#action-generate").click()
@@ -274,7 +274,7 @@ def test_a_running_job_is_cancelled_then_a_policy_run_shows_actions(page, studio
     page.locator("#action-cancel").click()
     status = wait_for_text(page, "#action-status", "Cancelled after denoising step", timeout_s=30)
     step, total = (int(x) for x in status.split("denoising step ")[1].split(";")[0].split(" of "))
-    assert total == 200 and 1 <= step < 20
+    assert total == 100 and 1 <= step < 20
     deadline = time.time() + 10
     while time.time() < deadline and studio.service.active.count():
         time.sleep(0.1)
@@ -282,7 +282,7 @@ def test_a_running_job_is_cancelled_then_a_policy_run_shows_actions(page, studio
     assert len(studio.service.active.cancelled_ids) == cancelled_before + 1
     assert len(list(studio.service.outputs_root.iterdir())) == saved_before  # nothing was saved
     # The inputs stay in place, and the GPU slot is free for the next run.
-    assert page.locator("#action-steps input[type=number]").first.input_value() == "200"
+    assert page.locator("#action-steps input[type=number]").first.input_value() == "100"
     page.locator("#action-tier input").click()
     page.get_by_role("option", name="256p", exact=True).click()
     set_number(page, "action-chunk", 4)
@@ -310,7 +310,7 @@ def test_closing_the_tab_cancels_its_running_job(browser, studio, tmp_path):
     page.get_by_role("option", name="720p", exact=True).click()
     set_number(page, "action-chunk", 32)
     page.locator("#action-sampling").click()
-    set_number(page, "action-steps", 200)
+    set_number(page, "action-steps", 100)
     cancelled_before = len(studio.service.active.cancelled_ids)
     page.locator("#action-generate").click()
     wait_for_text(page, "#action-output", "Denoising: step", timeout_s=90)

@@ -13,10 +13,10 @@ def _run(*args):
 
 def test_cli_generate_and_refuse(tiny_family, tmp_path):
     done = _run("generate", "--model", str(tiny_family["edge"]), "--mode", "t2v", "--prompt", "a kite over a beach",
-                "--params", json.dumps({"steps": 2, "seed": 7, "num_frames": 5}), "--out", str(tmp_path), "--device", "cpu")
+                "--params", json.dumps({"steps": 2, "seed": 7, "num_frames": 9}), "--out", str(tmp_path), "--device", "cpu")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    assert summary["seed"] == 7 and summary["params"]["num_frames"] == 5
+    assert summary["seed"] == 7 and summary["params"]["num_frames"] == 9
     assert Path(summary["files"]["video"]).is_file() and Path(summary["files"]["sidecar"]).is_file()
     assert "[denoise] 2/2" in done.stderr
 

@@ -113,6 +113,7 @@ BAD_REQUESTS = [
     ("nano", "t2i", {"prompt": "x", "num_frames": 5}, "must be 1 for text-to-image"),
     ("nano", "t2v", {"prompt": "x", "steps": -3}, "steps must be in [1, 200]"),
     ("nano", "t2v", {"prompt": "x", "steps": 2.5}, "steps must be an integer"),
+    ("nano", "t2v", {"prompt": "x", "steps": 120}, "With flow_shift 10, 120 steps repeat timesteps"),
     ("nano", "t2v", {"prompt": "x", "guidance_scale": float("nan")}, "guidance_scale must be a finite number"),
     ("nano", "t2v", {"prompt": "x", "guidance_scale": float("inf")}, "guidance_scale must be a finite number"),
     ("nano", "t2v", {"prompt": "x", "guidance_scale": 1e9}, "guidance_scale must be in [0, 30]"),
@@ -152,6 +153,26 @@ def test_invalid_requests_are_refused_with_their_message(tiny_family, name, mode
     with pytest.raises(ValueError) as caught:
         validate_request(info, mode, params)
     assert fragment in str(caught.value)
+
+
+def test_step_limit_follows_what_the_scheduler_can_run():
+    from diffusers import UniPCMultistepScheduler
+
+    from engine.defaults import max_distinct_steps
+
+    assert max_distinct_steps(10.0) == 100 and max_distinct_steps(3.0) == 200
+    info = _real_table_info("nano")
+    validate_request(info, "t2v", {"prompt": "x", "steps": 100})
+    with pytest.raises(ValueError, match="at most 100 steps are allowed at this shift"):
+        validate_request(info, "t2v", {"prompt": "x", "steps": 101})
+    # The refusal matches the scheduler's own failure: 101 steps at shift 10 break UniPC's update.
+    scheduler = UniPCMultistepScheduler(num_train_timesteps=1000, solver_order=2, prediction_type="flow_prediction",
+                                        use_flow_sigmas=True, flow_shift=10.0, final_sigmas_type="zero")
+    scheduler.set_timesteps(101)
+    sample = torch.zeros(1, 4)
+    with pytest.raises(AssertionError):
+        for t in scheduler.timesteps:
+            sample = scheduler.step(torch.zeros(1, 4), t, sample, return_dict=False)[0]
 
 
 def test_real_edge_refuses_720p_and_lists_sizes():

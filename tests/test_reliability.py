@@ -292,7 +292,7 @@ def _soak_jobs(upload_files):
         elif i % 10 == 3:  # cancelled while long
             jobs.append(("cancel", "edge", {"mode": "t2i", "prompt": tag, "steps": 120, "seed": i}, None))
         elif i % 3 == 0:
-            jobs.append(("video", "edge", {"mode": "t2v", "prompt": tag, "steps": 2, "num_frames": 5, "seed": i}, None))
+            jobs.append(("video", "edge", {"mode": "t2v", "prompt": tag, "steps": 2, "num_frames": 9, "seed": i}, None))
         elif i % 3 == 1:
             jobs.append(("image", MODELS[i % 3], {"mode": "t2i", "prompt": tag, "steps": 2, "seed": i}, None))
         else:

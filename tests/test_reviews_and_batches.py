@@ -82,7 +82,7 @@ def test_batch_with_a_bad_line_finishes_the_good_ones(tiny_family, tmp_path):
         json.dumps({"model": "edge", "mode": "t2i", "prompt": "a kite", "width": 4096, "height": 4096}),
         "",
         json.dumps({"model": "unknown", "mode": "t2i", "prompt": "x"}),
-        json.dumps({"model": "edge", "mode": "t2v", "prompt": "a kite", "steps": 1, "num_frames": 5}),
+        json.dumps({"model": "edge", "mode": "t2v", "prompt": "a kite", "steps": 1, "num_frames": 9}),
     ])
     try:
         batch_id, lines = run_batch(queue, parse_batch(text), reviews=reviews)
