@@ -1,0 +1,237 @@
+"""Hosting and review-mode startup: the Space front matter, refusals at start (review without a login,
+--safety without the guardrail), configuration from the environment, ZeroGPU sizing, and the login
+guarding the launched review app."""
+import importlib.machinery
+import json
+import socket
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+import app
+from cosmos3_ui import zerogpu
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+SPACE_KEYS = {"title", "sdk", "sdk_version", "app_file", "python_version", "suggested_hardware",
+              "startup_duration_timeout"}
+# HF Spaces hardware flavours (huggingface_hub SpaceHardware values).
+HARDWARE = {"cpu-basic", "cpu-upgrade", "t4-small", "t4-medium", "l4x1", "l4x4", "a10g-small", "a10g-large",
+            "a10g-largex2", "a10g-largex4", "a100-large", "h100", "h100x8", "l40sx1", "l40sx4", "l40sx8",
+            "zero-a10g"}
+
+
+def front_matter() -> dict:
+    text = README.read_text(encoding="utf-8")
+    assert text.startswith("---\n"), "the Space front matter must be the very first thing in README.md"
+    block, sep, _ = text[4:].partition("\n---\n")
+    assert sep
+    return yaml.safe_load(block)
+
+
+def test_front_matter_parses_with_the_space_keys():
+    meta = front_matter()
+    assert SPACE_KEYS <= set(meta)
+    assert meta["sdk"] == "gradio" and meta["app_file"] == "app.py" and (REPO / meta["app_file"]).is_file()
+    import gradio
+
+    assert meta["sdk_version"] == gradio.__version__
+    assert isinstance(meta["python_version"], str) and meta["python_version"].startswith("3.")
+    assert meta["suggested_hardware"] in HARDWARE
+    assert len(meta.get("short_description", "")) <= 60
+
+
+def test_readme_first_code_block_is_still_the_two_commands():
+    lines = [l for l in README.read_text(encoding="utf-8").split("```")[1].splitlines() if l.strip()]
+    assert len(lines) == 2
+    assert lines[0].endswith(".venv/bin/python app.py --host 127.0.0.1 --port 7860")
+    assert lines[1].endswith(".venv/bin/python -m pytest -q")
+
+
+# ----------------------------------------------------------------------------------------------
+# Refusals at start
+# ----------------------------------------------------------------------------------------------
+
+
+def test_review_mode_without_a_login_refuses_to_start(tmp_path):
+    result = subprocess.run([sys.executable, "app.py", "--review", "--outputs", str(tmp_path / "out"),
+                             "--cache-dir", str(tmp_path / "cache")],
+                            cwd=REPO, capture_output=True, text=True, timeout=60,
+                            env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2
+    assert "--review needs a login" in result.stderr and "--auth" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--review", "--auth", "ann"], "USER:PASS"),
+    (["--review", "--auth", ":pw"], "USER:PASS"),
+    (["--criteria", "a,b"], "only applies with --review"),
+    (["--review", "--auth", "a:b", "--criteria", "Bad Name"], "--criteria"),
+    (["--allow-hub"], "--model-root"),
+])
+def test_review_usage_errors(argv, fragment, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        app.parse_args(argv)
+    assert exit_info.value.code == 2 and fragment in capsys.readouterr().err
+
+
+def test_auth_file_and_criteria(tmp_path, capsys):
+    auth = tmp_path / "logins.txt"
+    auth.write_text("# reviewers\nann:pw:with:colons\n\nbob:secret\n")
+    args = app.parse_args(["--review", "--auth-file", str(auth), "--auth", "cy:x", "--criteria", "realism, motion"])
+    assert args.auth == [("cy", "x"), ("ann", "pw:with:colons"), ("bob", "secret")]
+    assert args.criteria == ("realism", "motion")
+    auth.write_text("ann:pw\nno-colon-here\n")
+    with pytest.raises(SystemExit):
+        app.parse_args(["--review", "--auth-file", str(auth)])
+    err = capsys.readouterr().err
+    assert "line 2" in err and "pw" not in err.split("line 2")[1]
+
+
+def test_safety_fails_loudly_without_the_guardrail(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p])  # no stray cosmos_guardrail
+    assert app.main(["--safety", "--outputs", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")]) == 2
+    assert "cosmos_guardrail" in capsys.readouterr().err
+
+
+def test_safety_with_the_guardrail_installed_is_not_silently_skipped(tmp_path, tiny_family, monkeypatch, capsys):
+    fake = tmp_path / "site"
+    (fake / "cosmos_guardrail").mkdir(parents=True)
+    (fake / "cosmos_guardrail" / "__init__.py").write_text("class CosmosSafetyChecker:\n    pass\n")
+    monkeypatch.syspath_prepend(str(fake))
+    argv = ["--safety", "--model", f"edge={tiny_family['edge']}", "--outputs", str(tmp_path / "o"),
+            "--cache-dir", str(tmp_path / "c")]
+    # While the engine does not run the checker on prompts and frames, --safety refuses to start.
+    assert app.main(argv) == 2
+    assert "does not yet apply it" in capsys.readouterr().err
+    # Once it does, every model is loaded with the checker.
+    monkeypatch.setattr(app, "ENGINE_APPLIES_SAFETY", True)
+    studio = app.create_studio(app.parse_args(argv))
+    try:
+        loader = studio.service.queue._loader
+        assert loader.keywords == {"safety": True}
+    finally:
+        studio.service.queue.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Environment (a Space runs `python app.py` with no arguments)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_models_and_settings_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("COSMOS3_MODELS", f"nano=org/Cosmos3-Nano, edge={tmp_path}")
+    monkeypatch.setenv("COSMOS3_OUTPUTS", str(tmp_path / "data"))
+    monkeypatch.setenv("COSMOS3_REVIEW", "1")
+    monkeypatch.setenv("COSMOS3_AUTH", "ann:pw,bob:pw2")
+    monkeypatch.setenv("COSMOS3_CRITERIA", "realism")
+    monkeypatch.setenv("SYSTEM", "spaces")
+    args = app.parse_args([])
+    assert args.model == [("nano", "org/Cosmos3-Nano"), ("edge", str(tmp_path))]
+    assert args.outputs == (tmp_path / "data").resolve() and args.review and args.criteria == ("realism",)
+    assert args.auth == [("ann", "pw"), ("bob", "pw2")] and (args.host, args.port) == ("0.0.0.0", 7860)
+    flags = app.parse_args(["--model", f"x={tmp_path}", "--host", "127.0.0.1", "--auth", "cy:z"])
+    assert flags.model == [("x", str(tmp_path))] and flags.host == "127.0.0.1" and flags.auth == [("cy", "z")]
+    monkeypatch.setenv("COSMOS3_MODELS", "bad name=x")
+    with pytest.raises(SystemExit):
+        app.parse_args([])
+
+
+def test_model_root_confines_the_sources(tmp_path, tiny_family):
+    argv = ["--model", f"edge={tiny_family['edge']}", "--model-root", str(tmp_path / "elsewhere"),
+            "--outputs", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")]
+    with pytest.raises(ValueError, match="outside the allowed model folders"):
+        app.create_studio(app.parse_args(argv))
+    with pytest.raises(ValueError, match="hub sources are turned off"):
+        app.create_studio(app.parse_args(["--model", "nano=org/not-local-repo", "--model-root", str(tmp_path)]))
+
+
+# ----------------------------------------------------------------------------------------------
+# ZeroGPU
+# ----------------------------------------------------------------------------------------------
+
+
+def fake_spaces(calls: list) -> types.ModuleType:
+    module = types.ModuleType("spaces")
+    module.__spec__ = importlib.machinery.ModuleSpec("spaces", None)
+
+    def GPU(duration=None):
+        def wrap(fn):
+            def run(*args, **kwargs):
+                calls.append(duration(*args, **kwargs))
+                return fn(*args, **kwargs)
+            return run
+        return wrap
+
+    module.GPU = GPU
+    return module
+
+
+def test_gpu_wrapper_is_a_no_op_off_zerogpu_and_sized_from_the_request_on_it(tiny_family, monkeypatch):
+    from engine.registry import ModelEntry, ModelRegistry
+
+    registry = ModelRegistry([ModelEntry(n, str(p)) for n, p in tiny_family.items()])
+    duration = zerogpu.job_duration(registry)
+
+    def work(model_name, request):
+        return f"ran {model_name}"
+
+    assert zerogpu.gpu_wrapper(work, duration, environ={}) is work
+    calls = []
+    monkeypatch.setitem(sys.modules, "spaces", fake_spaces(calls))
+    assert zerogpu.gpu_wrapper(work, duration, environ={"SPACES_ZERO_GPU": "false"}) is work
+    wrapped = zerogpu.gpu_wrapper(work, duration, environ={"SPACES_ZERO_GPU": "true"})
+    assert wrapped("nano", {"mode": "t2i", "prompt": "x"}) == "ran nano"
+    assert calls == [zerogpu.DURATION_MIN_S]  # tiny canvases: the floor
+    # The reservation is the estimate with a margin, between the floor and the ceiling.
+    import engine.estimates
+
+    for estimate, reserved in ((100.0, 165), (1000.0, zerogpu.DURATION_MAX_S)):
+        monkeypatch.setattr(engine.estimates, "estimate_seconds", lambda info, request, e=estimate: e)
+        assert duration("edge", {"mode": "t2v", "prompt": "x"}) == reserved
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    with pytest.raises(ValueError, match="ZeroGPU"):
+        app.check_hosting()
+
+
+# ----------------------------------------------------------------------------------------------
+# The launched review app is behind its login
+# ----------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_review_app_serves_nothing_without_a_login(tiny_family, tmp_path):
+    from gradio_client import Client
+
+    argv = ["--review", "--auth", "ann:pw1", "--model", f"edge={tiny_family['edge']}", "--model",
+            f"nano={tiny_family['nano']}", "--outputs", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")]
+    studio = app.create_studio(app.parse_args(argv))
+    port = free_port()
+    studio.launch(host="127.0.0.1", port=port, prevent_thread_lock=True, quiet=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        client = Client(base + "/", auth=("ann", "pw1"), verbose=False)
+        media, result = client.predict("edge", json.dumps({"mode": "t2i", "prompt": "a cube", "steps": 2}), None,
+                                       api_name="/generate")
+        stored = studio.service.reviews.results()
+        assert [(r["request_id"], r["origin"]) for r in stored] == [(result["request_id"], "api")]
+        assert set(client.view_api(return_format="dict", print_info=False)["named_endpoints"]) == {"/models",
+                                                                                                  "/generate"}
+        for path in ("/config", "/gradio_api/info", f"/gradio_api/file={media}",
+                     f"/gradio_api/file={tmp_path / 'o' / 'reviews.sqlite3'}"):
+            assert httpx.get(base + path).status_code in (401, 403), path
+        assert httpx.post(base + "/login", data={"username": "ann", "password": "wrong"}).status_code == 400
+    finally:
+        studio.close()
+        studio.service.queue.close()
