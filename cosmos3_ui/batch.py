@@ -5,20 +5,25 @@ folder, `report.jsonl`, registration for review).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
-
-from engine.batch import BatchLine, parse_batch, run_batch
+from typing import TYPE_CHECKING, Callable
 
 from .requests import api_request
 from .service import StudioError, StudioService
+
+if TYPE_CHECKING:
+    from engine.batch import BatchLine
 
 MAX_BATCH_BYTES = 4 * 2**20
 STATUS_COLUMNS = ["line", "model", "mode", "status", "message", "request_id"]
 EXAMPLE_LINE = '{"model": "nano", "mode": "t2i", "prompt": "A red kite over a beach.", "seed": 7}'
 
 
-def read_batch_file(path: str | None) -> list[BatchLine]:
+def read_batch_file(path: str | None) -> list["BatchLine"]:
     """Parse an uploaded JSONL file; bad lines come back marked failed, a bad file raises StudioError."""
+    # engine.batch brings the job queue and the denoising stack (torch): imported on first use only,
+    # so the UI starts without them.
+    from engine.batch import parse_batch
+
     if not path:
         raise StudioError("Upload a .jsonl file: one request per line, each with a \"model\" key.", "batch")
     file = Path(path)
@@ -45,7 +50,7 @@ def read_batch_file(path: str | None) -> list[BatchLine]:
     return lines
 
 
-def check_fits(lines: list[BatchLine], service: StudioService) -> None:
+def check_fits(lines: list["BatchLine"], service: StudioService) -> None:
     """`run_batch` queues every valid line at once, so a batch may not exceed the wait list."""
     runnable = sum(1 for line in lines if line.status != "failed")
     limit = service.queue.max_size
@@ -55,7 +60,7 @@ def check_fits(lines: list[BatchLine], service: StudioService) -> None:
             f"(--queue-size). Split the file, or start the app with --queue-size {runnable} or more.", "batch")
 
 
-def status_rows(lines: list[BatchLine]) -> list[list]:
+def status_rows(lines: list["BatchLine"]) -> list[list]:
     rows = []
     for line in lines:
         mode = (line.request or {}).get("mode", "") if isinstance(line.request, dict) else ""
@@ -63,15 +68,17 @@ def status_rows(lines: list[BatchLine]) -> list[list]:
     return rows
 
 
-def counts(lines: list[BatchLine]) -> str:
+def counts(lines: list["BatchLine"]) -> str:
     by_status: dict[str, int] = {}
     for line in lines:
         by_status[line.status] = by_status.get(line.status, 0) + 1
     return ", ".join(f"{n} {status}" for status, n in sorted(by_status.items()))
 
 
-def run(service: StudioService, lines: list[BatchLine], session: str,
-        on_line: Callable[[BatchLine, int, int], None] | None = None) -> tuple[str, Path]:
+def run(service: StudioService, lines: list["BatchLine"], session: str,
+        on_line: Callable[["BatchLine", int, int], None] | None = None) -> tuple[str, Path]:
     """Run the batch (blocking); returns (batch id, path of report.jsonl)."""
+    from engine.batch import run_batch
+
     batch_id, _ = run_batch(service.queue, lines, reviews=service.reviews, session_id=session, on_line=on_line)
     return batch_id, Path(service.queue.outputs_root) / batch_id / "report.jsonl"

@@ -10,6 +10,7 @@ from cosmos3_ui import batch as B
 from cosmos3_ui.compare import EACH_DEFAULT, CompareSettings, plan_compare, run_compare
 from cosmos3_ui.review import ReviewDesk
 from cosmos3_ui.service import StudioError, StudioService
+from engine.batch import BatchLine
 from engine.queue import JobFailed, JobQueue
 from engine.registry import ModelEntry, ModelRegistry
 from engine.reviews import ReviewStore
@@ -112,6 +113,19 @@ def test_batch_upload_runs_good_lines_and_reports_bad_ones(service, tmp_path):
     assert [r["status"] for r in rows] == ["done", "failed", "failed", "done"] and report.parent.name == batch_id
     origins = {r["request_id"]: r["origin"] for r in service.reviews.results()}
     assert origins[lines[0].request_id] == f"batch:{batch_id}"
-    too_big = [B.BatchLine(line=i, model="nano", request={"mode": "t2i", "prompt": "x"}) for i in range(5)]
+    too_big = [BatchLine(line=i, model="nano", request={"mode": "t2i", "prompt": "x"}) for i in range(5)]
     with pytest.raises(StudioError, match="--queue-size"):
         B.check_fits(too_big, service)
+
+
+def test_the_ui_with_its_review_tabs_imports_neither_torch_nor_kernels():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, cosmos3_ui, cosmos3_ui.review_tabs, cosmos3_ui.batch, cosmos3_ui.zerogpu; "
+            "print(sorted(m for m in ('torch', 'kernels', 'engine.pipeline') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
