@@ -135,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="rating criteria, lowercase names (default prompt_adherence, visual_quality, "
                              "temporal_consistency, physics_plausibility)")
     parser.add_argument("--safety", action="store_true",
-                        help="run the Cosmos guardrail (needs the cosmos_guardrail package; refuses to start "
-                             "without it). Recommended for public demos.")
+                        help="run the Cosmos guardrail; never skipped silently: refuses to start without the "
+                             "cosmos_guardrail package, and (for now) because the engine does not yet apply it "
+                             "(docs/HOSTING.md). Recommended for public demos.")
     return parser
 
 

@@ -955,7 +955,8 @@ class Studio:
             server_name=host, server_port=port, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
             theme=gr.themes.Soft(primary_hue="green", neutral_hue="slate"), css_paths=[CSS_PATH],
             allowed_paths=[str(self.service.outputs_root)], show_error=False, ssr_mode=False,
-            footer_links=["api", "settings"], auth=self.auth, **extra,
+            footer_links=["api", "settings"], auth=self.auth,
+            auth_message="Cosmos3 Studio: log in to review." if self.auth else None, **extra,
         )
 
     def close(self) -> None:
