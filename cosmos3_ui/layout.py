@@ -955,9 +955,13 @@ class Studio:
             server_name=host, server_port=port, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
             theme=gr.themes.Soft(primary_hue="green", neutral_hue="slate"), css_paths=[CSS_PATH],
             allowed_paths=[str(self.service.outputs_root)], show_error=False, ssr_mode=False,
-            footer_links=["api", "settings"], auth=self.auth,
-            auth_message="Cosmos3 Studio: log in to review." if self.auth else None, **extra,
+            footer_links=["api", "settings"], auth=self.auth, auth_message=self._login_message(), **extra,
         )
+
+    def _login_message(self) -> str | None:
+        if not self.auth:
+            return None
+        return "Cosmos3 Studio: log in to review." if self.review_desk is not None else "Cosmos3 Studio: log in."
 
     def close(self) -> None:
         self.blocks.close()

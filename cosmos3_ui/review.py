@@ -51,7 +51,8 @@ class ReviewDesk:
         """(label, request id) for every registered result, newest first."""
         out = []
         for row in reversed(self.store.results()):
-            out.append((f"{row['request_id']} · {row['model']} · {row['mode']} · {row['origin']}", row["request_id"]))
+            label = f"{row['request_id']} · {row['model']} · {row['mode']} · {row['origin']}"
+            out.append((label, row["request_id"]))
         return out
 
     def view(self, request_id: str | None, reviewer: str | None = None) -> ResultView | None:
