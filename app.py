@@ -22,16 +22,8 @@ TINY_LABEL = "tiny random weights"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _TRUE = ("1", "true", "yes", "on")
 
-# The engine loads the Cosmos guardrail with each model (`load_model(safety=True)`), but its pipeline
-# does not yet run it on prompts and frames. Until it does, --safety refuses to start rather than
-# serve unchecked output under a flag that promises checks (docs/HOSTING.md, "Safety checker").
-ENGINE_APPLIES_SAFETY = False
-
 SAFETY_MISSING = ("--safety was given, but the 'cosmos_guardrail' package is not installed. Install it "
                   "(pip install cosmos_guardrail) or run without --safety; the checker is never skipped silently.")
-SAFETY_NOT_APPLIED = ("--safety: the engine loads the Cosmos guardrail but does not yet apply it to prompts and "
-                      "generated frames, so the app refuses to start rather than serve unchecked output. "
-                      "See docs/HOSTING.md (Safety checker).")
 ZERO_GPU_UNSUPPORTED = ("This is a ZeroGPU Space (SPACES_ZERO_GPU=true). ZeroGPU runs each GPU call in a forked "
                         "process, and the engine's jobs run on its own worker thread, which such a call cannot "
                         "reach yet. Use a Space with a dedicated GPU (see docs/HOSTING.md, ZeroGPU).")
@@ -208,13 +200,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check_safety(args: argparse.Namespace) -> None:
-    """--safety fails loudly at start: without the package, or while the engine does not apply it."""
+    """--safety fails loudly at start when the package is missing; it is never skipped silently."""
     if not args.safety:
         return
     if importlib.util.find_spec("cosmos_guardrail") is None:
         raise ValueError(SAFETY_MISSING)
-    if not ENGINE_APPLIES_SAFETY:
-        raise ValueError(SAFETY_NOT_APPLIED)
 
 
 def check_hosting() -> None:
@@ -269,11 +259,10 @@ def create_studio(args: argparse.Namespace):
     args.outputs.mkdir(parents=True, exist_ok=True)
     queue_options = {}
     if args.safety:
-        import functools
+        from engine.loader import make_safety_checker
 
-        from engine.loader import load_model
-
-        queue_options["loader"] = functools.partial(load_model, safety=True)
+        # One guardrail for every model: it carries a guard model of its own, loaded once at start.
+        queue_options["safety_checker"] = make_safety_checker()
     job_queue = JobQueue(registry, args.outputs, max_size=args.queue_size, **queue_options)
     reviews = None
     if args.review:

@@ -35,7 +35,7 @@ class Finished:
 @dataclass(frozen=True)
 class Failed:
     message: str
-    kind: str = "error"  # "invalid" | "oom" | "load" | "io" | "error"
+    kind: str = "error"  # "invalid" | "refused" | "oom" | "load" | "io" | "error"
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,10 @@ class Cancelled:
 
 class JobCancelled(Exception):
     """The job's cancel flag was set; nothing was written."""
+
+
+class SafetyRefusal(ValueError):
+    """The Cosmos guardrail refused a prompt or a generated video; nothing was saved."""
 
 
 JobEvent = Union[Queued, Started, Progress, Finished, Failed, Cancelled]

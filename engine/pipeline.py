@@ -36,7 +36,7 @@ from diffusers.video_processor import VideoProcessor
 from . import outputs as output_files
 from .action import ACTION_DOMAINS, RESOLUTION_TIERS
 from .defaults import validate_request
-from .events import JobCancelled, Progress
+from .events import JobCancelled, Progress, SafetyRefusal
 from .fast_path import FastGenTower, FastPathOptions, vae_channels_last
 from .loader import LoadedModel
 from .media import load_image, load_video
@@ -293,6 +293,23 @@ def noise_stage(model: LoadedModel, request: dict, cond: Conditioning, generator
         actions[:, cond.raw_action_dim:] = 0
         latents.action, latents.action_mask = actions, action_mask
     return latents
+
+
+def safety_check_prompt(model: LoadedModel, prompt: str) -> None:
+    """With a guardrail loaded, refuse an unsafe prompt before any GPU work."""
+    if model.safety_checker is not None and not model.safety_checker.check_text_safety(prompt):
+        raise SafetyRefusal("The safety checker refused this prompt; nothing was generated.")
+
+
+def safety_check_frames(model: LoadedModel, frames: np.ndarray) -> np.ndarray:
+    """With a guardrail loaded, check the decoded frames; it may blur faces, or refuse the whole video."""
+    if model.safety_checker is None:
+        return frames
+    pixels = (np.clip(frames, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    checked = model.safety_checker.check_video_safety(pixels)
+    if checked is None:
+        raise SafetyRefusal("The safety checker refused the generated result; nothing was saved.")
+    return np.asarray(checked).astype(np.float32) / 255.0
 
 
 def _prompt_stage(model: LoadedModel, request: dict, cond: Conditioning) -> tuple[Any, list[int], list[int]]:
@@ -576,6 +593,7 @@ def generate(model: LoadedModel, request: dict, on_progress: Callable[[Progress]
              model_name: str | None = None) -> GenerationResult:
     """Run one request. Saves files under `outputs_root` when given; a cancelled job writes nothing."""
     request = validate_request(model.info, request.get("mode", "t2i"), request)
+    safety_check_prompt(model, request["prompt"])
     seed = resolve_seed(request["seed"])
     generator = torch.Generator(device="cpu").manual_seed(seed)
     clock = _Clock(on_progress)
@@ -600,6 +618,7 @@ def generate(model: LoadedModel, request: dict, on_progress: Callable[[Progress]
     if cancel is not None and cancel.is_set():
         raise JobCancelled()
     frames, audio = decode_stage(model, latents)
+    frames = safety_check_frames(model, frames)
     actions = None
     if request["mode"] == "action" and request["action"]["kind"] in ("policy", "inverse_dynamics"):
         actions = latents.action[:, : cond.raw_action_dim].float().cpu().numpy()

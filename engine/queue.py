@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .defaults import validate_request
-from .events import TERMINAL_EVENTS, Cancelled, Failed, Finished, JobCancelled, JobEvent, Progress, Queued, Started
+from .events import (TERMINAL_EVENTS, Cancelled, Failed, Finished, JobCancelled, JobEvent, Progress, Queued,
+                     SafetyRefusal, Started)
 from .loader import CheckpointError, LoadedModel, component_parameter_count, load_model, resolve_source
 from .outputs import OutputError
 from .registry import ModelRegistry
@@ -115,7 +116,10 @@ def _default_memory_budget() -> int:
 
 class JobQueue:
     def __init__(self, registry: ModelRegistry, outputs_root: str | Path, *, max_size: int = 16,
-                 memory_budget_bytes: int | None = None, loader: Callable[..., LoadedModel] = load_model):
+                 memory_budget_bytes: int | None = None, loader: Callable[..., LoadedModel] = load_model,
+                 safety_checker=None):
+        """`safety_checker` (e.g. `engine.loader.make_safety_checker()`): one guardrail shared by every
+        model this queue loads, applied to each prompt and each generated video."""
         if max_size < 1:
             raise ValueError(f"max_size must be at least 1, got {max_size}.")
         self.registry = registry
@@ -123,6 +127,7 @@ class JobQueue:
         self.max_size = max_size
         self.memory_budget_bytes = memory_budget_bytes if memory_budget_bytes is not None else _default_memory_budget()
         self._loader = loader
+        self._safety_checker = safety_checker
         self._lock = threading.Condition()
         self._waiting: list[_Job] = []
         self._running: _Job | None = None
@@ -258,7 +263,7 @@ class JobQueue:
         if isinstance(exc, OutputError):
             return Failed(str(exc), kind="io")
         if isinstance(exc, ValueError):
-            return Failed(str(exc), kind="invalid")
+            return Failed(str(exc), kind="refused" if isinstance(exc, SafetyRefusal) else "invalid")
         return Failed(f"Generation failed ({type(exc).__name__}): {exc}", kind="error")
 
     def _free_memory(self) -> None:
@@ -293,5 +298,7 @@ class JobQueue:
             self._models.popitem(last=False)
             self._free_memory()
         model = self._loader(root)
+        if self._safety_checker is not None:
+            model.safety_checker = self._safety_checker
         self._models[name] = model
         return model

@@ -259,3 +259,39 @@ def test_switching_variants_evicts_under_a_small_budget(tiny_family, tmp_path):
         assert roomy.loaded_models() == ["nano", "edge"]
     finally:
         roomy.close()
+
+
+class _Guardrail:
+    """A stand-in with the Cosmos guardrail's interface (the real one needs hub weights)."""
+
+    def __init__(self):
+        self.texts, self.videos = [], []
+
+    def check_text_safety(self, prompt):
+        self.texts.append(prompt)
+        return "forbidden" not in prompt
+
+    def check_video_safety(self, frames):
+        self.videos.append(frames.shape)
+        out = frames.copy()
+        out[..., 0] = 0  # a visible edit, as face blurring would be
+        return None if getattr(self, "refuse_video", False) else out
+
+
+def test_safety_checker_runs_on_prompts_and_frames(tiny_family, tmp_path):
+    registry = ModelRegistry([ModelEntry("edge", str(tiny_family["edge"]))])
+    guard = _Guardrail()
+    jobs = JobQueue(registry, tmp_path / "out", safety_checker=guard)
+    try:
+        done = _drain(jobs.submit("edge", dict(mode="t2i", prompt="a calm lake", steps=1)))[-1]
+        assert isinstance(done, Finished) and guard.texts == ["a calm lake"] and guard.videos == [(1, 64, 64, 3)]
+        assert float(done.result.frames[..., 0].max()) == 0.0  # what the checker returned is what was kept
+        refused = _drain(jobs.submit("edge", dict(mode="t2i", prompt="something forbidden", steps=1)))[-1]
+        assert isinstance(refused, Failed) and refused.kind == "refused" and "refused this prompt" in refused.message
+        guard.refuse_video = True
+        before = set((tmp_path / "out").iterdir())
+        blocked = _drain(jobs.submit("edge", dict(mode="t2i", prompt="a calm lake", steps=1)))[-1]
+        assert isinstance(blocked, Failed) and "refused the generated result" in blocked.message
+        assert set((tmp_path / "out").iterdir()) == before  # nothing saved
+    finally:
+        jobs.close()

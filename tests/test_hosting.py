@@ -100,24 +100,27 @@ def test_safety_fails_loudly_without_the_guardrail(tmp_path, capsys, monkeypatch
     assert "cosmos_guardrail" in capsys.readouterr().err
 
 
-def test_safety_with_the_guardrail_installed_is_not_silently_skipped(tmp_path, tiny_family, monkeypatch, capsys):
+def test_safety_with_the_guardrail_installed_checks_every_job(tmp_path, tiny_family, monkeypatch):
     fake = tmp_path / "site"
     (fake / "cosmos_guardrail").mkdir(parents=True)
-    (fake / "cosmos_guardrail" / "__init__.py").write_text("class CosmosSafetyChecker:\n    pass\n")
+    # A stand-in with the guardrail's interface: it refuses prompts that mention "forbidden".
+    (fake / "cosmos_guardrail" / "__init__.py").write_text(
+        "class CosmosSafetyChecker:\n"
+        "    def check_text_safety(self, prompt):\n        return 'forbidden' not in prompt\n"
+        "    def check_video_safety(self, frames):\n        return frames\n")
     monkeypatch.syspath_prepend(str(fake))
     argv = ["--safety", "--model", f"edge={tiny_family['edge']}", "--outputs", str(tmp_path / "o"),
             "--cache-dir", str(tmp_path / "c")]
-    # While the engine does not run the checker on prompts and frames, --safety refuses to start.
-    assert app.main(argv) == 2
-    assert "does not yet apply it" in capsys.readouterr().err
-    # Once it does, every model is loaded with the checker.
-    monkeypatch.setattr(app, "ENGINE_APPLIES_SAFETY", True)
     studio = app.create_studio(app.parse_args(argv))
+    queue = studio.service.queue
     try:
-        loader = studio.service.queue._loader
-        assert loader.keywords == {"safety": True}
+        ok = queue.submit("edge", {"mode": "t2i", "prompt": "a calm lake", "steps": 1})
+        assert ok.result(timeout=120).outputs["image"].is_file()
+        refused = queue.submit("edge", {"mode": "t2i", "prompt": "a forbidden scene", "steps": 1})
+        with pytest.raises(Exception, match="safety checker refused this prompt"):
+            refused.result(timeout=120)
     finally:
-        studio.service.queue.close()
+        queue.close()
 
 
 # ----------------------------------------------------------------------------------------------
