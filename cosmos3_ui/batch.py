@@ -50,16 +50,6 @@ def read_batch_file(path: str | None) -> list["BatchLine"]:
     return lines
 
 
-def check_fits(lines: list["BatchLine"], service: StudioService) -> None:
-    """`run_batch` queues every valid line at once, so a batch may not exceed the wait list."""
-    runnable = sum(1 for line in lines if line.status != "failed")
-    limit = service.queue.max_size
-    if runnable > limit:
-        raise StudioError(
-            f"The batch has {runnable} runnable requests, but the queue holds at most {limit} waiting jobs "
-            f"(--queue-size). Split the file, or start the app with --queue-size {runnable} or more.", "batch")
-
-
 def status_rows(lines: list["BatchLine"]) -> list[list]:
     rows = []
     for line in lines:
@@ -76,9 +66,10 @@ def counts(lines: list["BatchLine"]) -> str:
 
 
 def run(service: StudioService, lines: list["BatchLine"], session: str,
-        on_line: Callable[["BatchLine", int, int], None] | None = None) -> tuple[str, Path]:
-    """Run the batch (blocking); returns (batch id, path of report.jsonl)."""
+        on_line: Callable[["BatchLine", int, int], None] | None = None, cancel=None) -> tuple[str, Path]:
+    """Run the batch (blocking); returns (batch id, path of report.jsonl). `cancel`: a threading.Event."""
     from engine.batch import run_batch
 
-    batch_id, _ = run_batch(service.queue, lines, reviews=service.reviews, session_id=session, on_line=on_line)
+    batch_id, _ = run_batch(service.queue, lines, reviews=service.reviews, session_id=session, on_line=on_line,
+                            cancel=cancel)
     return batch_id, Path(service.queue.outputs_root) / batch_id / "report.jsonl"

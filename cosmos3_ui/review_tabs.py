@@ -10,6 +10,7 @@ import asyncio
 import html
 import queue as stdlib_queue
 import secrets
+import threading
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -364,7 +365,6 @@ class BatchTab:
             path = upload if isinstance(upload, str) else getattr(upload, "name", None)
             try:
                 lines = B.read_batch_file(path)
-                B.check_fits(lines, service)
             except StudioError as exc:
                 yield {self.status: _status(str(exc), "error")}
                 return
@@ -374,16 +374,21 @@ class BatchTab:
             loop = asyncio.get_running_loop()
             # run_batch blocks until every line ends; it runs on a worker thread while this handler reports
             # progress from its own task (progress sent from another thread would not reach the browser).
+            stop = threading.Event()
             task = loop.run_in_executor(None, B.run, service, lines, session,
-                                        lambda line, done, total: ended.put((done, total)))
-            while not task.done():
-                await asyncio.wait({task}, timeout=0.5)
-                latest = None
-                while not ended.empty():
-                    latest = ended.get()
-                if latest is not None:
-                    progress(latest, desc=f"Batch: {latest[0]} of {latest[1]} done", unit="requests")
-                    yield {self.table: table(lines)}
+                                        lambda line, done, total: ended.put((done, total)), stop)
+            try:
+                while not task.done():
+                    await asyncio.wait({task}, timeout=0.5)
+                    latest = None
+                    while not ended.empty():
+                        latest = ended.get()
+                    if latest is not None:
+                        progress(latest, desc=f"Batch: {latest[0]} of {latest[1]} done", unit="requests")
+                        yield {self.table: table(lines)}
+            except (asyncio.CancelledError, GeneratorExit):
+                stop.set()  # the page went away or the run was cancelled: stop the batch's running line
+                raise
             try:
                 batch_id, report = task.result()
             except Exception as exc:  # noqa: BLE001 - the reviewer sees what failed; lines keep their status

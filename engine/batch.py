@@ -7,14 +7,15 @@ batch folder gets a `report.jsonl` with one entry per input line.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .queue import JobFailed, JobQueue
-from .pipeline import JobCancelled
+from .events import JobCancelled
+from .queue import JobFailed, JobQueue, QueueFull
 from .reviews import ReviewStore
 
 MAX_BATCH_LINES = 500
@@ -60,35 +61,62 @@ def new_batch_id() -> str:
     return "batch-" + time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
 
 
+def _submit_when_there_is_room(queue: JobQueue, entry: BatchLine, session_id, batch_id, cancel) -> object | None:
+    """Submit one line, waiting while the queue is full, so a batch never crowds out other users."""
+    while True:
+        if cancel is not None and cancel.is_set():
+            return None
+        try:
+            return queue.submit(entry.model, entry.request, session_id=session_id, output_group=batch_id)
+        except QueueFull:
+            time.sleep(0.5)
+
+
+def _wait(handle, cancel):
+    """The job's result; a set `cancel` cancels the running job (it stops within a step)."""
+    while True:
+        try:
+            return handle.result(timeout=0.25)
+        except TimeoutError:
+            if cancel is not None and cancel.is_set():
+                handle.cancel()
+
+
 def run_batch(queue: JobQueue, lines: list[BatchLine], *, reviews: ReviewStore | None = None,
               session_id: str | None = None, batch_id: str | None = None,
-              on_line: Callable[[BatchLine, int, int], None] | None = None) -> tuple[str, list[BatchLine]]:
-    """Submit every valid line, wait for each, and write the batch report. Returns (batch id, lines)."""
+              on_line: Callable[[BatchLine, int, int], None] | None = None,
+              cancel: threading.Event | None = None) -> tuple[str, list[BatchLine]]:
+    """Run the valid lines one after another and write the batch report. Returns (batch id, lines).
+
+    Lines go to the queue one at a time, so other users' jobs take turns with the batch's, and a batch
+    of any length fits a bounded queue. Setting `cancel` stops the running line within a step and
+    marks the rest cancelled.
+    """
     batch_id = batch_id or new_batch_id()
-    handles = []
-    for entry in lines:
-        if entry.status == "failed":
-            continue
+    runnable = [entry for entry in lines if entry.status != "failed"]
+    for done, entry in enumerate(runnable, start=1):
         try:
-            handles.append((entry, queue.submit(entry.model, entry.request, session_id=session_id,
-                                                output_group=batch_id)))
+            handle = _submit_when_there_is_room(queue, entry, session_id, batch_id, cancel)
         except ValueError as exc:
             entry.status, entry.message = "failed", f"line {entry.line}: {exc}"
-    for done, (entry, handle) in enumerate(handles, start=1):
-        try:
-            result = handle.result()
-        except JobCancelled:
-            entry.status, entry.message = "cancelled", "cancelled"
-        except JobFailed as exc:
-            entry.status, entry.message = "failed", f"line {entry.line}: {exc}"
-        else:
-            entry.status, entry.request_id = "done", result.request_id
-            entry.files = {k: str(v) for k, v in result.outputs.items()}
-            if reviews is not None:
-                reviews.register_result(result.request_id, result.output_dir, model=entry.model,
-                                        mode=result.params["mode"], origin=f"batch:{batch_id}")
+            handle = None
+        if handle is not None:
+            try:
+                result = _wait(handle, cancel)
+            except JobCancelled:
+                entry.status, entry.message = "cancelled", "cancelled"
+            except JobFailed as exc:
+                entry.status, entry.message = "failed", f"line {entry.line}: {exc}"
+            else:
+                entry.status, entry.request_id = "done", result.request_id
+                entry.files = {k: str(v) for k, v in result.outputs.items()}
+                if reviews is not None:
+                    reviews.register_result(result.request_id, result.output_dir, model=entry.model,
+                                            mode=result.params["mode"], origin=f"batch:{batch_id}")
+        elif entry.status == "pending":
+            entry.status, entry.message = "cancelled", "the batch was cancelled before this line ran"
         if on_line is not None:
-            on_line(entry, done, len(handles))
+            on_line(entry, done, len(runnable))
     folder = queue.outputs_root / batch_id
     folder.mkdir(parents=True, exist_ok=True)
     report = "".join(json.dumps({k: v for k, v in asdict(e).items() if k != "request"}) + "\n" for e in lines)

@@ -97,3 +97,34 @@ def test_batch_with_a_bad_line_finishes_the_good_ones(tiny_family, tmp_path):
         folder = tmp_path / "out" / batch_id / entry.request_id
         assert (folder / "params.json").is_file()
     assert {r["request_id"] for r in reviews.results()} == {lines[0].request_id, lines[4].request_id}
+
+
+def test_a_batch_longer_than_the_queue_runs_and_can_be_cancelled(tiny_family, tmp_path, monkeypatch):
+    registry = ModelRegistry([ModelEntry("edge", str(tiny_family["edge"]))])
+    queue = JobQueue(registry, tmp_path / "out", max_size=1)
+    lines_text = "\n".join(json.dumps({"model": "edge", "mode": "t2i", "prompt": f"cube {i}", "steps": 1, "seed": i})
+                           for i in range(4))
+    try:
+        _, lines = run_batch(queue, parse_batch(lines_text))
+        assert [l.status for l in lines] == ["done"] * 4  # four lines through a queue that holds one
+
+        # Cancel the batch while its first line is at step 5 of 100.
+        from engine import pipeline
+
+        stop, steps = threading.Event(), []
+        original = pipeline.gen_tokens
+
+        def counting(*args, **kwargs):
+            steps.append(1)
+            if len(steps) == 5:
+                stop.set()
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(pipeline, "gen_tokens", counting)
+        long_lines = parse_batch("\n".join(
+            json.dumps({"model": "edge", "mode": "t2i", "prompt": f"slow {i}", "steps": 100}) for i in range(3)))
+        _, lines = run_batch(queue, long_lines, cancel=stop)
+        assert [l.status for l in lines] == ["cancelled"] * 3
+        assert len(steps) < 100  # the running line stopped early; the others never started
+    finally:
+        queue.close()
