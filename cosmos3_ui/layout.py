@@ -783,10 +783,10 @@ class Studio:
         event = box.generate.click(
             generate, inputs={*inputs, self.history_state}, outputs=outputs, concurrency_id=GPU_POOL,
             concurrency_limit=1, trigger_mode="once", api_visibility=PRIVATE, show_progress="full",
-            show_progress_on=[box.output], api_name=f"ui_action_generate",
+            show_progress_on=[box.output], api_name="ui_action_generate",
         )
         box.cancel.click(self._cancel_handler(box), outputs=[box.status], cancels=[event], queue=False,
-                         api_visibility=PRIVATE, api_name=f"ui_action_cancel")
+                         api_visibility=PRIVATE, api_name="ui_action_cancel")
 
         def preview(v: dict):
             try:
@@ -799,7 +799,7 @@ class Studio:
                                         "the run uses the input's aspect).", "info")}
 
         box.preview.click(preview, inputs=set(inputs), outputs=outputs, queue=False, api_visibility=PRIVATE,
-                          api_name=f"ui_action_preview")
+                          api_name="ui_action_preview")
 
     def _action_result_updates(self, actions_path, domain: str, params: dict) -> dict:
         a = self.action

@@ -11,7 +11,6 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from .events import JobCancelled

@@ -1,6 +1,5 @@
 """The scripting API against the launched app (in-process, tiny family): `/models` and `/generate`."""
 import json
-import socket
 import time
 
 import numpy as np
@@ -11,15 +10,9 @@ gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-import app  # noqa: E402
+from harness import launched_studio  # noqa: E402
 
 TINY_NAMES = ("nano", "nano-distilled", "super", "super-distilled", "edge", "edge-distilled")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +21,8 @@ def studio_url(tiny_family, tmp_path_factory):
     argv = ["--outputs", str(outputs), "--cache-dir", str(tmp_path_factory.mktemp("api-cache")), "--queue-size", "2"]
     for name in TINY_NAMES:
         argv += ["--model", f"{name}={tiny_family[name]}"]
-    args = app.parse_args(argv)
-    studio = app.create_studio(args)
-    port = free_port()
-    studio.launch(host="127.0.0.1", port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        yield f"http://127.0.0.1:{port}/", studio, outputs
-    finally:
-        studio.close()
-        studio.service.queue.close()
+    with launched_studio(argv) as (studio, url):
+        yield url, studio, outputs
 
 
 @pytest.fixture(scope="module")

@@ -3,48 +3,31 @@ compare three models with one seed, rate one result, reload, and find the rating
 
 Screenshots go to pytest's temporary folder, never into the repository.
 """
-import os
 import re
-import socket
 
 import pytest
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-import app  # noqa: E402
+from harness import CHROMIUM, CHROMIUM_ARGS, chromium_available, launched_studio  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 MODELS = ("nano", "edge", "super-distilled")
 USER, PASSWORD = "ann", "kite-42"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def studio(tiny_family, tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
+    if not chromium_available():
         pytest.skip("Chromium is missing: run scripts/ensure_chromium.sh (apt-get install chromium)")
     argv = ["--review", "--auth", f"{USER}:{PASSWORD}", "--outputs", str(tmp_path_factory.mktemp("review-outputs")),
             "--cache-dir", str(tmp_path_factory.mktemp("review-cache")), "--queue-size", "4"]
     for name in MODELS:
         argv += ["--model", f"{name}={tiny_family[name]}"]
-    studio = app.create_studio(app.parse_args(argv))
-    port = free_port()
-    studio.launch(host="127.0.0.1", port=port, prevent_thread_lock=True, quiet=True)
-    studio.url = f"http://127.0.0.1:{port}/"
-    try:
+    with launched_studio(argv) as (studio, url):
+        studio.url = url
         yield studio
-    finally:
-        studio.close()
-        studio.service.queue.close()
 
 
 @pytest.fixture

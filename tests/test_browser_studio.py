@@ -3,9 +3,7 @@
 Screenshots go to pytest's temporary folder, never into the repository.
 """
 import json
-import os
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -15,22 +13,13 @@ from PIL import Image
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-import app  # noqa: E402
+from harness import CHROMIUM, CHROMIUM_ARGS, chromium_available, launched_studio  # noqa: E402
 from engine.defaults import FAMILY_TABLE  # noqa: E402
 from engine.variants import TINY_MARKER  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 TINY_NAMES = ("nano", "nano-distilled", "super", "super-distilled", "edge", "edge-distilled")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def with_family_canvases(source: Path, target: Path) -> Path:
@@ -50,7 +39,7 @@ def with_family_canvases(source: Path, target: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def studio(tiny_family, tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
+    if not chromium_available():
         pytest.skip("Chromium is missing: run scripts/ensure_chromium.sh (apt-get install chromium)")
     extra = tmp_path_factory.mktemp("family-canvases")
     argv = ["--outputs", str(tmp_path_factory.mktemp("browser-outputs")),
@@ -59,16 +48,9 @@ def studio(tiny_family, tmp_path_factory):
         argv += ["--model", f"{name}={tiny_family[name]}"]
     for name in ("nano", "edge"):
         argv += ["--model", f"{name}-family-sizes={with_family_canvases(tiny_family[name], extra / name)}"]
-    args = app.parse_args(argv)
-    studio = app.create_studio(args)
-    port = free_port()
-    studio.launch(host="127.0.0.1", port=port, prevent_thread_lock=True, quiet=True)
-    studio.url = f"http://127.0.0.1:{port}/"
-    try:
+    with launched_studio(argv) as (studio, url):
+        studio.url = url
         yield studio
-    finally:
-        studio.close()
-        studio.service.queue.close()
 
 
 @pytest.fixture(scope="module")

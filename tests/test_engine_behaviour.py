@@ -3,7 +3,6 @@ import json
 import threading
 import time
 
-import numpy as np
 import pytest
 import torch
 

@@ -3,7 +3,6 @@
 guarding the launched review app."""
 import importlib.machinery
 import json
-import socket
 import subprocess
 import sys
 import types
@@ -14,6 +13,7 @@ import pytest
 import yaml
 
 import app
+from harness import launched_studio  # noqa: E402
 from cosmos3_ui import zerogpu
 
 REPO = Path(__file__).resolve().parents[1]
@@ -208,23 +208,14 @@ def test_gpu_wrapper_is_a_no_op_off_zerogpu_and_sized_from_the_request_on_it(tin
 # ----------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_review_app_serves_nothing_without_a_login(tiny_family, tmp_path):
     from gradio_client import Client
 
     argv = ["--review", "--auth", "ann:pw1", "--model", f"edge={tiny_family['edge']}", "--model",
             f"nano={tiny_family['nano']}", "--outputs", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")]
-    studio = app.create_studio(app.parse_args(argv))
-    port = free_port()
-    studio.launch(host="127.0.0.1", port=port, prevent_thread_lock=True, quiet=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        client = Client(base + "/", auth=("ann", "pw1"), verbose=False)
+    with launched_studio(argv) as (studio, url):
+        base = url.rstrip("/")
+        client = Client(url, auth=("ann", "pw1"), verbose=False)
         media, result = client.predict("edge", json.dumps({"mode": "t2i", "prompt": "a cube", "steps": 2}), None,
                                        api_name="/generate")
         stored = studio.service.reviews.results()
@@ -235,6 +226,3 @@ def test_review_app_serves_nothing_without_a_login(tiny_family, tmp_path):
                      f"/gradio_api/file={tmp_path / 'o' / 'reviews.sqlite3'}"):
             assert httpx.get(base + path).status_code in (401, 403), path
         assert httpx.post(base + "/login", data={"username": "ann", "password": "wrong"}).status_code == 400
-    finally:
-        studio.close()
-        studio.service.queue.close()

@@ -5,10 +5,8 @@ prints its figures (jobs, wall time, memory) for docs/RELIABILITY.md.
 """
 import errno
 import json
-import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -26,15 +24,10 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
 import app
+from harness import launched_studio  # noqa: E402
 
 MODELS = ("nano", "super", "edge")
 REQUEST_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{12}$")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +41,8 @@ def studio(tiny_family, tmp_path_factory):
     for name in MODELS:
         argv += ["--model", f"{name}={tiny_family[name]}"]
     argv += ["--model", f"broken={broken}"]
-    studio = app.create_studio(app.parse_args(argv))
-    port = _free_port()
-    studio.launch(host="127.0.0.1", port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        yield f"http://127.0.0.1:{port}/", studio, outputs
-    finally:
-        studio.close()
-        studio.service.queue.close()
+    with launched_studio(argv) as (studio, url):
+        yield url, studio, outputs
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from cosmos3_ui import batch as B
 from cosmos3_ui.compare import EACH_DEFAULT, CompareSettings, plan_compare, run_compare
 from cosmos3_ui.review import ReviewDesk
 from cosmos3_ui.service import StudioError, StudioService
-from engine.batch import BatchLine
 from engine.queue import JobFailed, JobQueue
 from engine.registry import ModelEntry, ModelRegistry
 from engine.reviews import ReviewStore
