@@ -24,10 +24,6 @@ _TRUE = ("1", "true", "yes", "on")
 
 SAFETY_MISSING = ("--safety was given, but the 'cosmos_guardrail' package is not installed. Install it "
                   "(pip install cosmos_guardrail) or run without --safety; the checker is never skipped silently.")
-ZERO_GPU_UNSUPPORTED = ("This is a ZeroGPU Space (SPACES_ZERO_GPU=true). ZeroGPU runs each GPU call in a forked "
-                        "process, and the engine's jobs run on its own worker thread, which such a call cannot "
-                        "reach yet. Use a Space with a dedicated GPU (see docs/HOSTING.md, ZeroGPU).")
-
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in _TRUE
@@ -207,11 +203,15 @@ def check_safety(args: argparse.Namespace) -> None:
         raise ValueError(SAFETY_MISSING)
 
 
-def check_hosting() -> None:
-    from cosmos3_ui.zerogpu import on_zero_gpu
+def use_zero_gpu(job_queue, registry) -> bool:
+    """On a ZeroGPU Space: weights loaded at start, each job run inside `spaces.GPU` sized from it."""
+    from cosmos3_ui.zerogpu import gpu_wrapper, job_duration, on_zero_gpu
 
-    if on_zero_gpu():
-        raise ValueError(ZERO_GPU_UNSUPPORTED)
+    if not on_zero_gpu():
+        return False
+    job_queue.preload()
+    job_queue.use_gpu_call(gpu_wrapper(job_queue.run, job_duration(registry)))
+    return True
 
 
 def model_entries(args: argparse.Namespace):
@@ -251,7 +251,6 @@ def create_studio(args: argparse.Namespace):
     from engine.registry import ModelRegistry
 
     check_safety(args)
-    check_hosting()
     roots = args.model_root or None
     registry = ModelRegistry(model_entries(args), allowed_roots=roots, allow_hub=args.allow_hub or not roots)
     for name in registry.names():
@@ -264,6 +263,7 @@ def create_studio(args: argparse.Namespace):
         # One guardrail for every model: it carries a guard model of its own, loaded once at start.
         queue_options["safety_checker"] = make_safety_checker()
     job_queue = JobQueue(registry, args.outputs, max_size=args.queue_size, **queue_options)
+    use_zero_gpu(job_queue, registry)
     reviews = None
     if args.review:
         from engine.reviews import DEFAULT_CRITERIA, ReviewStore

@@ -128,6 +128,7 @@ class JobQueue:
         self.memory_budget_bytes = memory_budget_bytes if memory_budget_bytes is not None else _default_memory_budget()
         self._loader = loader
         self._safety_checker = safety_checker
+        self._gpu_call: Callable | None = None
         self._lock = threading.Condition()
         self._waiting: list[_Job] = []
         self._running: _Job | None = None
@@ -223,10 +224,36 @@ class JobQueue:
         with self._lock:
             self._running = None
 
+    # -- running a job -------------------------------------------------------------------------
+
+    def run(self, model_name: str, request: dict, outputs_root: str, on_progress=None, cancel=None):
+        """One job, synchronously, on the calling thread: the model (cached) and `generate`.
+
+        The worker calls it for every job; with `use_gpu_call` it is called inside that wrapper
+        instead (ZeroGPU), with only plain, picklable arguments.
+        """
+        from .pipeline import generate
+
+        model = self._model(model_name, on_progress)
+        return generate(model, request, on_progress=on_progress, cancel=cancel, outputs_root=Path(outputs_root),
+                        model_name=model_name)
+
+    def use_gpu_call(self, gpu_call: Callable) -> None:
+        """Run each job as `gpu_call(model_name, request, outputs_root)` (e.g. a `spaces.GPU`-wrapped
+        `self.run`). Such a call may run in another process, so it gets no progress or cancel hooks:
+        a job can still be cancelled while it waits, not once it runs."""
+        self._gpu_call = gpu_call
+
+    def preload(self) -> list[str]:
+        """Load every registered model now (ZeroGPU wants weights in place before the first GPU call)."""
+        for name in self.registry.names():
+            self._model(name, None)
+        return self.loaded_models()
+
     def _work(self) -> None:
         # The denoising stack (torch, diffusers) is imported here, on the worker thread, so the app
         # can start serving pages while it loads.
-        from .pipeline import generate
+        from . import pipeline  # noqa: F401
 
         while True:
             job = self._next_job()
@@ -238,9 +265,11 @@ class JobQueue:
             job.events.put(Started(model_name=job.model_name))
             started = time.perf_counter()
             try:
-                model = self._model(job)
-                result = generate(model, job.request, on_progress=job.events.put, cancel=job.cancel,
-                                  outputs_root=job.outputs_root, model_name=job.model_name)
+                if self._gpu_call is not None:
+                    result = self._gpu_call(job.model_name, dict(job.request), str(job.outputs_root))
+                else:
+                    result = self.run(job.model_name, job.request, str(job.outputs_root),
+                                      on_progress=job.events.put, cancel=job.cancel)
             except JobCancelled:
                 self._finish(job, Cancelled())
             except Exception as exc:  # noqa: BLE001 - every failure becomes the job's message
@@ -281,12 +310,12 @@ class JobQueue:
                 total += sum(p.numel() * p.element_size() for p in module.parameters())
         return total
 
-    def _model(self, job: _Job) -> LoadedModel:
-        name = job.model_name
+    def _model(self, name: str, on_progress=None) -> LoadedModel:
         if name in self._models:
             self._models.move_to_end(name)
             return self._models[name]
-        job.events.put(Progress(stage="load", step=0, total=1, elapsed_s=0.0, eta_s=None))
+        if on_progress is not None:
+            on_progress(Progress(stage="load", step=0, total=1, elapsed_s=0.0, eta_s=None))
         source = self.registry.entry(name).source
         # Check the files before evicting anything, so a broken checkpoint leaves the loaded ones serving.
         root = resolve_source(source)

@@ -198,9 +198,26 @@ def test_gpu_wrapper_is_a_no_op_off_zerogpu_and_sized_from_the_request_on_it(tin
     for estimate, reserved in ((100.0, 165), (1000.0, zerogpu.DURATION_MAX_S)):
         monkeypatch.setattr(engine.estimates, "estimate_seconds", lambda info, request, e=estimate: e)
         assert duration("edge", {"mode": "t2v", "prompt": "x"}) == reserved
+
+
+def test_on_zerogpu_each_job_runs_inside_the_gpu_call(tiny_family, tmp_path, monkeypatch):
+    """The wiring, with a stand-in `spaces` that runs the call in-process (no ZeroGPU here)."""
+    calls = []
+    monkeypatch.setitem(sys.modules, "spaces", fake_spaces(calls))
+    monkeypatch.setattr(zerogpu, "spaces_installed", lambda: True)
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    with pytest.raises(ValueError, match="ZeroGPU"):
-        app.check_hosting()
+    argv = ["--model", f"edge={tiny_family['edge']}", "--model", f"nano={tiny_family['nano']}",
+            "--outputs", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")]
+    studio = app.create_studio(app.parse_args(argv))
+    queue = studio.service.queue
+    try:
+        assert sorted(queue.loaded_models()) == ["edge", "nano"]  # weights in place before any GPU call
+        handle = queue.submit("edge", {"mode": "t2i", "prompt": "a cube", "steps": 2, "seed": 4})
+        result = handle.result(timeout=120)
+        assert result.seed == 4 and result.outputs["image"].is_file()
+        assert calls == [zerogpu.DURATION_MIN_S]  # one reservation, sized from this request
+    finally:
+        queue.close()
 
 
 # ----------------------------------------------------------------------------------------------
