@@ -1,10 +1,9 @@
 """Hugging Face ZeroGPU: detection, and the `spaces.GPU` wrapper sized from the request.
 
 The `spaces` package imports gradio, so this lives in the UI layer (the engine never imports
-gradio). Elsewhere, and when `spaces` is not installed, `gpu_wrapper` returns the function as it
-is. See docs/HOSTING.md for what is and is not verified, and for why app.py does not yet run on
-ZeroGPU: ZeroGPU runs a decorated call in a forked process, while the engine's jobs run on its own
-worker thread, which such a call cannot reach without an engine hook.
+gradio); app.py hands the wrapped `JobQueue.run` to the queue (`JobQueue.use_gpu_call`). Elsewhere,
+and when `spaces` is not installed, `gpu_wrapper` returns the function as it is. See
+docs/HOSTING.md for what is and is not verified.
 """
 from __future__ import annotations
 
