@@ -525,6 +525,27 @@ class Studio:
         finally:
             self.service.active.remove(session, handle)
 
+    async def _submit_and_follow(self, tab, box: ResultBox, model: str, build_request, request: gr.Request, progress):
+        """Submit one job and follow it to its end: (result, None), or (None, the updates that say why not).
+
+        Refusals go next to the inputs they concern; the inputs themselves are never touched.
+        """
+        try:
+            handle = self.service.submit(model, build_request(), self._session(request))
+        except StudioError as exc:
+            gr.Warning(str(exc))
+            return None, self._error_updates(tab, exc)
+        progress(None, desc="Queued")
+        try:
+            result = await self._drive(handle, self._session(request), progress)
+        except JobWasCancelled as exc:
+            return None, {box.status: _status(exc.message(), "warn")}
+        except StudioError as exc:
+            gr.Warning(str(exc))
+            return None, self._error_updates(tab, exc)
+        self.service.record(result, model, "ui")
+        return result, None
+
     def _cancel_handler(self, result: ResultBox):
         def cancel(request: gr.Request):
             job = self.service.active.cancel(self._session(request))
@@ -644,21 +665,10 @@ class Studio:
         @self._guarded(tab)
         async def generate(v: dict, request: gr.Request, progress=gr.Progress()):
             model = v[self.model]
-            try:
-                engine_request = self._gen_request(tab, v)
-                handle = self.service.submit(model, engine_request, self._session(request))
-            except StudioError as exc:
-                gr.Warning(str(exc))
-                return self._error_updates(tab, exc)
-            progress(None, desc="Queued")
-            try:
-                result = await self._drive(handle, self._session(request), progress)
-            except JobWasCancelled as exc:
-                return {box.status: _status(exc.message(), "warn")}
-            except StudioError as exc:
-                gr.Warning(str(exc))
-                return self._error_updates(tab, exc)
-            self.service.record(result, model, "ui")
+            result, shown = await self._submit_and_follow(tab, box, model, lambda: self._gen_request(tab, v),
+                                                          request, progress)
+            if result is None:
+                return shown
             style, code, prose = (v[c] for c in tab.editor.inputs)
             ui = {"editor": {"style": style, "json": code, "prose": prose}, "negative": v[tab.negative]}
             entry = H.make_entry(model=model, tab=tab.mode, result=result, ui=ui)
@@ -754,21 +764,10 @@ class Studio:
         @self._guarded(a)
         async def generate(v: dict, request: gr.Request, progress=gr.Progress()):
             model = v[self.model]
-            try:
-                engine_request = self._action_request(v)
-                handle = self.service.submit(model, engine_request, self._session(request))
-            except StudioError as exc:
-                gr.Warning(str(exc))
-                return self._error_updates(a, exc)
-            progress(None, desc="Queued")
-            try:
-                result = await self._drive(handle, self._session(request), progress)
-            except JobWasCancelled as exc:
-                return {box.status: _status(exc.message(), "warn")}
-            except StudioError as exc:
-                gr.Warning(str(exc))
-                return self._error_updates(a, exc)
-            self.service.record(result, model, "ui")
+            result, shown = await self._submit_and_follow(a, box, model, lambda: self._action_request(v),
+                                                          request, progress)
+            if result is None:
+                return shown
             ui = {"action": {"kind": v[a.kind], "domain": v[a.domain], "view_point": v[a.view_point],
                              "chunk_size": v[a.chunk_size], "tier": v[a.tier], "fps": v[a.fps],
                              "instruction": v[a.instruction]}}
