@@ -389,34 +389,43 @@ class EagerGenTower:
         return [gen_forward(self.transformer, self.cache, b.index, b.rotary, tokens) for b in self.branches[:count]]
 
 
-def _time_embeds(transformer, timestep: float, count: int, dtype) -> torch.Tensor:
-    steps = torch.full((count,), timestep, device=transformer.device) * transformer.config.timestep_scale
+def _time_embeds(transformer, timestep: float, count: int, dtype, once: bool = False) -> torch.Tensor:
+    """The timestep embedding for `count` tokens that share one timestep.
+
+    With `once`, one row is computed and broadcast. Why: the embedder runs in fp32 (diffusers keeps it
+    there), and 1024 identical rows through its 4096x4096 layer cost more than a step's norms; the
+    exact path keeps the reference's per-row computation so that it stays bit for bit.
+    """
+    rows = 1 if once else count
+    steps = torch.full((rows,), timestep, device=transformer.device) * transformer.config.timestep_scale
     embedder_dtype = next(transformer.time_embedder.parameters()).dtype
-    return transformer.time_embedder(transformer.time_proj(steps).to(embedder_dtype)).to(dtype)
+    embeds = transformer.time_embedder(transformer.time_proj(steps).to(embedder_dtype)).to(dtype)
+    return embeds.expand(count, -1) if once else embeds
 
 
 def gen_tokens(model: LoadedModel, layout: GenLayout, latents: Latents, timestep: float, domain_id) -> torch.Tensor:
     """The gen part of the sequence for this step; the same for both CFG branches."""
     tr = model.transformer
     dtype = tr.dtype
+    once = FastPathOptions.for_model(model).enabled
     vision, shapes = tr._patchify_and_pack_latents([latents.vision.to(dtype)])
     vision = tr.proj_in(vision)
     count = int(layout.vision_noisy_local.numel())
     vision = tr._apply_timestep_embeds_to_noisy_tokens(
-        vision, _time_embeds(tr, timestep, count, dtype), [layout.noisy_frames], [layout.vision_shape])
+        vision, _time_embeds(tr, timestep, count, dtype, once), [layout.noisy_frames], [layout.vision_shape])
     parts = [vision]
     if latents.sound is not None:
         sound = tr.audio_proj_in(latents.sound.to(dtype).T) + tr.audio_modality_embed
         noisy = torch.arange(layout.sound_len, device=sound.device)
         sound = tr._apply_timestep_embeds_to_noisy_tokens(
-            sound, _time_embeds(tr, timestep, layout.sound_len, dtype), [noisy], [(layout.sound_len, 1, 1)])
+            sound, _time_embeds(tr, timestep, layout.sound_len, dtype, once), [noisy], [(layout.sound_len, 1, 1)])
         parts.append(sound)
     if latents.action is not None:
         ids = torch.full((layout.action_len,), domain_id, dtype=torch.long, device=latents.action.device)
         action = tr.action_proj_in(latents.action.to(dtype), ids) + tr.action_modality_embed
         if layout.action_noisy.numel() > 0:
             action = tr._apply_timestep_embeds_to_noisy_tokens(
-                action, _time_embeds(tr, timestep, int(layout.action_noisy.numel()), dtype),
+                action, _time_embeds(tr, timestep, int(layout.action_noisy.numel()), dtype, once),
                 [layout.action_noisy], [(layout.action_len, 1, 1)])
         parts.append(action)
     return torch.cat(parts, dim=0) if len(parts) > 1 else vision

@@ -26,7 +26,7 @@ def model(request):
 @pytest.mark.parametrize("shape", [(640, 640, 1), (832, 480, 17)], ids=["t2i", "t2v"])
 def test_fast_step_matches_diffusers(model, shape):
     from bench.models import step_inputs
-    from engine.fast_path import FastGenTower
+    from engine.fast_path import FastGenTower, FastPathOptions
     from engine.pipeline import EagerGenTower, make_gen_tower
 
     width, height, frames = shape
@@ -37,7 +37,11 @@ def test_fast_step_matches_diffusers(model, shape):
         assert isinstance(tower, FastGenTower)
         for _ in range(3):  # the first call measures and captures, later ones replay the graph
             fast = inputs.engine_step(tower)
-        exact = inputs.engine_step(EagerGenTower(model, inputs.cache, inputs.branches))
+        model.fast_path = FastPathOptions(enabled=False)  # the exact path throughout
+        try:
+            exact = inputs.engine_step(EagerGenTower(model, inputs.cache, inputs.branches))
+        finally:
+            model.fast_path = None
     for ours, eager, theirs in zip(fast, exact, reference):
         assert torch.isfinite(ours).all()
         fast_error = float((ours - theirs).norm() / theirs.norm())
