@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import html
 import logging
 import secrets
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from . import controls as C
 from . import history as H
 from .assets import CSS_PATH, example_media, negative_caption
 from .caption_editor import CaptionEditor, error_html
+from .common import GPU_POOL, PRIVATE, UI_SEED_MAX, status_html
 from .plots import actions_from_file, actions_plot
 from .requests import (
     STYLE_JSON,
@@ -40,13 +40,6 @@ from .service import JobWasCancelled, StudioError, StudioService, apply_event, c
 
 log = logging.getLogger("cosmos3_ui")
 
-GPU_POOL = "gpu"
-PRIVATE = "private"
-UI_SEED_MAX = 2**53 - 1  # browsers hold numbers as doubles; larger seeds would be rounded
-
-
-def _status(message: str, kind: str = "info") -> str:
-    return f"<div class='studio-status studio-{kind}' role='status'>{html.escape(message)}</div>"
 
 
 @dataclass
@@ -539,7 +532,7 @@ class Studio:
         try:
             result = await self._drive(handle, self._session(request), progress)
         except JobWasCancelled as exc:
-            return None, {box.status: _status(exc.message(), "warn")}
+            return None, {box.status: status_html(exc.message(), "warn")}
         except StudioError as exc:
             gr.Warning(str(exc))
             return None, self._error_updates(tab, exc)
@@ -550,9 +543,9 @@ class Studio:
         def cancel(request: gr.Request):
             job = self.service.active.cancel(self._session(request))
             if job is None:
-                return {result.status: _status("No job of yours was running; a waiting one, if any, was removed "
+                return {result.status: status_html("No job of yours was running; a waiting one, if any, was removed "
                                                "from the queue.", "info")}
-            return {result.status: _status(cancel_outcome(job), "warn")}
+            return {result.status: status_html(cancel_outcome(job), "warn")}
 
         return cancel
 
@@ -572,7 +565,7 @@ class Studio:
                     log.exception("generate handler failed")
                     message = f"Something went wrong while showing the result ({type(exc).__name__}: {exc})."
                     gr.Warning(message)
-                    return {tab.result.status: _status(message, "error")}
+                    return {tab.result.status: status_html(message, "error")}
             return guarded
         return wrap
 
@@ -586,7 +579,7 @@ class Studio:
         media = result.outputs.get("image") or result.outputs.get("video")
         took = result.timings.get("total")
         return {
-            box.status: _status(f"Done in {took:.1f} s · seed {result.seed}" if took else f"Done · seed {result.seed}",
+            box.status: status_html(f"Done in {took:.1f} s · seed {result.seed}" if took else f"Done · seed {result.seed}",
                                 "ok"),
             box.output: str(media) if media else None,
             box.used_seed: str(result.seed),
@@ -641,7 +634,7 @@ class Studio:
 
     def _error_updates(self, tab, exc: StudioError) -> dict:
         message = str(exc)
-        out = {tab.result.status: _status(message, "error")}
+        out = {tab.result.status: status_html(message, "error")}
         if isinstance(tab, GenTab):
             if exc.field == "caption":
                 out[tab.editor.message] = error_html(message)
@@ -697,7 +690,7 @@ class Studio:
             except StudioError as exc:
                 return self._error_updates(tab, exc)
             return {box.prompt_view: prompt_text, box.negative_view: negative_text,
-                    box.status: _status("Preview of the text the model will receive.", "info")}
+                    box.status: status_html("Preview of the text the model will receive.", "info")}
 
         box.preview.click(preview, inputs=set(inputs), outputs=outputs, queue=False, api_visibility=PRIVATE,
                           api_name=f"ui_{tab.mode}_preview")
@@ -794,7 +787,7 @@ class Studio:
             except StudioError as exc:
                 return self._error_updates(a, exc)
             return {box.prompt_view: prompt_text, box.negative_view: negative_text,
-                    box.status: _status("Preview of the caption the engine builds (canvas from the tier's default; "
+                    box.status: status_html("Preview of the caption the engine builds (canvas from the tier's default; "
                                         "the run uses the input's aspect).", "info")}
 
         box.preview.click(preview, inputs=set(inputs), outputs=outputs, queue=False, api_visibility=PRIVATE,
@@ -865,7 +858,7 @@ class Studio:
         note = "Restored the settings of this result with its seed (Random seed is off)."
         if params.get("image") or params.get("video"):
             note += " Upload the conditioning file again to rerun it."
-        out[box.status] = _status(note, "info")
+        out[box.status] = status_html(note, "info")
         out[self.history_note] = f"Restored: {H.caption_of(entry)} ({entry.get('created', '')})."
         out[self.history_files] = H.download_paths(entry)
         out[self.history_params] = summary.get("params", {})

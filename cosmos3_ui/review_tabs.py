@@ -7,7 +7,6 @@ the same "gpu" concurrency pool and job queue as the other tabs.
 from __future__ import annotations
 
 import asyncio
-import html
 import queue as stdlib_queue
 import secrets
 import threading
@@ -22,6 +21,7 @@ from engine import captions
 from . import batch as B
 from . import controls as C
 from . import history as H
+from .common import GPU_POOL, PRIVATE, UI_SEED_MAX, status_html
 from .compare import (
     COMPARE_MODES,
     EACH_DEFAULT,
@@ -40,14 +40,7 @@ from .service import StudioError
 if TYPE_CHECKING:
     from .layout import Studio
 
-PRIVATE = "private"
-GPU_POOL = "gpu"
 MAX_COMPARE_SLOTS = 6
-SEED_MAX = 2**32 - 1
-
-
-def _status(message: str, kind: str = "info") -> str:
-    return f"<div class='studio-status studio-{kind}' role='status'>{html.escape(message)}</div>"
 
 
 # ==============================================================================================
@@ -97,7 +90,7 @@ class CompareTab:
                                            precision=0, minimum=0, maximum=200, elem_id="compare-steps")
                     with gr.Row(equal_height=True):
                         self.seed = gr.Number(0, label="Seed (the same for every model)", precision=0, minimum=0,
-                                              maximum=SEED_MAX, interactive=False, scale=3, elem_id="compare-seed")
+                                              maximum=UI_SEED_MAX, interactive=False, scale=3, elem_id="compare-seed")
                         self.randomize = gr.Checkbox(True, label="Random seed", scale=1, elem_id="compare-randomize")
                     with gr.Row():
                         self.run = gr.Button("Compare", variant="primary", scale=3, elem_id="compare-run")
@@ -132,7 +125,7 @@ class CompareTab:
         kind = captions.kind_for_mode(mode)
         seed = seed_value(v[self.seed], bool(v[self.randomize]))
         if seed < 0:
-            seed = secrets.randbelow(SEED_MAX)  # one seed drawn here, so every model gets the same one
+            seed = secrets.randbelow(UI_SEED_MAX)  # one seed drawn here, so every model gets the same one
         frames = int(v[self.frames] or 0) if mode == "t2v" else 0
         steps = int(v[self.steps] or 0)
         settings = CompareSettings(mode=mode, prompt=prompt_from_text(v[self.prompt], kind), seed=seed,
@@ -171,10 +164,10 @@ class CompareTab:
                 settings, models = self._settings(v)
                 slots = plan_compare(self.service, models, settings)
             except StudioError as exc:
-                yield {self.status: _status(str(exc), "error")}
+                yield {self.status: status_html(str(exc), "error")}
                 return
             video = settings.mode == "t2v"
-            out: dict[Any, Any] = {self.status: _status(f"Comparing {len(slots)} models with seed {settings.seed}.",
+            out: dict[Any, Any] = {self.status: status_html(f"Comparing {len(slots)} models with seed {settings.seed}.",
                                                         "info")}
             for i, box in enumerate(self.slots):
                 used = i < len(slots)
@@ -202,7 +195,7 @@ class CompareTab:
                     update[studio.gallery] = H.gallery_items(history)
                 yield update
             kind = "ok" if done == len(slots) else "warn"
-            yield {self.status: _status(f"{done} of {len(slots)} models produced a result with seed "
+            yield {self.status: status_html(f"{done} of {len(slots)} models produced a result with seed "
                                         f"{settings.seed}.", kind)}
 
         event = self.run.click(
@@ -270,7 +263,7 @@ class ReviewTab:
         try:
             view = self.desk.view(request_id, reviewer)
         except StudioError as exc:
-            return {self.status: _status(str(exc), "error")}
+            return {self.status: status_html(str(exc), "error")}
         if view is None:
             return {self.image: None, self.video: gr.update(value=None, visible=False), self.summary: None,
                     self.table: _table(self.desk, []), self.status: ""}
@@ -280,7 +273,7 @@ class ReviewTab:
             self.summary: view.summary,
             self.table: _table(self.desk, view.rows),
             self.notes: view.own_notes,
-            self.status: _status(f"{len(view.rows)} rating(s) so far." + (" Yours is filled in below."
+            self.status: status_html(f"{len(view.rows)} rating(s) so far." + (" Yours is filled in below."
                                                                           if view.own_scores or view.own_notes else ""),
                                  "info"),
         }
@@ -315,9 +308,9 @@ class ReviewTab:
             try:
                 message = self.desk.rate(request_id, reviewer, dict(zip(criteria, scores)), notes)
             except StudioError as exc:
-                return {self.status: _status(str(exc), "error")}
+                return {self.status: status_html(str(exc), "error")}
             out = self._view_updates(request_id, reviewer)
-            out[self.status] = _status(message, "ok")
+            out[self.status] = status_html(message, "ok")
             return out
 
         self.save.click(on_save, inputs=[self.pick, self.reviewer, self.notes, *self.scores.values()],
@@ -366,10 +359,10 @@ class BatchTab:
             try:
                 lines = B.read_batch_file(path)
             except StudioError as exc:
-                yield {self.status: _status(str(exc), "error")}
+                yield {self.status: status_html(str(exc), "error")}
                 return
             yield {self.table: table(lines), self.report: None,
-                   self.status: _status(f"Running {len(lines)} line(s): {B.counts(lines)}.", "info")}
+                   self.status: status_html(f"Running {len(lines)} line(s): {B.counts(lines)}.", "info")}
             ended: stdlib_queue.SimpleQueue = stdlib_queue.SimpleQueue()
             loop = asyncio.get_running_loop()
             # run_batch blocks until every line ends; it runs on a worker thread while this handler reports
@@ -392,11 +385,11 @@ class BatchTab:
             try:
                 batch_id, report = task.result()
             except Exception as exc:  # noqa: BLE001 - the reviewer sees what failed; lines keep their status
-                yield {self.table: table(lines), self.status: _status(f"The batch stopped: {exc}", "error")}
+                yield {self.table: table(lines), self.status: status_html(f"The batch stopped: {exc}", "error")}
                 return
             kind = "ok" if all(line.status == "done" for line in lines) else "warn"
             yield {self.table: table(lines), self.report: str(report),
-                   self.status: _status(f"Batch {batch_id} finished: {B.counts(lines)}.", kind)}
+                   self.status: status_html(f"Batch {batch_id} finished: {B.counts(lines)}.", kind)}
 
         self.run.click(run, inputs=self.file, outputs=[self.status, self.table, self.report],
                        concurrency_id=GPU_POOL, concurrency_limit=1, trigger_mode="once", api_visibility=PRIVATE,
