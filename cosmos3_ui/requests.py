@@ -55,28 +55,26 @@ def negative_from_text(text: str, kind: str) -> str:
     return stripped
 
 
-def _int(value: Any, name: str, field: str) -> int:
+def _number(value: Any, name: str, field: str, *, whole: bool) -> float:
+    """A finite number from a form control; `whole` also demands an integer value."""
+    kind = "a whole number" if whole else "a number"
     if value is None or isinstance(value, bool) or value == "":
-        raise StudioError(f"{name} is empty; enter a whole number.", field)
+        raise StudioError(f"{name} is empty; enter {kind}.", field)
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise StudioError(f"{name} must be a whole number, got {value!r}.", field) from None
-    if not math.isfinite(number) or number != int(number):
-        raise StudioError(f"{name} must be a whole number, got {value!r}.", field)
-    return int(number)
+        raise StudioError(f"{name} must be {kind}, got {value!r}.", field) from None
+    if not math.isfinite(number) or (whole and number != int(number)):
+        raise StudioError(f"{name} must be {'a whole' if whole else 'a finite'} number, got {value!r}.", field)
+    return number
+
+
+def _int(value: Any, name: str, field: str) -> int:
+    return int(_number(value, name, field, whole=True))
 
 
 def _float(value: Any, name: str, field: str) -> float:
-    if value is None or isinstance(value, bool) or value == "":
-        raise StudioError(f"{name} is empty; enter a number.", field)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise StudioError(f"{name} must be a number, got {value!r}.", field) from None
-    if not math.isfinite(number):
-        raise StudioError(f"{name} must be a finite number, got {value!r}.", field)
-    return number
+    return _number(value, name, field, whole=False)
 
 
 def seed_value(seed: Any, randomize: bool) -> int:
