@@ -37,3 +37,16 @@ def launched_studio(argv: list[str]):
     finally:
         studio.close()
         studio.service.queue.close()
+
+
+@contextlib.contextmanager
+def browser_page(browser, screenshot_dir):
+    """A fresh page in its own context; its last state is screenshotted into `screenshot_dir` (a temp dir)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    try:
+        yield page
+    finally:
+        page.screenshot(path=str(screenshot_dir / "last.png"), full_page=True)
+        context.close()

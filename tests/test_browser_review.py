@@ -9,7 +9,7 @@ import pytest
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-from harness import CHROMIUM, CHROMIUM_ARGS, chromium_available, launched_studio  # noqa: E402
+from harness import CHROMIUM, CHROMIUM_ARGS, browser_page, chromium_available, launched_studio  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
@@ -36,13 +36,10 @@ def page(studio, tmp_path):
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        page = context.new_page()
-        page.set_default_timeout(30_000)
         try:
-            yield page
+            with browser_page(browser, tmp_path) as page:
+                yield page
         finally:
-            page.screenshot(path=str(tmp_path / "last.png"), full_page=True)
             browser.close()
 
 

@@ -13,7 +13,7 @@ from PIL import Image
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-from harness import CHROMIUM, CHROMIUM_ARGS, chromium_available, launched_studio  # noqa: E402
+from harness import CHROMIUM, CHROMIUM_ARGS, browser_page, chromium_available, launched_studio  # noqa: E402
 from engine.defaults import FAMILY_TABLE  # noqa: E402
 from engine.variants import TINY_MARKER  # noqa: E402
 
@@ -67,17 +67,11 @@ def browser():
 
 @pytest.fixture
 def page(browser, studio, tmp_path):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    page.goto(studio.url)
-    page.wait_for_selector("#model-picker")
-    page.wait_for_timeout(500)
-    try:
+    with browser_page(browser, tmp_path) as page:
+        page.goto(studio.url)
+        page.wait_for_selector("#model-picker")
+        page.wait_for_timeout(500)
         yield page
-    finally:
-        page.screenshot(path=str(tmp_path / "last.png"), full_page=True)
-        context.close()
 
 
 # ---------------------------------------------------------------------------------------------
