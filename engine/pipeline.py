@@ -512,11 +512,11 @@ def scheduler_stage(model: LoadedModel, request: dict, latents: Latents) -> Sche
 
 
 def denoise_stage(model: LoadedModel, request: dict, latents: Latents, layout: GenLayout, tower,
-                  schedulers: Schedulers, cond: Conditioning, generator: torch.Generator,
+                  schedulers: Schedulers, plan: list[bool], cond: Conditioning, generator: torch.Generator,
                   report: Callable[[int, int], None], cancel: threading.Event | None) -> Latents:
+    """The loop; `plan[i]` says whether step i runs the unconditional branch (see `cfg_plan`)."""
     timesteps = schedulers.vision.timesteps
     values = timesteps.tolist()  # one host copy before the loop, none per step
-    plan = cfg_plan(values, request["guidance_scale"], request["guidance_interval"])
     scale = request["guidance_scale"]
     has_noisy_action = latents.action_mask is not None and latents.action_mask.sum() < latents.action_mask.numel()
     for i, t in enumerate(timesteps):
@@ -621,7 +621,7 @@ def generate(model: LoadedModel, request: dict, on_progress: Callable[[Progress]
     cache = prefill_stage(model, branches, layout)
     tower = make_gen_tower(model, cache, branches)
     clock.lap("prefill")
-    latents = denoise_stage(model, request, latents, layout, tower, schedulers, cond, generator,
+    latents = denoise_stage(model, request, latents, layout, tower, schedulers, plan, cond, generator,
                             lambda step, total: clock.report("denoise", step, total), cancel)
     clock.lap("denoise")
     if cancel is not None and cancel.is_set():
