@@ -184,7 +184,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.criteria and not args.review:
         parser.error("--criteria only applies with --review")
     if args.criteria:
-        from engine.reviews import parse_criteria
+        from cosmos3_ui.review.store import parse_criteria
 
         try:
             args.criteria = parse_criteria(args.criteria)
@@ -266,7 +266,7 @@ def create_studio(args: argparse.Namespace):
     use_zero_gpu(job_queue, registry)
     reviews = None
     if args.review:
-        from engine.reviews import DEFAULT_CRITERIA, ReviewStore
+        from cosmos3_ui.review.store import DEFAULT_CRITERIA, ReviewStore
 
         reviews = ReviewStore(args.outputs, args.criteria or DEFAULT_CRITERIA)
     return build_studio(registry, job_queue, args.outputs, queue_size=args.queue_size,

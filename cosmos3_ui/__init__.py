@@ -1,7 +1,7 @@
 """Cosmos3 Studio's Gradio UI: layout, the caption editor, handlers, the scripting API, and the
 Compare, Review and Batch tabs.
 
-It talks to the engine only through `engine` (registry, queue, defaults, captions, reviews) and
+It talks to the engine only through `engine` (registry, queue, defaults, captions) and
 never imports torch itself.
 """
 from .layout import Studio
@@ -14,7 +14,7 @@ def build_studio(registry, job_queue, outputs_root, *, queue_size: int = 16, sta
                  reviews=None, auth: list[tuple[str, str]] | None = None) -> Studio:
     """The Studio for a registry and a running `engine.queue.JobQueue`; call `.launch()` on it.
 
-    With `reviews` (an `engine.reviews.ReviewStore`) the Review and Batch tabs are added and every
+    With `reviews` (a `cosmos3_ui.review.ReviewStore`) the Review and Batch tabs are added and every
     finished result is registered for review; that needs `auth` (a list of (user, password)).
     """
     service = StudioService(registry, job_queue, outputs_root)

@@ -1,6 +1,6 @@
 """Batch runs from the UI, without Gradio: reading the uploaded JSONL, the per-line status table,
 and the call of `engine.batch.run_batch` (which owns the semantics: per-line failures, the batch
-folder, `report.jsonl`, registration for review).
+folder, `report.jsonl`); each finished line is registered for review through the service.
 """
 from __future__ import annotations
 
@@ -70,6 +70,9 @@ def run(service: StudioService, lines: list["BatchLine"], session: str,
     """Run the batch (blocking); returns (batch id, path of report.jsonl). `cancel`: a threading.Event."""
     from engine.batch import run_batch
 
-    batch_id, _ = run_batch(service.queue, lines, reviews=service.reviews, session_id=session, on_line=on_line,
+    def register(line, result):
+        service.record(result, line.model, f"batch:{result.output_dir.parent.name}")
+
+    batch_id, _ = run_batch(service.queue, lines, on_result=register, session_id=session, on_line=on_line,
                             cancel=cancel)
     return batch_id, Path(service.queue.outputs_root) / batch_id / "report.jsonl"

@@ -206,7 +206,7 @@ class StudioService:
         self.queue = job_queue
         self.outputs_root = Path(outputs_root).resolve()
         self.active = ActiveJobs()
-        self.reviews = None  # an engine.reviews.ReviewStore in review mode: finished results are registered
+        self.reviews = None  # a cosmos3_ui.review.ReviewStore in review mode: finished results are registered
         self._described: dict[str, dict] = {}
         self._lock = threading.Lock()
 

@@ -1,8 +1,8 @@
 """Batch runs: a JSONL file of requests, each with a model name, run through the job queue.
 
 Every line is validated on its own; a bad line is recorded with its message and the batch carries
-on. Results land in `outputs/<batch id>/<request id>/`, are registered for review, and the
-batch folder gets a `report.jsonl` with one entry per input line.
+on. Results land in `outputs/<batch id>/<request id>/` (each handed to `on_result`, which review
+mode uses to register it), and the batch folder gets a `report.jsonl` with one entry per input line.
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from typing import Callable
 
 from .events import JobCancelled
 from .queue import JobFailed, JobQueue, QueueFull
-from .reviews import ReviewStore
 
 MAX_BATCH_LINES = 500
 
@@ -81,7 +80,7 @@ def _wait(handle, cancel):
                 handle.cancel()
 
 
-def run_batch(queue: JobQueue, lines: list[BatchLine], *, reviews: ReviewStore | None = None,
+def run_batch(queue: JobQueue, lines: list[BatchLine], *, on_result: Callable[[BatchLine, object], None] | None = None,
               session_id: str | None = None, batch_id: str | None = None,
               on_line: Callable[[BatchLine, int, int], None] | None = None,
               cancel: threading.Event | None = None) -> tuple[str, list[BatchLine]]:
@@ -89,7 +88,8 @@ def run_batch(queue: JobQueue, lines: list[BatchLine], *, reviews: ReviewStore |
 
     Lines go to the queue one at a time, so other users' jobs take turns with the batch's, and a batch
     of any length fits a bounded queue. Setting `cancel` stops the running line within a step and
-    marks the rest cancelled.
+    marks the rest cancelled. `on_result(line, result)` is called for every finished line (the
+    batch id is `result.output_dir.parent.name`).
     """
     batch_id = batch_id or new_batch_id()
     runnable = [entry for entry in lines if entry.status != "failed"]
@@ -109,9 +109,8 @@ def run_batch(queue: JobQueue, lines: list[BatchLine], *, reviews: ReviewStore |
             else:
                 entry.status, entry.request_id = "done", result.request_id
                 entry.files = {k: str(v) for k, v in result.outputs.items()}
-                if reviews is not None:
-                    reviews.register_result(result.request_id, result.output_dir, model=entry.model,
-                                            mode=result.params["mode"], origin=f"batch:{batch_id}")
+                if on_result is not None:
+                    on_result(entry, result)
         elif entry.status == "pending":
             entry.status, entry.message = "cancelled", "the batch was cancelled before this line ran"
         if on_line is not None:

@@ -12,7 +12,7 @@ from cosmos3_ui.review import ReviewDesk
 from cosmos3_ui.service import StudioError, StudioService
 from engine.queue import JobFailed, JobQueue
 from engine.registry import ModelEntry, ModelRegistry
-from engine.reviews import ReviewStore
+from cosmos3_ui.review.store import ReviewStore
 
 
 @pytest.fixture(scope="module")

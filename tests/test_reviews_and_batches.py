@@ -8,7 +8,7 @@ import pytest
 from engine.batch import parse_batch, run_batch
 from engine.queue import JobQueue
 from engine.registry import ModelEntry, ModelRegistry
-from engine.reviews import DEFAULT_CRITERIA, ReviewStore, parse_criteria
+from cosmos3_ui.review.store import DEFAULT_CRITERIA, ReviewStore, parse_criteria
 
 RID = "20261129-101500-0123456789ab"
 
@@ -85,7 +85,8 @@ def test_batch_with_a_bad_line_finishes_the_good_ones(tiny_family, tmp_path):
         json.dumps({"model": "edge", "mode": "t2v", "prompt": "a kite", "steps": 1, "num_frames": 9}),
     ])
     try:
-        batch_id, lines = run_batch(queue, parse_batch(text), reviews=reviews)
+        batch_id, lines = run_batch(queue, parse_batch(text), on_result=lambda line, result: reviews.register_result(
+            result.request_id, result.output_dir, model=line.model, mode=result.params["mode"], origin="batch"))
     finally:
         queue.close()
     assert [(l.line, l.status) for l in lines] == [(1, "done"), (2, "failed"), (3, "failed"), (5, "failed"), (6, "done")]

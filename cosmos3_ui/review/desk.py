@@ -1,5 +1,5 @@
 """Review mode, without Gradio: picking a registered result, showing it with its ratings, rating it,
-and exporting every rating. Storage is `engine.reviews.ReviewStore` (SQLite, WAL) under the outputs
+and exporting every rating. Storage is `store.ReviewStore` (SQLite, WAL) under the outputs
 folder; this module only shapes what the Review tab shows and turns store refusals into messages.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.reviews import ReviewStore
+from .store import ReviewStore
 
-from .service import StudioError
+from ..service import StudioError
 
 SCORE_CHOICES = ("1", "2", "3", "4", "5")
 MEDIA_NAMES = ("image.png", "video.mp4")
