@@ -15,6 +15,7 @@ from typing import Any
 
 import gradio as gr
 
+from .jobs import JobFollower
 from .requests import api_request, parse_request_json
 from .service import JobWasCancelled, StudioError, StudioService
 
@@ -39,9 +40,9 @@ def _file_path(file: Any) -> str | None:
     return None
 
 
-async def generate_api(studio, model_name: str, request_json: str, file: Any, session: str, progress):
+async def generate_api(jobs: JobFollower, model_name: str, request_json: str, file: Any, session: str, progress):
     """Returns (media file path, result JSON). Raises gr.Error with the reason on any refusal."""
-    service: StudioService = studio.service
+    service: StudioService = jobs.service
     try:
         request = api_request(parse_request_json(request_json), _file_path(file))
         handle = service.submit(model_name, request, session)
@@ -51,7 +52,7 @@ async def generate_api(studio, model_name: str, request_json: str, file: Any, se
         log.exception("/generate: submitting failed")
         raise gr.Error(f"The request could not be submitted ({type(exc).__name__}).", print_exception=False) from None
     try:
-        result = await studio._drive(handle, session, progress)
+        result = await jobs.drive(handle, session, progress)
     except JobWasCancelled as exc:
         raise gr.Error(exc.message(), print_exception=False) from None
     except StudioError as exc:

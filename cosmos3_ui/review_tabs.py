@@ -11,8 +11,7 @@ import queue as stdlib_queue
 import secrets
 import threading
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gradio as gr
 
@@ -33,12 +32,11 @@ from .compare import (
     run_compare,
     size_choices,
 )
+from .jobs import JobFollower, session_of
+from .parts import HistoryBox
 from .requests import STYLE_JSON, STYLE_PROSE, negative_from_text, seed_value
 from .review import SCORE_CHOICES, ReviewDesk, criterion_label
-from .service import StudioError
-
-if TYPE_CHECKING:
-    from .layout import Studio
+from .service import StudioError, StudioService
 
 MAX_COMPARE_SLOTS = 6
 
@@ -58,9 +56,10 @@ class SlotBox:
 
 
 class CompareTab:
-    def __init__(self, studio: "Studio"):
-        self.studio = studio
-        self.service = studio.service
+    def __init__(self, service: StudioService, jobs: JobFollower):
+        self.service = service
+        self.jobs = jobs
+        self.history: HistoryBox | None = None  # the page's history, given at `wire`
 
     def build(self) -> "CompareTab":
         models = self.service.describe_all()
@@ -113,7 +112,7 @@ class CompareTab:
         return self
 
     def _outputs(self) -> list:
-        out = [self.status, self.studio.history_state, self.studio.gallery]
+        out = [self.status, self.history.state, self.history.gallery]
         for s in self.slots:
             out += [s.column, s.title, s.image, s.video, s.params]
         return out
@@ -145,8 +144,8 @@ class CompareTab:
         mode = outcome.result.params.get("mode", v[self.mode])
         return H.make_entry(model=outcome.model, tab=mode, result=outcome.result, ui=ui)
 
-    def wire(self) -> None:
-        studio = self.studio
+    def wire(self, history: HistoryBox) -> None:
+        self.history = history
 
         def on_mode(mode):
             models = self.service.describe_all()
@@ -159,7 +158,7 @@ class CompareTab:
                               outputs=self.seed, queue=False, api_visibility=PRIVATE)
 
         async def compare(v: dict, request: gr.Request, progress=gr.Progress()):
-            session = studio._session(request)
+            session = session_of(request)
             try:
                 settings, models = self._settings(v)
                 slots = plan_compare(self.service, models, settings)
@@ -177,11 +176,11 @@ class CompareTab:
                 out[box.video] = gr.update(value=None, visible=video)
                 out[box.params] = None
             yield out
-            history = v[studio.history_state]
+            history = v[self.history.state]
             done = 0
 
             async def follow(handle):
-                return await studio._drive(handle, session, progress)
+                return await self.jobs.drive(handle, session, progress)
 
             async for index, outcome in run_compare(self.service, slots, session, follow):
                 box = self.slots[index]
@@ -191,8 +190,8 @@ class CompareTab:
                     media = outcome.result.outputs.get("video" if video else "image")
                     update[box.video if video else box.image] = str(media) if media else None
                     history = H.add(history, self._history_entry(v, outcome))
-                    update[studio.history_state] = history
-                    update[studio.gallery] = H.gallery_items(history)
+                    update[self.history.state] = history
+                    update[self.history.gallery] = H.gallery_items(history)
                 yield update
             kind = "ok" if done == len(slots) else "warn"
             yield {self.status: status_html(f"{done} of {len(slots)} models produced a result with seed "
@@ -200,11 +199,11 @@ class CompareTab:
 
         event = self.run.click(
             compare, inputs={self.models, self.mode, self.prompt, self.negative, self.size, self.frames, self.steps,
-                             self.seed, self.randomize, studio.history_state},
+                             self.seed, self.randomize, self.history.state},
             outputs=self._outputs(), concurrency_id=GPU_POOL, concurrency_limit=1, trigger_mode="once",
             api_visibility=PRIVATE, api_name="ui_compare", show_progress="minimal", show_progress_on=[self.status],
         )
-        self.cancel.click(studio._cancel_handler(SimpleNamespace(status=self.status)), outputs=[self.status],
+        self.cancel.click(self.jobs.cancel_handler(self.status), outputs=[self.status],
                           cancels=[event], queue=False, api_visibility=PRIVATE, api_name="ui_compare_cancel")
 
 
@@ -218,8 +217,7 @@ def _table(desk: ReviewDesk, rows: list) -> dict:
 
 
 class ReviewTab:
-    def __init__(self, studio: "Studio", desk: ReviewDesk):
-        self.studio = studio
+    def __init__(self, desk: ReviewDesk):
         self.desk = desk
 
     def build(self) -> "ReviewTab":
@@ -327,9 +325,9 @@ class ReviewTab:
 
 
 class BatchTab:
-    def __init__(self, studio: "Studio"):
-        self.studio = studio
-        self.service = studio.service
+    def __init__(self, service: StudioService, jobs: JobFollower):
+        self.service = service
+        self.jobs = jobs
 
     def build(self) -> "BatchTab":
         with gr.Tab("Batch", id="batch", elem_id="tab-batch") as self.tab:
@@ -354,7 +352,7 @@ class BatchTab:
             return {"headers": B.STATUS_COLUMNS, "data": B.status_rows(lines)}
 
         async def run(upload, request: gr.Request, progress=gr.Progress()):
-            session = self.studio._session(request)
+            session = session_of(request)
             path = upload if isinstance(upload, str) else getattr(upload, "name", None)
             try:
                 lines = B.read_batch_file(path)

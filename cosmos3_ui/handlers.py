@@ -1,0 +1,197 @@
+"""The events of the generation tabs, the history and the scripting API.
+
+Each handler reads the form through `forms`, runs jobs through `jobs.JobFollower` and writes its
+result back through `forms`; the page itself is built in `layout`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import gradio as gr
+
+from . import controls as C
+from . import forms as F
+from . import history as H
+from .assets import negative_caption
+from .common import GPU_POOL, PRIVATE, status_html
+from .jobs import JobFollower, guarded, session_of
+from .parts import ActionTab, GenTab, Page
+from .service import JobWasCancelled, StudioError, StudioService
+
+
+class Handlers:
+    """Wires the events of one page to one service."""
+
+    def __init__(self, page: Page, service: StudioService, jobs: JobFollower):
+        self.page = page
+        self.service = service
+        self.jobs = jobs
+
+    async def follow(self, tab, model: str, build: Callable[[], dict], request: gr.Request, progress):
+        """Run the request `build` makes: (result, None), or (None, the updates that say why not).
+
+        Refusals go next to the inputs they concern; the inputs themselves are never touched.
+        """
+        try:
+            result = await self.jobs.run(model, build(), session_of(request), progress)
+        except JobWasCancelled as exc:
+            return None, {tab.result.status: status_html(exc.message(), "warn")}
+        except StudioError as exc:
+            gr.Warning(str(exc))
+            return None, F.error_updates(tab, exc)
+        return result, None
+
+    def finish(self, tab, model: str, result, ui: dict, history: list) -> dict:
+        """The updates a finished run shows: its result, cleared errors and the new history entry."""
+        entry = H.make_entry(model=model, tab="action" if isinstance(tab, ActionTab) else tab.mode,
+                             result=result, ui=ui)
+        out = F.result_updates(tab.result, result, model)
+        out.update(F.clear_errors(tab))
+        out.update(F.history_updates(self.page, H.add(history, entry)))
+        return out
+
+    def wire_run(self, tab, generate, inputs: list, outputs: list, name: str) -> None:
+        """Generate (one GPU slot, once at a time) and its Cancel."""
+        box = tab.result
+        event = box.generate.click(
+            guarded(box.status)(generate), inputs={*inputs, self.page.history.state}, outputs=outputs,
+            concurrency_id=GPU_POOL, concurrency_limit=1, trigger_mode="once", api_visibility=PRIVATE,
+            show_progress="full", show_progress_on=[box.output], api_name=f"ui_{name}_generate",
+        )
+        box.cancel.click(self.jobs.cancel_handler(box.status), outputs=[box.status], cancels=[event], queue=False,
+                         api_visibility=PRIVATE, api_name=f"ui_{name}_cancel")
+
+    def wire_preview(self, tab, build: Callable[[dict], dict], inputs: list, outputs: list, note: str,
+                     name: str) -> None:
+        box = tab.result
+
+        def preview(v: dict):
+            try:
+                prompt_text, negative_text = F.preview_texts(self.service, v[self.page.model], build(dict(v)))
+            except StudioError as exc:
+                return F.error_updates(tab, exc)
+            return {box.prompt_view: prompt_text, box.negative_view: negative_text, box.status: status_html(note, "info")}
+
+        box.preview.click(preview, inputs=set(inputs), outputs=outputs, queue=False, api_visibility=PRIVATE,
+                          api_name=f"ui_{name}_preview")
+
+    # -- text to image / video -------------------------------------------------------------------
+
+    def wire_gen_tab(self, tab: GenTab) -> None:
+        page = self.page
+        inputs = F.gen_inputs(page, tab)
+        box = tab.result
+        outputs = [box.status, box.output, box.used_seed, box.downloads, box.result_json, box.prompt_view,
+                   box.negative_view, tab.editor.message, tab.negative_message, page.history.state,
+                   page.history.gallery]
+
+        async def generate(v: dict, request: gr.Request, progress=gr.Progress()):
+            model = v[page.model]
+            result, shown = await self.follow(tab, model, lambda: F.gen_request(tab, v), request, progress)
+            if result is None:
+                return shown
+            return self.finish(tab, model, result, F.gen_ui_state(tab, v), v[page.history.state])
+
+        self.wire_run(tab, generate, inputs, outputs, tab.mode)
+        self.wire_preview(tab, lambda v: F.text_only(F.gen_request(tab, v)), inputs, outputs,
+                          "Preview of the text the model will receive.", tab.mode)
+        tab.negative_use.click(lambda: negative_caption(tab.kind), outputs=tab.negative, queue=False,
+                               api_visibility=PRIVATE)
+
+    # -- action ------------------------------------------------------------------------------------
+
+    def wire_action_controls(self, a: ActionTab) -> None:
+        def on_kind(kind):
+            need = C.kind_inputs(kind)
+            return {a.kind_note: need.note, a.image: gr.update(visible=need.image),
+                    a.actions_file: gr.update(visible=need.actions)}
+
+        # `.change` (not `.input`) so that examples and history restores update the uploads shown too.
+        a.kind.change(on_kind, inputs=a.kind, outputs=[a.kind_note, a.image, a.actions_file], queue=False,
+                      api_visibility=PRIVATE)
+        a.domain.change(lambda domain: C.domain_controls(domain).note, inputs=a.domain, outputs=a.domain_note,
+                        queue=False, api_visibility=PRIVATE)
+
+        def on_domain(domain):
+            # Only a user's pick resets chunk and fps to the domain's typical clip; examples set their own.
+            spec = C.domain_controls(domain)
+            return {a.chunk_size: spec.chunk_size, a.fps: spec.fps}
+
+        a.domain.input(on_domain, inputs=a.domain, outputs=[a.chunk_size, a.fps], queue=False, api_visibility=PRIVATE)
+
+    def wire_action_tab(self) -> None:
+        page, a = self.page, self.page.action
+        box = a.result
+        inputs = F.action_inputs(page)
+        outputs = [box.status, box.output, box.used_seed, box.downloads, box.result_json, box.prompt_view,
+                   box.negative_view, a.plot, a.actions_download, a.upload_message, page.history.state,
+                   page.history.gallery]
+        self.wire_action_controls(a)
+
+        async def generate(v: dict, request: gr.Request, progress=gr.Progress()):
+            model = v[page.model]
+            result, shown = await self.follow(a, model, lambda: F.action_tab_request(a, v), request, progress)
+            if result is None:
+                return shown
+            out = self.finish(a, model, result, F.action_ui_state(a, v), v[page.history.state])
+            out.update(F.action_result_updates(a, result.outputs.get("actions"), v[a.domain], result.params))
+            return out
+
+        self.wire_run(a, generate, inputs, outputs, "action")
+        self.wire_preview(a, lambda v: F.action_tab_request(a, v), inputs, outputs,
+                          "Preview of the caption the engine builds (canvas from the tier's default; "
+                          "the run uses the input's aspect).", "action")
+
+    # -- history -----------------------------------------------------------------------------------
+
+    def wire_history(self, blocks: gr.Blocks, restore_outputs: list) -> None:
+        h, owns = self.page.history, self.service.owns
+
+        def on_load(history):
+            history = H.clean(history, owns)
+            return {h.state: history, h.gallery: H.gallery_items(history)}
+
+        blocks.load(on_load, inputs=h.state, outputs=[h.state, h.gallery], queue=False, api_visibility=PRIVATE)
+
+        def on_select(history, evt: gr.SelectData):
+            entry = H.entry_at(H.clean(history, owns), evt.index if evt is not None else None)
+            if entry is None:
+                return {h.note: "That result is no longer available."}
+            return F.restore(self.page, self.service, entry)
+
+        h.gallery.select(on_select, inputs=h.state, outputs=restore_outputs, queue=False, api_visibility=PRIVATE)
+
+        def on_clear():
+            return {h.state: [], h.gallery: [], h.files: None, h.params: None,
+                    h.note: "History cleared (the files stay on the server)."}
+
+        h.clear.click(on_clear, outputs=[h.state, h.gallery, h.files, h.params, h.note], queue=False,
+                      api_visibility=PRIVATE)
+
+    # -- scripting API -----------------------------------------------------------------------------
+
+    def wire_api(self) -> None:
+        from .api import generate_api, models_api
+
+        service, jobs, api = self.service, self.jobs, self.page.api
+
+        def models() -> list[dict]:
+            """Every served model: {name, label, family, is_edge, is_distilled, modes, defaults}.
+
+            `defaults` maps each supported mode to its sampling defaults and limits."""
+            return models_api(service)
+
+        gr.api(models, api_name="models", queue=False)
+
+        async def generate(model_name: str, request_json: str, file=None, request: gr.Request = None,
+                           progress=gr.Progress()):
+            return await generate_api(jobs, model_name, request_json, file, session_of(request), progress)
+
+        api.button.click(
+            generate, inputs=[api.model, api.request, api.file], outputs=[api.media, api.result],
+            api_name="generate", concurrency_id=GPU_POOL, concurrency_limit=1,
+            api_description="Run one request. `request_json` is the engine's request (mode, prompt, width, height, "
+                            "num_frames, fps, steps, guidance_scale, guidance_interval, flow_shift, seed, sound, "
+                            "action); `file` is the image, video or actions file its mode needs. Returns the image "
+                            "or video (or the actions JSON) and a JSON with seed, prompt_text, params and timings.",
+        )

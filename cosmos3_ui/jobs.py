@@ -1,0 +1,115 @@
+"""Following a job from the browser: drive it to its end, report its progress, know whose it is,
+and cancel it.
+
+Every handler that runs a job (the generation tabs, Compare, Batch, `/generate`) goes through a
+`JobFollower`, so they report and cancel the same way.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+
+import anyio
+import gradio as gr
+
+from .common import status_html
+from .service import StudioError, StudioService, apply_event, cancel_outcome
+
+log = logging.getLogger("cosmos3_ui")
+
+
+def session_of(request: gr.Request | None) -> str:
+    """The browser session a Gradio request belongs to (its jobs and its Cancel are per session)."""
+    return (request.session_hash if request is not None else None) or "anonymous"
+
+
+class JobFollower:
+    """Drives jobs of one `StudioService` on the handler's own task and reports their progress."""
+
+    def __init__(self, service: StudioService):
+        self.service = service
+
+    def report(self, progress, status) -> None:
+        """Show one job status on Gradio's progress bar."""
+        if status.stage == "denoise" and status.total:
+            progress((status.step, status.total), desc=status.describe(), unit="steps")
+        elif status.stage == "queued":
+            try:
+                eta = self.service.queue.eta_seconds(status.position or 0)
+            except Exception:  # noqa: BLE001 - an estimate only
+                eta = None
+            progress(None, desc=status.describe() + (f" · about {eta:.0f} s" if eta else ""))
+        else:
+            progress(None, desc=status.describe())
+
+    async def drive(self, handle, session: str, progress):
+        """Follow a job's events on this handler's own task, reporting progress as they come.
+
+        Progress is reported from the event handler itself (not from a worker thread), so the bar
+        reaches the browser. If Gradio cancels this handler (Cancel, or the client went away) the
+        engine job is cancelled too, so the GPU moves on within one step.
+        """
+        job = self.service.active.add(session, handle)
+        events = handle.events()
+        try:
+            while True:
+                event = await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)
+                if event is None:
+                    raise StudioError("The job ended without a result.")
+                result = apply_event(job.status, event)
+                if result is not None:
+                    return result
+                self.report(progress, job.status)
+        except (asyncio.CancelledError, anyio.get_cancelled_exc_class()):
+            self.service.active.mark_cancelled(job)
+            raise
+        finally:
+            self.service.active.remove(session, handle)
+
+    async def run(self, model: str, request: dict, session: str, progress, origin: str = "ui"):
+        """Submit one request and follow it to its result.
+
+        Raises StudioError (a refusal or a failure, naming its input) or JobWasCancelled.
+        """
+        handle = self.service.submit(model, request, session)
+        progress(None, desc="Queued")
+        result = await self.drive(handle, session, progress)
+        self.service.record(result, model, origin)
+        return result
+
+    def cancel_handler(self, status: gr.HTML):
+        """A click handler for a Cancel button that stops this session's job and says so in `status`."""
+        def cancel(request: gr.Request):
+            job = self.service.active.cancel(session_of(request))
+            if job is None:
+                return {status: status_html("No job of yours was running; a waiting one, if any, was removed "
+                                            "from the queue.", "info")}
+            return {status: status_html(cancel_outcome(job), "warn")}
+
+        return cancel
+
+    def stop_session(self, request: gr.Request) -> None:
+        """The tab was closed or reloaded: stop its engine job so the GPU moves on to the next one."""
+        self.service.active.cancel(session_of(request))
+
+
+def guarded(status: gr.HTML):
+    """Turn an unexpected exception in a generate handler into a message in `status`.
+
+    The traceback goes to the server log; the user sees what failed, and every input stays as it was.
+    """
+    def wrap(handler):
+        @functools.wraps(handler)
+        async def guarded_handler(v: dict, request: gr.Request, progress=gr.Progress()):
+            try:
+                return await handler(v, request, progress)
+            except (asyncio.CancelledError, anyio.get_cancelled_exc_class()):
+                raise
+            except Exception as exc:  # noqa: BLE001
+                log.exception("generate handler failed")
+                message = f"Something went wrong while showing the result ({type(exc).__name__}: {exc})."
+                gr.Warning(message)
+                return {status: status_html(message, "error")}
+        return guarded_handler
+    return wrap
