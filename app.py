@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     review.add_argument("--criteria", default=None, metavar="A,B,C",
                         help="rating criteria, lowercase names (default prompt_adherence, visual_quality, "
                              "temporal_consistency, physics_plausibility)")
+    serving = parser.add_argument_group("serving beyond the browser (docs/SERVING.md)")
+    serving.add_argument("--api-keys", default=None, metavar="FILE",
+                         help="API keys for the /v1 HTTP API, one a line with optional limits "
+                              "('KEY concurrency=2 per_hour=120'); default $COSMOS3_API_KEYS (comma-separated). "
+                              "With keys, every /v1 route needs 'Authorization: Bearer KEY'; without, /v1 is open")
+    serving.add_argument("--no-api", action="store_true", help="do not serve the /v1 HTTP API")
     parser.add_argument("--safety", action="store_true",
                         help="run the Cosmos guardrail; never skipped silently: refuses to start without the "
                              "cosmos_guardrail package, and (for now) because the engine does not yet apply it "
@@ -269,9 +275,20 @@ def create_studio(args: argparse.Namespace):
         from cosmos3_ui.review.store import DEFAULT_CRITERIA, ReviewStore
 
         reviews = ReviewStore(args.outputs, args.criteria or DEFAULT_CRITERIA)
-    return build_studio(registry, job_queue, args.outputs, queue_size=args.queue_size,
-                        state_secret=state_secret(args.cache_dir), reviews=reviews,
-                        auth=args.auth or None)
+    studio = build_studio(registry, job_queue, args.outputs, queue_size=args.queue_size,
+                          state_secret=state_secret(args.cache_dir), reviews=reviews,
+                          auth=args.auth or None)
+    if not args.no_api:
+        studio.http_routes.extend(http_api(args, job_queue).router.routes)
+    return studio
+
+
+def http_api(args: argparse.Namespace, job_queue):
+    """The /v1 HTTP API over the UI's own queue, with the configured keys (docs/SERVING.md)."""
+    from engine.serving.api_keys import KeyRing, configured_keys
+    from engine.serving.http_api import HttpApi
+
+    return HttpApi(job_queue, KeyRing(configured_keys(args.api_keys)))
 
 
 def main(argv=None) -> int:

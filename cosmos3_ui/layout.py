@@ -276,6 +276,7 @@ class Studio:
         if not names:
             raise ValueError("No models are registered; give at least one --model NAME=SOURCE.")
         self.default_model = names[0]
+        self.http_routes: list = []  # extra FastAPI routes served beside the UI (the /v1 HTTP API)
         self.blocks = self._build()
 
     def _build(self) -> gr.Blocks:
@@ -350,7 +351,8 @@ class Studio:
             server_name=host, server_port=port, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
             theme=gr.themes.Soft(primary_hue="green", neutral_hue="slate"), css_paths=[CSS_PATH],
             allowed_paths=[str(self.service.outputs_root)], show_error=False, ssr_mode=False,
-            footer_links=["api", "settings"], auth=self.auth, auth_message=self._login_message(), **extra,
+            footer_links=["api", "settings"], auth=self.auth, auth_message=self._login_message(),
+            app_kwargs={"routes": list(self.http_routes)}, **extra,
         )
 
     def _login_message(self) -> str | None:

@@ -1,0 +1,263 @@
+"""The OpenAI-style HTTP API (the dialect SGLang, vLLM-Omni and TensorRT-LLM serve), as FastAPI routes.
+
+    GET    /v1/models                     the registered models (with each one's modes and defaults)
+    POST   /v1/images/generations         text-to-image, synchronous: b64_json or a URL to /content
+    GET    /v1/images/{id}/content        the PNG of an image made with response_format "url"
+    POST   /v1/videos                     a video job (t2v, i2v, v2v, action), asynchronous: its id
+    GET    /v1/videos                     the caller's video jobs
+    GET    /v1/videos/{id}                state (queued, generating, encoding, completed, failed,
+                                          cancelled), progress, queue position, ETA, error
+    GET    /v1/videos/{id}/content        the MP4 (?variant=params for params.json, actions for actions.json)
+    DELETE /v1/videos/{id}                cancels a queued or running job; deletes a finished one
+    GET    /v1/queue                      jobs waiting and running on the engine behind the API
+    GET    /v1/openapi.json               this API's OpenAPI schema
+
+`HttpApi(job_queue, keys).router` is mounted on the app's FastAPI server beside the UI, so both use
+one queue and one GPU pool. `job_queue` is anything with the `engine.JobQueue` interface (`registry`,
+`submit`, handles with `events`/`cancel`): the in-process queue, Ray Serve replicas, or a remote server.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import shutil
+import time
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import FileResponse, JSONResponse
+
+from ..registry import ModelRegistry
+from .api_jobs import TERMINAL_STATES, ApiJob, JobBook, new_job_id
+from .api_keys import ApiKey, KeyRing, LimitExceeded, Unauthorized
+from .api_requests import ApiError, field_of, image_request, video_request
+from .api_schema import IMAGE_BODY, VIDEO_BODY
+
+API_GROUP = "api"  # API results go to <outputs>/api/<request id>/
+CONTENT_VARIANTS = {"video": "video", "params": "sidecar", "actions": "actions"}
+MEDIA_TYPES = {".mp4": "video/mp4", ".png": "image/png", ".json": "application/json"}
+
+
+def _answers(route):
+    """Turn an ApiError into its JSON answer (OpenAI's error shape, with `param` naming the field)."""
+
+    @functools.wraps(route)
+    async def wrapper(*args, **kwargs):
+        try:
+            return await route(*args, **kwargs)
+        except ApiError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    return wrapper
+
+
+def models_payload(registry: ModelRegistry) -> dict:
+    """`GET /v1/models`: OpenAI's list, each model carrying its variant facts under `cosmos3`, so that
+    another studio (`--remote`) can show its modes, defaults and limits."""
+    data = []
+    for name in registry.names():
+        described = registry.describe(name)
+        data.append({"id": name, "object": "model", "created": 0, "owned_by": "cosmos3-studio",
+                     "cosmos3": {**described, "variant": variant_fields(registry.info(name))}})
+    return {"object": "list", "data": data}
+
+
+def variant_fields(info) -> dict:
+    """The VariantInfo as JSON (`engine.serving.remote` rebuilds it on the other side)."""
+    from dataclasses import asdict
+
+    fields = asdict(info)
+    fields.pop("config_files_read", None)
+    return fields
+
+
+class HttpApi:
+    """The routes, the jobs they created, and the keys allowed to call them."""
+
+    def __init__(self, job_queue, keys: KeyRing | None = None, *, uploads_dir: str | Path | None = None,
+                 sync_timeout_s: float = 3600.0, prefix: str = "/v1"):
+        self.queue = job_queue
+        self.registry: ModelRegistry = job_queue.registry
+        self.keys = keys or KeyRing([])
+        self.book = JobBook()
+        outputs_root = Path(getattr(job_queue, "outputs_root", "outputs"))
+        self.uploads = Path(uploads_dir) if uploads_dir else outputs_root / ".api-uploads"
+        self.sync_timeout_s = sync_timeout_s
+        self.router = APIRouter(prefix=prefix)
+        self._add_routes()
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _key(self, request: Request) -> ApiKey:
+        try:
+            return self.keys.authenticate(request.headers.get("authorization"))
+        except Unauthorized as exc:
+            raise ApiError(401, str(exc), None, "invalid_api_key", {"WWW-Authenticate": "Bearer"}) from None
+
+    @staticmethod
+    async def _body(request: Request) -> dict:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise ApiError(400, "The body must be a JSON object.", None, "invalid_json") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, f"The body must be a JSON object, got {type(body).__name__}.", None, "invalid_json")
+        return body
+
+    def _model(self, body: dict) -> str:
+        model = body.get("model")
+        if model is None and len(self.registry.names()) == 1:
+            return self.registry.names()[0]
+        if not isinstance(model, str) or model not in self.registry.names():
+            raise ApiError(400, f"model must be one of {self.registry.names()}, got {model!r}.", "model",
+                           "model_not_found")
+        return model
+
+    def _submit(self, key: ApiKey, kind: str, model: str, request: dict, uploads: list[Path]) -> ApiJob:
+        """Count the job against the key, queue it (validated by the engine), and follow it."""
+        from ..queue import QueueFull
+
+        job = ApiJob(id=new_job_id(kind), kind=kind, owner=key.name, model=model, request=request, cleanup=uploads)
+        try:
+            self.keys.admit(key, job.id)
+        except LimitExceeded as exc:
+            self._remove(uploads)
+            raise ApiError(429, str(exc), None, "rate_limit_exceeded", {"Retry-After": str(exc.retry_after_s)}) from None
+        try:
+            job.handle = self.queue.submit(model, request, session_id=f"api:{key.name}", output_group=API_GROUP)
+        except QueueFull as exc:
+            self.keys.unsubmit(key, job.id)
+            self._remove(uploads)
+            raise ApiError(503, str(exc), None, "queue_full", {"Retry-After": "30"}) from None
+        except ValueError as exc:
+            self.keys.unsubmit(key, job.id)
+            self._remove(uploads)
+            raise ApiError(400, str(exc), field_of(exc)) from None
+        self.book.follow(job, lambda ended: self.keys.release(key, ended.id))
+        return job
+
+    @staticmethod
+    def _remove(paths: list[Path]) -> None:
+        for path in paths:
+            path.unlink(missing_ok=True)
+
+    def _job(self, request: Request, job_id: str, kind: str) -> ApiJob:
+        job = self.book.get(job_id, self._key(request).name)
+        if job is None or job.kind != kind:
+            raise ApiError(404, f"No {kind} job {job_id!r} for this key.", "id", "not_found")
+        return job
+
+    @staticmethod
+    def _file(job: ApiJob, name: str) -> FileResponse:
+        if job.status != "completed":
+            raise ApiError(409, f"Job {job.id} is {job.status}; its content exists once it is completed.",
+                           None, "not_ready")
+        path = job.files().get(name)
+        if path is None or not path.is_file():
+            raise ApiError(404, f"Job {job.id} has no {name} file.", "variant", "not_found")
+        return FileResponse(path, media_type=MEDIA_TYPES.get(path.suffix, "application/octet-stream"),
+                            filename=f"{job.id}{path.suffix}")
+
+    # -- routes ---------------------------------------------------------------------------------
+
+    def _add_routes(self) -> None:
+        add = self.router.add_api_route
+        add("/models", self.list_models, methods=["GET"], summary="List the models")
+        add("/images/generations", self.create_image, methods=["POST"], summary="Create an image (synchronous)",
+            openapi_extra=IMAGE_BODY)
+        add("/images/{job_id}/content", self.image_content, methods=["GET"], summary="Download an image")
+        add("/videos", self.create_video, methods=["POST"], summary="Create a video job (asynchronous)",
+            openapi_extra=VIDEO_BODY)
+        add("/videos", self.list_videos, methods=["GET"], summary="List this key's video jobs")
+        add("/videos/{job_id}", self.get_video, methods=["GET"], summary="A video job's state")
+        add("/videos/{job_id}/content", self.video_content, methods=["GET"], summary="Download a video job's file")
+        add("/videos/{job_id}", self.delete_video, methods=["DELETE"], summary="Cancel or delete a video job")
+        add("/queue", self.queue_state, methods=["GET"], summary="Jobs waiting and running")
+        add("/openapi.json", self.openapi, methods=["GET"], include_in_schema=False)
+
+    @_answers
+    async def list_models(self, request: Request):
+        self._key(request)
+        return models_payload(self.registry)
+
+    @_answers
+    async def create_image(self, request: Request):
+        key = self._key(request)
+        body = await self._body(request)
+        model = self._model(body)
+        engine_request, response_format = image_request(body)
+        job = self._submit(key, "image", model, engine_request, [])
+        deadline = time.monotonic() + self.sync_timeout_s
+        while not job.done.is_set():
+            if await request.is_disconnected() or time.monotonic() > deadline:
+                job.handle.cancel()  # nobody will read this image
+                raise ApiError(408, "The request ended before the image was made; the job was cancelled.")
+            await asyncio.sleep(0.05)
+        if job.status != "completed":
+            error = job.error or {}
+            status = 400 if error.get("code") in ("invalid", "refused") else 500
+            raise ApiError(status, error.get("message", job.status), None, error.get("code", job.status))
+        image = job.files()["image"]
+        item = {"revised_prompt": job.result.prompt_text, "seed": job.result.seed}
+        if response_format == "url":
+            item["url"] = str(request.url_for("image_content", job_id=job.id))
+        else:
+            item["b64_json"] = base64.b64encode(image.read_bytes()).decode("ascii")
+        return {"created": job.created_at, "data": [item], "id": job.id, "model": model}
+
+    @_answers
+    async def image_content(self, request: Request, job_id: str):
+        return self._file(self._job(request, job_id, "image"), "image")
+
+    @_answers
+    async def create_video(self, request: Request):
+        key = self._key(request)
+        body = await self._body(request)
+        model = self._model(body)
+        engine_request, uploads = video_request(body, self.registry.info(model), self.uploads)
+        job = self._submit(key, "video", model, engine_request, uploads)
+        return JSONResponse(job.to_json(), status_code=200)
+
+    @_answers
+    async def list_videos(self, request: Request):
+        key = self._key(request)
+        jobs = sorted(self.book.owned(key.name, "video"), key=lambda j: j.created_at, reverse=True)
+        return {"object": "list", "data": [job.to_json() for job in jobs]}
+
+    @_answers
+    async def get_video(self, request: Request, job_id: str):
+        return self._job(request, job_id, "video").to_json()
+
+    @_answers
+    async def video_content(self, request: Request, job_id: str, variant: str = "video"):
+        job = self._job(request, job_id, "video")
+        if variant not in CONTENT_VARIANTS:
+            raise ApiError(400, f"variant must be one of {list(CONTENT_VARIANTS)}, got {variant!r}.", "variant")
+        return self._file(job, CONTENT_VARIANTS[variant])
+
+    @_answers
+    async def delete_video(self, request: Request, job_id: str):
+        job = self._job(request, job_id, "video")
+        if job.status in TERMINAL_STATES:
+            self.book.forget(job.id)
+            if job.result is not None and job.result.output_dir is not None:
+                shutil.rmtree(job.result.output_dir, ignore_errors=True)
+            return {"id": job.id, "object": "video.deleted", "deleted": True}
+        job.handle.cancel()
+        for _ in range(200):  # a running job stops within one denoising step
+            if job.done.is_set():
+                break
+            await asyncio.sleep(0.05)
+        return job.to_json()
+
+    @_answers
+    async def queue_state(self, request: Request):
+        self._key(request)
+        state = getattr(self.queue, "state", None)
+        return state() if callable(state) else {"backend": type(self.queue).__name__}
+
+    async def openapi(self):
+        return get_openapi(title="Cosmos3 Studio HTTP API", version="1", routes=self.router.routes,
+                           description=__doc__)
