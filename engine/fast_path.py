@@ -10,11 +10,15 @@
   weights become views of the fused tensors, so no weight is stored twice;
 - **VAE channels-last-3d**: the decoder's 3-D convolutions in cuDNN's channels-last layout;
 - **CUDA graphs**: the tower's step is captured once per request shape and replayed every step, where
-  the step is short enough for launch overhead to matter.
+  the step is short enough for launch overhead to matter;
+- **whole step** (`engine.whole_step`): the gen tokens, tower, velocity, CFG combine and the sampler
+  update (`engine.scheduler_tables`) run from static device buffers, captured as one graph where CUDA
+  graphs apply, and kept across requests of the same shape.
 
 Off the GPU the engine runs the exact eager tower (`engine.pipeline.EagerGenTower`). Switches:
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
-`COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_FUSED_PROJECTIONS=0`, `COSMOS3_VAE_CHANNELS_LAST=0`; `bench/bench_engine.py` ablates them.
+`COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_FUSED_PROJECTIONS=0`, `COSMOS3_VAE_CHANNELS_LAST=0`,
+`COSMOS3_WHOLE_STEP=0`; `bench/bench_engine.py` ablates them.
 """
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ class FastPathOptions:
     kernels: str = "auto"
     fused_projections: bool = True
     vae_channels_last: bool = True
+    whole_step: bool = True
 
     @classmethod
     def from_env(cls, device: torch.device) -> "FastPathOptions":
@@ -55,6 +60,7 @@ class FastPathOptions:
             kernels=os.environ.get("COSMOS3_KERNELS", "auto"),
             fused_projections=_env_on("COSMOS3_FUSED_PROJECTIONS"),
             vae_channels_last=_env_on("COSMOS3_VAE_CHANNELS_LAST"),
+            whole_step=_env_on("COSMOS3_WHOLE_STEP"),
         )
 
     @classmethod

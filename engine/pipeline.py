@@ -34,6 +34,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from diffusers.video_processor import VideoProcessor
 
 from . import outputs as output_files
+from . import whole_step
 from .action import ACTION_DOMAINS, RESOLUTION_TIERS
 from .defaults import validate_request
 from .events import JobCancelled, Progress, SafetyRefusal
@@ -515,6 +516,10 @@ def denoise_stage(model: LoadedModel, request: dict, latents: Latents, layout: G
                   schedulers: Schedulers, plan: list[bool], cond: Conditioning, generator: torch.Generator,
                   report: Callable[[int, int], None], cancel: threading.Event | None) -> Latents:
     """The loop; `plan[i]` says whether step i runs the unconditional branch (see `cfg_plan`)."""
+    whole = whole_step.prepare(model, request, latents, layout, tower, schedulers, cond, generator)
+    if whole is not None:  # the fast path's step as one graph (engine.whole_step)
+        latents.vision = whole_step.denoise(whole, plan, report, cancel)
+        return latents
     timesteps = schedulers.vision.timesteps
     values = timesteps.tolist()  # one host copy before the loop, none per step
     scale = request["guidance_scale"]

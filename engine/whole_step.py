@@ -1,0 +1,235 @@
+"""The whole denoising step as one CUDA graph: tokens in, tower, velocity, CFG combine, sampler update.
+
+`FastGenTower` alone captures the tower; around it each step still ran the gen-token embedding, the
+velocity unpatchify, the CFG combine and diffusers' scheduler step eagerly, with a host read of the
+timestep and Python-side scheduler state: about 9 ms a step on Edge T2I around an 11 ms tower.
+Here every per-step input lives in a static device buffer (the sample, the timestep, the guidance
+scale, the sampler's coefficient row and history from `engine.scheduler_tables`), so the step is
+the same kernel sequence every time and one capture per (shape, branch count) replays for every
+step. Between replays the host only copies the step's coefficient row (device to device), checks
+cancel, and reports progress once the previous step's event has fired, so at most one step is in
+flight when a cancel arrives.
+
+Graphs survive across requests of the same shape and text lengths: the captured step reads the
+packed K/V buffers, rotary tables and sampler buffers of its `WholeStep`, and a later request copies
+its own prefill and tables into them (`WholeStep.adopt`). A different text length recaptures (the
+cost is measured in bench/bench_engine.py, beside what a length bucket would cost).
+
+Bit for bit: each op is the one the eager loop runs, in the same order, so the graph's result equals
+the eager fast path's (tests/test_whole_step.py on the CPU, tests/test_gpu_fast_path.py on the H200).
+Only vision-only requests (T2I, T2V, I2V, V2V) with a table-supported sampler take this path; sound
+and action keep the eager loop.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .events import JobCancelled
+from .fast_path import GRAPH_MAX_GEN_TOKENS, FastGenTower, FastPathOptions
+from .scheduler_tables import SamplerState, sampler_for
+
+# Graphs kept per loaded model; each holds its tower's activations pool, so keep few.
+MAX_CACHED_STEPS = 2
+
+
+def applies(model, latents, tower, schedulers) -> bool:
+    """Vision-only requests on the fast tower (batched CFG) with a table-supported sampler."""
+    options = tower.options if isinstance(tower, FastGenTower) else None
+    return (options is not None and options.whole_step and options.batched_cfg and latents.sound is None and latents.action is None
+            and schedulers.sound is None and schedulers.action is None)
+
+
+@dataclass
+class StepKey:
+    shape: tuple
+    condition_frames: tuple
+    prefix_lens: tuple
+    kind: str
+    anchored: bool
+    options: FastPathOptions
+
+    def __hash__(self):
+        return hash((self.shape, self.condition_frames, self.prefix_lens, self.kind, self.anchored, self.options))
+
+
+class WholeStep:
+    """Static buffers and graphs for one request shape; `run(count)` does one step in place."""
+
+    def __init__(self, model, layout, tower: FastGenTower, sampler: SamplerState, sample: torch.Tensor,
+                 vision_mask: torch.Tensor, clean: torch.Tensor | None, timestep: torch.Tensor):
+        self.model, self.layout, self.tower, self.sampler = model, layout, tower, sampler
+        self.sample = sample.clone()              # [1, 48, T, h, w] float32, updated in place
+        self.vision_mask = vision_mask.clone()
+        self.clean = None if clean is None else clean.clone()
+        self.any_noisy = bool((1.0 - vision_mask).sum() > 0)  # once per request, not per step
+        self.t = timestep.clone()                 # 0-d float32
+        self.scale = torch.zeros((), device=sample.device, dtype=torch.float32)
+        self.use_graphs = tower.use_graphs and sample.is_cuda
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._eager_counts: set[int] = set()
+        self._pool = None
+
+    # -- the step, op for op as the eager loop runs it ---------------------------------------
+
+    def _tokens(self) -> torch.Tensor:
+        tr = self.model.transformer
+        vision, _ = tr._patchify_and_pack_latents([self.sample.to(tr.dtype)])
+        vision = tr.proj_in(vision)
+        count = int(self.layout.vision_noisy_local.numel())
+        # The timestep embedding once, broadcast (as the fast path's `_time_embeds(once=True)`).
+        steps = self.t.reshape(1) * tr.config.timestep_scale
+        embedder_dtype = next(tr.time_embedder.parameters()).dtype
+        embeds = tr.time_embedder(tr.time_proj(steps).to(embedder_dtype)).to(tr.dtype).expand(count, -1)
+        return tr._apply_timestep_embeds_to_noisy_tokens(
+            vision, embeds, [self.layout.noisy_frames], [self.layout.vision_shape])
+
+    def _velocity(self, out: torch.Tensor) -> torch.Tensor:
+        tr, layout = self.model.transformer, self.layout
+        packed = tr.proj_out(out[layout.vision_noisy_local])
+        vision = tr._unpatchify_and_unpack_latents(packed, [layout.vision_shape], [layout.noisy_frames],
+                                                   [tuple(self.sample.shape[2:])])[0]
+        if not self.any_noisy:
+            return torch.zeros_like(vision).float()
+        return (vision * (1.0 - self.vision_mask).to(vision.dtype)).float()
+
+    def _step(self, count: int) -> None:
+        outs = self.tower.run(self._tokens(), 0, count)
+        velocity = self._velocity(outs[0])
+        if count == 2:
+            uncond = self._velocity(outs[1])
+            velocity = uncond + self.scale * (velocity - uncond)
+        sampler = self.sampler
+        sample = self.sample.float() if sampler.kind == "distilled" else self.sample
+        stepped = sampler.step(velocity.unsqueeze(0), sample.unsqueeze(0)).squeeze(0)
+        if sampler.kind == "distilled" and self.clean is not None:
+            clean = torch.zeros_like(stepped)
+            clean[:, :, : self.clean.shape[2]] = self.clean
+            stepped = self.vision_mask * clean + (1.0 - self.vision_mask) * stepped
+        self.sample.copy_(stepped)
+
+    # -- capture and replay -----------------------------------------------------------------
+
+    def _state(self) -> list[torch.Tensor]:
+        s = self.sampler
+        return [t for t in (self.sample, s.m_prev, s.m_prev2, s.last) if t is not None]
+
+    def _capture(self, count: int) -> None:
+        saved = [t.clone() for t in self._state()]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on the capture's stream kind, then undo its effect
+            self._step(count)
+        torch.cuda.current_stream().wait_stream(side)
+        for tensor, value in zip(self._state(), saved):
+            tensor.copy_(value)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._step(count)
+        self._graphs[count] = graph
+
+    def run(self, count: int) -> None:
+        """One step. The first step at a branch count runs eagerly (dispatch measures, kernels compile);
+        the next captures; later ones replay."""
+        if not self.use_graphs:
+            self._step(count)
+        elif count in self._graphs:
+            self._graphs[count].replay()
+        elif count in self._eager_counts:
+            self._capture(count)
+            self._graphs[count].replay()
+        else:
+            self._eager_counts.add(count)
+            self._step(count)
+
+    # -- a later request of the same shape ---------------------------------------------------
+
+    def adopt(self, tower: FastGenTower, sampler: SamplerState, sample, vision_mask, clean) -> None:
+        """Copy a new request's prefill, rotary tables, start sample and sampler into the static buffers."""
+        for static, fresh in zip(self.tower.cache.buffers, tower.cache.buffers):
+            static.copy_(fresh)
+        self.tower.cos.copy_(tower.cos)
+        self.tower.sin.copy_(tower.sin)
+        self.sample.copy_(sample)
+        self.vision_mask.copy_(vision_mask)
+        self.any_noisy = bool((1.0 - vision_mask).sum() > 0)
+        if clean is not None:
+            self.clean.copy_(clean)
+        static = self.sampler
+        static.table = sampler.table
+        static.noises = sampler.noises
+        for buffer in (static.m_prev, static.m_prev2, static.last):
+            if buffer is not None:
+                buffer.zero_()
+
+
+def cacheable(tower: FastGenTower) -> bool:
+    """Keep the step across requests where it holds graphs (on the CPU nothing is worth keeping)."""
+    return tower.use_graphs
+
+
+def _lookup(model, key: StepKey, build: Callable[[], WholeStep]) -> tuple[WholeStep, bool]:
+    cache = model.dispatchers.setdefault("whole_step", {})
+    if key in cache:
+        cache[key] = cache.pop(key)  # most recently used last
+        return cache[key], True
+    while len(cache) >= MAX_CACHED_STEPS:
+        cache.pop(next(iter(cache)))
+    cache[key] = build()
+    return cache[key], False
+
+
+def prepare(model, request, latents, layout, tower: FastGenTower, schedulers, cond, generator) -> WholeStep | None:
+    """The request's `WholeStep` (reused when one of the same shape exists), or None where it does not apply."""
+    if not applies(model, latents, tower, schedulers):
+        return None
+    sampler = sampler_for(schedulers.vision, latents.vision.unsqueeze(0), generator)
+    if sampler is None:
+        return None
+    anchored = sampler.kind == "distilled" and bool(cond.condition_frames) and cond.clean is not None
+    clean = cond.clean if anchored else None
+    key = StepKey(tuple(latents.vision.shape), tuple(cond.condition_frames), tuple(tower.cache.layout.prefix_lens), sampler.kind, anchored,
+                  tower.options)
+    timesteps = schedulers.vision.timesteps.to(device=latents.vision.device, dtype=torch.float32)
+
+    def build() -> WholeStep:
+        return WholeStep(model, layout, tower, sampler, latents.vision, latents.vision_mask, clean, timesteps[0])
+
+    step, reused = _lookup(model, key, build) if cacheable(tower) else (build(), False)
+    if reused:
+        step.adopt(tower, sampler, latents.vision, latents.vision_mask, clean)
+    step.timesteps = timesteps
+    step.scale.fill_(float(request["guidance_scale"]))
+    return step
+
+
+def denoise(step: WholeStep, plan: list[bool], report: Callable[[int, int], None],
+            cancel: threading.Event | None) -> torch.Tensor:
+    """The loop over replays; returns the final sample. Progress is reported as steps complete."""
+    total = step.sampler.steps
+    on_gpu = step.sample.is_cuda
+    done: list = []
+    for i in range(total):
+        if cancel is not None and cancel.is_set():
+            raise JobCancelled()
+        step.sampler.load_row(i)
+        step.t.copy_(step.timesteps[i])
+        step.run(2 if plan[i] else 1)
+        if on_gpu:
+            event = torch.cuda.Event()
+            event.record()
+            done.append(event)
+            if i > 0:
+                done[i - 1].synchronize()  # keeps one step queued ahead, and progress honest
+                report(i, total)
+        else:
+            report(i + 1, total)
+    if on_gpu:
+        done[-1].synchronize()
+        report(total, total)
+    return step.sample.clone()

@@ -1,0 +1,103 @@
+"""The whole-step path (`engine.whole_step`) gives the eager fast path's results bit for bit (CPU).
+
+On the CPU the step runs eagerly from its static buffers (no graph), which is exactly the sequence a
+capture records; the GPU test (tests/test_gpu_fast_path.py) compares graph replays on the H200.
+"""
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import engine
+from engine import whole_step
+from engine.events import JobCancelled
+from engine.fast_path import FastPathOptions
+from engine.pipeline import generate
+
+FAST = FastPathOptions(enabled=True, batched_cfg=True, cuda_graphs=False, kernels="torch", fused_projections=True)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_family):
+    return {name: engine.load_model(tiny_family[name], device="cpu") for name in ("nano", "edge-distilled")}
+
+
+def _run(model, request, whole: bool, **kwargs):
+    model.fast_path = FastPathOptions(**{**FAST.__dict__, "whole_step": whole})
+    try:
+        return generate(model, request, **kwargs)
+    finally:
+        model.fast_path = None
+
+
+def _spy_prepare(monkeypatch) -> list:
+    steps = []
+    original = whole_step.prepare
+    monkeypatch.setattr(whole_step, "prepare", lambda *a: steps.append(original(*a)) or steps[-1])
+    return steps
+
+
+CASES = {
+    # CFG only inside the interval: steps with one branch and with two, one graph each.
+    "nano t2i, guidance interval": ("nano", dict(mode="t2i", prompt="a lighthouse at dusk", negative_prompt="blurry",
+                                                 seed=4, steps=4, guidance_scale=5.0, guidance_interval=[400, 1000])),
+    "nano t2v, CFG every step": ("nano", dict(mode="t2v", prompt="waves on rocks", seed=2, steps=3, num_frames=9,
+                                              guidance_scale=6.0, guidance_interval=None)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_whole_step_is_bitwise_the_eager_loop(models, case, monkeypatch):
+    name, request = CASES[case]
+    model = models[name]
+    eager = _run(model, request, whole=False)
+    steps = _spy_prepare(monkeypatch)
+    fast = _run(model, request, whole=True)
+    assert steps and steps[0] is not None, "the whole-step path did not run"
+    assert np.array_equal(fast.frames, eager.frames)
+
+
+def test_distilled_i2v_with_reanchoring_is_bitwise_the_eager_loop(models, tmp_path, monkeypatch):
+    image = tmp_path / "start.png"
+    Image.fromarray((np.random.default_rng(0).random((96, 128, 3)) * 255).astype(np.uint8)).save(image)
+    request = dict(mode="i2v", prompt="a cat turns its head", seed=9, image=str(image), num_frames=9)
+    model = models["edge-distilled"]
+    eager = _run(model, request, whole=False)
+    steps = _spy_prepare(monkeypatch)
+    fast = _run(model, request, whole=True)
+    assert steps[0] is not None and steps[0].sampler.kind == "distilled" and steps[0].clean is not None
+    assert np.array_equal(fast.frames, eager.frames)
+
+
+def test_a_second_request_of_the_same_shape_reuses_the_step_and_its_buffers(models, monkeypatch):
+    """What a kept graph relies on: the static buffers take the new request's prefill and tables."""
+    model = models["nano"]
+    model.dispatchers.pop("whole_step", None)
+    monkeypatch.setattr(whole_step, "cacheable", lambda tower: True)
+    first = dict(CASES["nano t2i, guidance interval"][1])
+    second = dict(first, seed=77, guidance_scale=3.0, prompt="a lighthouse at dawn")  # same token count
+    _run(model, first, whole=True)
+    steps = _spy_prepare(monkeypatch)
+    reused = _run(model, second, whole=True)
+    assert len(model.dispatchers["whole_step"]) == 1
+    kept = next(iter(model.dispatchers["whole_step"].values()))
+    assert steps[0] is kept
+    assert np.array_equal(reused.frames, _run(model, second, whole=False).frames)
+    model.dispatchers.pop("whole_step", None)
+
+
+def test_cancel_between_steps(models):
+    model = models["nano"]
+    cancel = threading.Event()
+    seen = []
+
+    def on_progress(progress):
+        seen.append(progress.step)
+        if progress.stage == "denoise" and progress.step == 2:
+            cancel.set()
+
+    with pytest.raises(JobCancelled):
+        _run(model, dict(CASES["nano t2i, guidance interval"][1], steps=5), whole=True,
+             on_progress=on_progress, cancel=cancel)
+    assert max(seen) == 2
