@@ -9,6 +9,8 @@
 - **fused projections**: one GEMM for q|k|v and one for gate|up per layer; the original Linear
   weights become views of the fused tensors, so no weight is stored twice;
 - **VAE channels-last-3d**: the decoder's 3-D convolutions in cuDNN's channels-last layout;
+- **uint8 frames** (`engine.decode`): the decode's postprocess and 8-bit rounding on the GPU, one uint8
+  copy to the host instead of float32 frames;
 - **CUDA graphs**: the tower's step is captured once per request shape and replayed every step, where
   the step is short enough for launch overhead to matter;
 - **whole step** (`engine.whole_step`): the gen tokens, tower, velocity, CFG combine and the sampler
@@ -18,7 +20,8 @@
 Off the GPU the engine runs the exact eager tower (`engine.pipeline.EagerGenTower`). Switches:
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_FUSED_PROJECTIONS=0`, `COSMOS3_VAE_CHANNELS_LAST=0`,
-`COSMOS3_WHOLE_STEP=0`; `bench/bench_engine.py` ablates them.
+`COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, and the one pass that is off by default and
+approximate, `COSMOS3_FP8=1` (`engine.fp8`); `bench/bench_engine.py` ablates them.
 """
 from __future__ import annotations
 
@@ -50,6 +53,8 @@ class FastPathOptions:
     fused_projections: bool = True
     vae_channels_last: bool = True
     whole_step: bool = True
+    uint8_frames: bool = True
+    fp8: bool = False  # approximate: off unless asked for (engine.fp8)
 
     @classmethod
     def from_env(cls, device: torch.device) -> "FastPathOptions":
@@ -61,6 +66,8 @@ class FastPathOptions:
             fused_projections=_env_on("COSMOS3_FUSED_PROJECTIONS"),
             vae_channels_last=_env_on("COSMOS3_VAE_CHANNELS_LAST"),
             whole_step=_env_on("COSMOS3_WHOLE_STEP"),
+            uint8_frames=_env_on("COSMOS3_UINT8_FRAMES"),
+            fp8=os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes"),
         )
 
     @classmethod
@@ -144,7 +151,12 @@ class FastGenTower:
         # Per-branch rotary tables [B, N, D]: positions differ between branches by their text lengths.
         self.cos = torch.stack([b.rotary.cos.squeeze(1) for b in branches])
         self.sin = torch.stack([b.rotary.sin.squeeze(1) for b in branches])
-        self.fused = fused_projections(model) if options.fused_projections else None
+        if options.fp8:
+            from .fp8 import apply_fp8
+
+            apply_fp8(model)  # quantises the fused weights: FP8 implies fused projections
+        self.fused = fused_projections(model) if options.fused_projections or options.fp8 else None
+        self.fp8 = options.fp8
         self.use_graphs = (options.cuda_graphs and tr.device.type == "cuda"
                            and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS)
         self._graphs: dict[tuple[int, int], tuple] = {}
@@ -194,21 +206,28 @@ class FastGenTower:
                 eps=attn.norm_added_q.eps, flavour=flavour, round_norm_before_rope=True,
             )
             out = d.prefix_attention(q, buffers[index], layout)
-            out = attn.to_add_out(out.reshape(count * n, heads * head_dim))
+            out = self._linear(layer, "to_add_out", attn.to_add_out, out.reshape(count * n, heads * head_dim))
             post = layer.post_attention_layernorm_moe_gen
             normed, hidden = d.add_rms_norm(out, hidden, post.weight, eps=post.eps, flavour=flavour)
             mlp = layer.mlp_moe_gen
             if mlp.hidden_act == "silu" and self.fused is not None:
                 gate_up = torch.nn.functional.linear(normed, self.fused.gate_up[index])
                 half = gate_up.shape[-1] // 2
-                out = mlp.down_proj(d.swiglu(gate_up[:, :half], gate_up[:, half:]))
+                out = self._linear(layer, "down_proj", mlp.down_proj, d.swiglu(gate_up[:, :half], gate_up[:, half:]))
             elif mlp.hidden_act == "silu":
                 out = mlp.down_proj(d.swiglu(mlp.gate_proj(normed), mlp.up_proj(normed)))
             else:
-                out = mlp.down_proj(d.relu2(mlp.up_proj(normed)))
+                up = self._linear(layer, "up_proj", mlp.up_proj, normed)
+                out = self._linear(layer, "down_proj", mlp.down_proj, d.relu2(up))
             following = layers[index + 1].input_layernorm_moe_gen if index + 1 < len(layers) else tr.norm_moe_gen
             normed, hidden = d.add_rms_norm(out, hidden, following.weight, eps=following.eps, flavour=flavour)
         return normed.view(count, n, width)
+
+    def _linear(self, layer, name: str, module, x: torch.Tensor) -> torch.Tensor:
+        """The module's GEMM, or its FP8 twin when the FP8 pass is on (the module keeps its bf16 weight)."""
+        if self.fp8:
+            return torch.nn.functional.linear(x, layer.fp8_weights[name])
+        return module(x)
 
     # -- CUDA graphs ---------------------------------------------------------------------------
 

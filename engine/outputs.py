@@ -33,14 +33,17 @@ def new_request_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:12]
 
 
-def _to_uint8(frames: np.ndarray) -> np.ndarray:
+def frames_to_uint8(frames: np.ndarray) -> np.ndarray:
+    """float frames in [0, 1] -> uint8; frames already uint8 (the fast path's decode) pass through."""
+    if frames.dtype == np.uint8:
+        return frames
     return (np.clip(frames, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
 def _write_png(path: Path, frame: np.ndarray) -> None:
     from PIL import Image
 
-    Image.fromarray(_to_uint8(frame)).save(path, format="PNG")
+    Image.fromarray(frames_to_uint8(frame)).save(path, format="PNG")
 
 
 def _write_wav(path: Path, audio: np.ndarray, sample_rate: int) -> None:
@@ -57,7 +60,7 @@ def _write_mp4(path: Path, frames: np.ndarray, fps: float, audio: np.ndarray | N
     """H.264 (yuv420p) MP4 through imageio-ffmpeg's bundled ffmpeg, with AAC audio when given."""
     import imageio_ffmpeg
 
-    pixels = _to_uint8(frames)
+    pixels = frames_to_uint8(frames)
     height, width = pixels.shape[1:3]
     audio_path = None
     if audio is not None:

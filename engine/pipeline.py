@@ -37,8 +37,10 @@ from . import outputs as output_files
 from . import whole_step
 from .action import ACTION_DOMAINS, RESOLUTION_TIERS
 from .defaults import validate_request
+from .decode import decode_uint8
 from .events import JobCancelled, Progress, SafetyRefusal
 from .fast_path import FastGenTower, FastPathOptions, vae_channels_last
+from .fp8 import BF16_LABEL, FP8_LABEL
 from .loader import LoadedModel
 from .media import load_image, load_video
 from .prompts import build_prompt_texts, tokenize
@@ -50,7 +52,7 @@ VAE_TEMPORAL = 4
 
 @dataclass
 class GenerationResult:
-    frames: np.ndarray  # float32 [T, H, W, 3] in [0, 1]
+    frames: np.ndarray  # [T, H, W, 3]: float32 in [0, 1] (exact path) or uint8 (fast path, engine.decode)
     actions: np.ndarray | None
     audio: np.ndarray | None  # [channels, samples]
     audio_sample_rate: int | None
@@ -62,6 +64,7 @@ class GenerationResult:
     outputs: dict[str, Path] = field(default_factory=dict)
     output_dir: Path | None = None
     request_id: str | None = None
+    precision: str = BF16_LABEL  # or engine.fp8.FP8_LABEL: shown wherever the result is
 
     def summary(self) -> dict:
         """JSON-ready description (the `/generate` result and the sidecar's core)."""
@@ -72,6 +75,7 @@ class GenerationResult:
             "negative_prompt_text": self.negative_prompt_text,
             "params": _public_params(self.params),
             "timings": self.timings,
+            "precision": self.precision,
             "files": {k: Path(v).name for k, v in self.outputs.items()},
             "frames": list(self.frames.shape),
             "actions": self.actions.tolist() if self.actions is not None else None,
@@ -306,11 +310,12 @@ def safety_check_frames(model: LoadedModel, frames: np.ndarray) -> np.ndarray:
     """With a guardrail loaded, check the decoded frames; it may blur faces, or refuse the whole video."""
     if model.safety_checker is None:
         return frames
-    pixels = (np.clip(frames, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    is_uint8 = frames.dtype == np.uint8
+    pixels = frames if is_uint8 else (np.clip(frames, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
     checked = model.safety_checker.check_video_safety(pixels)
     if checked is None:
         raise SafetyRefusal("The safety checker refused the generated result; nothing was saved.")
-    return np.asarray(checked).astype(np.float32) / 255.0
+    return np.asarray(checked).astype(np.uint8) if is_uint8 else np.asarray(checked).astype(np.float32) / 255.0
 
 
 def _prompt_stage(model: LoadedModel, request: dict, cond: Conditioning) -> tuple[Any, list[int], list[int]]:
@@ -565,9 +570,13 @@ def decode_stage(model: LoadedModel, latents: Latents) -> tuple[np.ndarray, np.n
     z = latents.vision.to(vae.dtype) / inv_std + mean
     if vae_channels_last(model):
         z = z.contiguous(memory_format=torch.channels_last_3d)
-    decoded = vae.decode(z).sample.float()
-    processor = VideoProcessor(vae_scale_factor=VAE_SPATIAL, resample="bilinear")
-    frames = processor.postprocess_video(decoded, output_type="np")[0].astype(np.float32)
+    options = FastPathOptions.for_model(model)
+    if options.enabled and options.uint8_frames:  # GPU postprocess, uint8 to the host (engine.decode)
+        frames = decode_uint8(vae, z)
+    else:
+        decoded = vae.decode(z).sample.float()
+        processor = VideoProcessor(vae_scale_factor=VAE_SPATIAL, resample="bilinear")
+        frames = processor.postprocess_video(decoded, output_type="np")[0].astype(np.float32)
     audio = None
     if latents.sound is not None:
         decoder_dtype = next(model.sound_tokenizer.parameters()).dtype
@@ -643,7 +652,7 @@ def generate(model: LoadedModel, request: dict, on_progress: Callable[[Progress]
         frames=frames, actions=actions, audio=audio,
         audio_sample_rate=model.sound_tokenizer.config.sampling_rate if audio is not None else None,
         seed=seed, prompt_text=texts.prompt_text, negative_prompt_text=texts.negative_prompt_text,
-        params=final, timings=clock.timings,
+        params=final, timings=clock.timings, precision=FP8_LABEL if getattr(tower, "fp8", False) else BF16_LABEL,
     )
     if outputs_root is not None:
         if cancel is not None and cancel.is_set():

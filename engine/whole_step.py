@@ -23,6 +23,7 @@ and action keep the eager loop.
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -118,6 +119,14 @@ class WholeStep:
         return [t for t in (self.sample, s.m_prev, s.m_prev2, s.last) if t is not None]
 
     def _capture(self, count: int) -> None:
+        """Capture the step at `count` branches; if capture fails, say so once and stay eager."""
+        try:
+            self._record(count)
+        except RuntimeError as error:  # e.g. an op that syncs with the host: eager is still correct
+            warnings.warn(f"whole-step CUDA graph capture failed ({error}); this shape runs eagerly", stacklevel=2)
+            self.use_graphs = False
+
+    def _record(self, count: int) -> None:
         saved = [t.clone() for t in self._state()]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -142,7 +151,7 @@ class WholeStep:
             self._graphs[count].replay()
         elif count in self._eager_counts:
             self._capture(count)
-            self._graphs[count].replay()
+            self.run(count)
         else:
             self._eager_counts.add(count)
             self._step(count)

@@ -101,3 +101,17 @@ def test_cancel_between_steps(models):
         _run(model, dict(CASES["nano t2i, guidance interval"][1], steps=5), whole=True,
              on_progress=on_progress, cancel=cancel)
     assert max(seen) == 2
+
+
+def test_fp8_asked_for_off_the_gpu_fails_with_the_reason(models):
+    from engine.fp8 import FP8Unavailable
+
+    model = models["nano"]
+    model.fast_path = FastPathOptions(**{**FAST.__dict__, "fp8": True})
+    try:
+        with pytest.raises(FP8Unavailable, match="needs a CUDA GPU.*runs on 'cpu'"):
+            generate(model, dict(CASES["nano t2i, guidance interval"][1], steps=1))
+    finally:
+        model.fast_path = None
+    result = _run(model, dict(CASES["nano t2i, guidance interval"][1], steps=1), whole=True)
+    assert result.precision == "bf16" and result.summary()["precision"] == "bf16"
