@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="API keys for the /v1 HTTP API, one a line with optional limits "
                               "('KEY concurrency=2 per_hour=120'); default $COSMOS3_API_KEYS (comma-separated). "
                               "With keys, every /v1 route needs 'Authorization: Bearer KEY'; without, /v1 is open")
+    serving.add_argument("--ray", default=None, metavar="ADDRESS|CONFIG.json",
+                         help="run the engine as Ray Serve replicas, one per GPU group: a cluster address "
+                              "('auto', 'ray://head:10001', 'local' for a cluster in this process) or a JSON config "
+                              "{address, replicas, gpus_per_replica, cpus_per_replica, num_cpus, env}")
     serving.add_argument("--no-api", action="store_true", help="do not serve the /v1 HTTP API")
     parser.add_argument("--safety", action="store_true",
                         help="run the Cosmos guardrail; never skipped silently: refuses to start without the "
@@ -268,8 +272,11 @@ def create_studio(args: argparse.Namespace):
 
         # One guardrail for every model: it carries a guard model of its own, loaded once at start.
         queue_options["safety_checker"] = make_safety_checker()
-    job_queue = JobQueue(registry, args.outputs, max_size=args.queue_size, **queue_options)
-    use_zero_gpu(job_queue, registry)
+    if args.ray:
+        job_queue = ray_queue(args, registry)
+    else:
+        job_queue = JobQueue(registry, args.outputs, max_size=args.queue_size, **queue_options)
+        use_zero_gpu(job_queue, registry)
     reviews = None
     if args.review:
         from cosmos3_ui.review.store import DEFAULT_CRITERIA, ReviewStore
@@ -281,6 +288,15 @@ def create_studio(args: argparse.Namespace):
     if not args.no_api:
         studio.http_routes.extend(http_api(args, job_queue).router.routes)
     return studio
+
+
+def ray_queue(args: argparse.Namespace, registry):
+    """Engine replicas on Ray Serve behind the UI and the API (docs/SERVING.md)."""
+    from engine.serving.ray_replicas import RayConfig, RayJobQueue
+
+    if args.safety:
+        raise ValueError("--safety is not available with --ray yet: the replicas do not load the guardrail.")
+    return RayJobQueue.start(RayConfig.parse(args.ray), registry, args.outputs, max_size=args.queue_size)
 
 
 def http_api(args: argparse.Namespace, job_queue):

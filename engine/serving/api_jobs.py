@@ -59,6 +59,7 @@ class ApiJob:
             "queue_position": self.position, "eta_seconds": None if self.eta_s is None else round(self.eta_s, 1),
             "size": f"{width}x{height}" if width and height else None,
             "completed_at": self.completed_at, "error": self.error,
+            "replica": getattr(self.handle, "replica", None),  # where it runs, with --ray
         }
         if self.result is not None:
             params = self.result.params

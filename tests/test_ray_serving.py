@@ -1,0 +1,71 @@
+"""Engine replicas on Ray Serve (`--ray`), on a local Ray cluster on this CPU machine: two tiny-model
+replicas serve 20 concurrent API jobs, each landing on a replica; killing one replica mid-run fails
+only the job it was running."""
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from harness import launched_studio
+
+ray = pytest.importorskip("ray")
+
+KEY = "sk-ray-test-key-01"
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+@pytest.fixture(scope="module")
+def ray_studio(tiny_family, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ray")
+    config = folder / "ray.json"
+    # Two CPU replicas on a 2-core machine: one torch thread each, so neither starves the other.
+    config.write_text(json.dumps({"address": "local", "replicas": 2, "gpus_per_replica": 0, "cpus_per_replica": 0,
+                                  "num_cpus": 2, "env": {"OMP_NUM_THREADS": "1"}}))
+    (folder / "keys").write_text(f"{KEY} concurrency=30\n")
+    argv = ["--outputs", str(folder / "out"), "--cache-dir", str(folder / "cache"), "--queue-size", "32",
+            "--ray", str(config), "--api-keys", str(folder / "keys"), "--model", f"nano={tiny_family['nano']}"]
+    with launched_studio(argv) as (studio, url):
+        yield studio, httpx.Client(base_url=url + "v1/", headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+
+
+def _kill_replica(replica: str) -> None:
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(f"#{replica}")]
+    assert len(names) == 1, names
+    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+
+
+def test_twenty_jobs_over_two_replicas_and_a_replica_dies(ray_studio):
+    studio, http = ray_studio
+    short = {"model": "nano", "prompt": "a kite", "size": "64x64", "num_frames": 5, "steps": 2}
+    long = {**short, "prompt": "the long one", "num_frames": 17, "steps": 100}
+    # 20 jobs at once: ten short ones, the long one that will lose its replica, nine more short ones.
+    with ThreadPoolExecutor(8) as pool:
+        first = list(pool.map(lambda i: http.post("videos", json={**short, "seed": i}), range(10)))
+        doomed = http.post("videos", json=long).json()["id"]
+        answers = first + list(pool.map(lambda i: http.post("videos", json={**short, "seed": i}), range(10, 19)))
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers if a.status_code != 200]
+    others = [a.json()["id"] for a in answers]
+
+    deadline = time.monotonic() + 90
+    while (job := http.get(f"videos/{doomed}").json())["stage"] != "denoise":
+        assert job["status"] not in TERMINAL and time.monotonic() < deadline, job
+        time.sleep(0.05)
+    state = http.get("queue").json()
+    assert state["backend"] == "ray" and state["replicas"] == {"RUNNING": 2}
+    assert state["running"] >= 1 and doomed.startswith("video_")
+    _kill_replica(job["replica"])
+
+    deadline = time.monotonic() + 90
+    jobs = {}
+    while time.monotonic() < deadline:
+        jobs = {j: http.get(f"videos/{j}").json() for j in [doomed, *others]}
+        if all(job["status"] in TERMINAL for job in jobs.values()):
+            break
+        time.sleep(0.2)
+    assert jobs[doomed]["status"] == "failed" and jobs[doomed]["error"]["code"] == "replica"
+    assert [jobs[j]["status"] for j in others] == ["completed"] * 19, [jobs[j]["error"] for j in others]
+    replicas = {jobs[j]["replica"] for j in others}
+    assert None not in replicas and len(replicas) >= 2  # both replicas (and the one Serve restarts) served jobs
+    assert http.get(f"videos/{others[0]}/content").content[4:8] == b"ftyp"
