@@ -15,6 +15,7 @@ from typing import Any
 
 import gradio as gr
 
+from .files import publish
 from .jobs import JobFollower
 from .requests import api_request, parse_request_json
 from .service import JobWasCancelled, StudioError, StudioService
@@ -64,4 +65,4 @@ async def generate_api(jobs: JobFollower, model_name: str, request_json: str, fi
     outputs = result.outputs
     media = outputs.get("image") or outputs.get("video") or outputs.get("actions")
     summary = dict(result.summary(), model=model_name)
-    return (str(media) if media else None), summary
+    return publish(media), summary

@@ -14,6 +14,7 @@ from . import controls as C
 from . import history as H
 from .caption_editor import error_html
 from .common import status_html
+from .files import publish, publish_all
 from .parts import ActionTab, GenTab, Page, ResultBox, SamplingBox
 from .plots import actions_from_file, actions_plot
 from .requests import (
@@ -129,13 +130,13 @@ def preview_texts(service: StudioService, model: str, request: dict) -> tuple[st
 
 def result_updates(box: ResultBox, result, model: str) -> dict:
     summary = dict(result.summary(), model=model)
-    files = [str(p) for k, p in result.outputs.items() if k in ("image", "video", "actions", "sidecar")]
+    files = publish_all(p for k, p in result.outputs.items() if k in ("image", "video", "actions", "sidecar"))
     media = result.outputs.get("image") or result.outputs.get("video")
     took = result.timings.get("total")
     return {
         box.status: status_html(f"Done in {took:.1f} s · seed {result.seed}" if took else f"Done · seed {result.seed}",
                                 "ok"),
-        box.output: str(media) if media else None,
+        box.output: publish(media),
         box.used_seed: str(result.seed),
         box.downloads: files,
         box.result_json: summary,
@@ -149,7 +150,7 @@ def action_result_updates(tab: ActionTab, actions_path, domain: str, params: dic
         return {tab.plot: None, tab.actions_download: None}
     array = actions_from_file(actions_path)
     plot = actions_plot(array, domain=domain, fps=params.get("fps")) if array is not None else None
-    return {tab.plot: plot, tab.actions_download: str(actions_path)}
+    return {tab.plot: plot, tab.actions_download: publish(actions_path)}
 
 
 def history_updates(page: Page, history: list) -> dict:
@@ -283,8 +284,7 @@ def _restore_action_tab(tab: ActionTab, entry: dict, ui: dict, params: dict) -> 
                            ("instruction", tab.instruction)):
         if key in action_ui:
             out[component] = action_ui[key]
-    files = entry.get("files", {})
-    out.update(action_result_updates(tab, files.get("actions"), action_ui.get("domain", ""), params))
+    out.update(action_result_updates(tab, H.file_path(entry, "actions"), action_ui.get("domain", ""), params))
     return out
 
 
@@ -298,9 +298,9 @@ def _restore_result(tab, entry: dict, model: str) -> dict:
     out[s.seed] = entry.get("seed", 0)
     out[s.randomize] = False
     summary = entry.get("summary", {})
-    out[box.output] = H.media_path(entry)
+    out[box.output] = publish(H.media_path(entry))
     out[box.used_seed] = str(entry.get("seed", ""))
-    out[box.downloads] = H.download_paths(entry)
+    out[box.downloads] = publish_all(H.download_paths(entry))
     out[box.result_json] = dict(summary, model=model)
     out[box.prompt_view] = summary.get("prompt_text", "")
     out[box.negative_view] = summary.get("negative_prompt_text", "")
@@ -332,7 +332,7 @@ def restore(page: Page, service: StudioService, entry: dict) -> dict:
     out.update(_restore_result(tab, entry, model))
     summary = entry.get("summary", {})
     out[page.history.note] = f"Restored: {H.caption_of(entry)} ({entry.get('created', '')})."
-    out[page.history.files] = H.download_paths(entry)
+    out[page.history.files] = publish_all(H.download_paths(entry))
     out[page.history.params] = summary.get("params", {})
     return out
 

@@ -1,14 +1,17 @@
 """Per-browser history of results: entries, their check on load, and the gallery's items.
 
-Entries live in the browser (Gradio's encrypted BrowserState), so they survive a page refresh and
-no other browser ever sees them. Every path read back from the browser is checked to be a file
-the server wrote under its outputs root before it is shown or offered for download.
+Entries live in the browser (Gradio's BrowserState), so they survive a page refresh and no other
+browser ever sees them. They name their files relative to the outputs folder (`<request id>/image.png`),
+never by the server's path; every name read back from the browser is checked to be a file the server
+wrote under its outputs root before it is shown or offered, and then handed out as a capability copy.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from .files import locate, publish, relative
 
 HISTORY_LIMIT = 40
 MODE_SHORT = {"t2i": "T2I", "t2v": "T2V", "i2v": "I2V", "v2v": "V2V", "action": "Action"}
@@ -19,7 +22,7 @@ def make_entry(*, model: str, tab: str, result, ui: dict) -> dict:
     summary = result.summary()
     # The browser keeps the entry and sends it back with each run: the actions stay in their file.
     summary.pop("actions", None)
-    files = {key: str(path) for key, path in result.outputs.items()}
+    files = {key: relative(path) for key, path in result.outputs.items() if relative(path)}
     return {
         "id": result.request_id or f"unsaved-{time.time_ns()}",
         "model": model,
@@ -33,14 +36,19 @@ def make_entry(*, model: str, tab: str, result, ui: dict) -> dict:
     }
 
 
+def file_path(entry: dict, key: str) -> str | None:
+    """The server path of an entry's file ("image", "video", "actions", "sidecar"), if it is a result file."""
+    name = (entry.get("files") or {}).get(key)
+    found = locate(name) if isinstance(name, str) else None
+    return str(found) if found is not None else None
+
+
 def media_path(entry: dict) -> str | None:
-    files = entry.get("files") or {}
-    return files.get("image") or files.get("video")
+    return file_path(entry, "image") or file_path(entry, "video")
 
 
 def download_paths(entry: dict) -> list[str]:
-    files = entry.get("files") or {}
-    return [files[k] for k in ("image", "video", "actions", "sidecar") if files.get(k)]
+    return [p for p in (file_path(entry, k) for k in ("image", "video", "actions", "sidecar")) if p]
 
 
 def caption_of(entry: dict) -> str:
@@ -63,9 +71,10 @@ def clean(history: Any, owns: Callable[[str], bool]) -> list[dict]:
     for entry in history[:HISTORY_LIMIT]:
         if not isinstance(entry, dict) or not isinstance(entry.get("files"), dict):
             continue
-        files = entry["files"]
-        if not files or not all(isinstance(p, str) and owns(p) for p in files.values()):
+        found = {k: locate(p) if isinstance(p, str) else None for k, p in entry["files"].items()}
+        if not found or not all(p is not None and owns(str(p)) for p in found.values()):
             continue
+        entry = dict(entry, files={k: relative(p) for k, p in found.items()})  # older entries held server paths
         if not isinstance(entry.get("model"), str) or entry.get("tab") not in ("t2i", "t2v", "action"):
             continue
         out.append(entry)
@@ -73,11 +82,14 @@ def clean(history: Any, owns: Callable[[str], bool]) -> list[dict]:
 
 
 def gallery_items(history: list[dict]) -> list[tuple[str, str]]:
+    """(capability copy of the media, caption) per entry; the outputs folder itself is never served."""
     items = []
     for entry in history:
         media = media_path(entry)
         if media and Path(media).is_file():
-            items.append((media, caption_of(entry)))
+            copy = publish(media)
+            if copy is not None:
+                items.append((copy, caption_of(entry)))
     return items
 
 

@@ -15,6 +15,7 @@ import gradio as gr
 from engine import captions
 
 from . import controls as C
+from . import files
 from . import forms as F
 from .assets import CSS_PATH, example_media
 from .caption_editor import CaptionEditor
@@ -350,9 +351,9 @@ class Studio:
         return self.blocks.launch(
             server_name=host, server_port=port, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
             theme=gr.themes.Soft(primary_hue="green", neutral_hue="slate"), css_paths=[CSS_PATH],
-            allowed_paths=[str(self.service.outputs_root)], show_error=False, ssr_mode=False,
+            show_error=False, ssr_mode=False,
             footer_links=["api", "settings"], auth=self.auth, auth_message=self._login_message(),
-            app_kwargs={"routes": list(self.http_routes)}, **extra,
+            **files.launch_options(self.service.outputs_root, {"routes": list(self.http_routes)}), **extra,
         )
 
     def _login_message(self) -> str | None:

@@ -21,6 +21,7 @@ from . import batch as B
 from . import controls as C
 from . import history as H
 from .common import GPU_POOL, PRIVATE, UI_SEED_MAX, status_html
+from .files import publish
 from .compare import (
     COMPARE_MODES,
     EACH_DEFAULT,
@@ -188,7 +189,7 @@ class CompareTab:
                 if outcome.result is not None:
                     done += 1
                     media = outcome.result.outputs.get("video" if video else "image")
-                    update[box.video if video else box.image] = str(media) if media else None
+                    update[box.video if video else box.image] = publish(media)
                     history = H.add(history, self._history_entry(v, outcome))
                     update[self.history.state] = history
                     update[self.history.gallery] = H.gallery_items(history)
@@ -266,8 +267,8 @@ class ReviewTab:
             return {self.image: None, self.video: gr.update(value=None, visible=False), self.summary: None,
                     self.table: _table(self.desk, []), self.status: ""}
         out: dict[Any, Any] = {
-            self.image: gr.update(value=None if view.is_video else view.media, visible=not view.is_video),
-            self.video: gr.update(value=view.media if view.is_video else None, visible=view.is_video),
+            self.image: gr.update(value=None if view.is_video else publish(view.media), visible=not view.is_video),
+            self.video: gr.update(value=publish(view.media) if view.is_video else None, visible=view.is_video),
             self.summary: view.summary,
             self.table: _table(self.desk, view.rows),
             self.notes: view.own_notes,
@@ -386,7 +387,7 @@ class BatchTab:
                 yield {self.table: table(lines), self.status: status_html(f"The batch stopped: {exc}", "error")}
                 return
             kind = "ok" if all(line.status == "done" for line in lines) else "warn"
-            yield {self.table: table(lines), self.report: str(report),
+            yield {self.table: table(lines), self.report: publish(report),
                    self.status: status_html(f"Batch {batch_id} finished: {B.counts(lines)}.", kind)}
 
         self.run.click(run, inputs=self.file, outputs=[self.status, self.table, self.report],

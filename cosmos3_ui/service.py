@@ -15,6 +15,8 @@ from typing import Any
 from engine.events import Cancelled, Failed, Finished, Progress, Queued, Started
 from engine.registry import ModelRegistry
 
+from .files import redact, serve_results_from
+
 STAGE_LABELS = {
     "load": "Loading the model",
     "conditioning": "Encoding the conditioning input",
@@ -170,7 +172,7 @@ def cancel_outcome(job: ActiveJob, timeout: float = 20.0) -> str:
     except TimeoutError:
         return "Cancelling: the job has not stopped yet."
     except Exception as exc:  # noqa: BLE001 - a failure is an ending too
-        return f"The job ended with an error before Cancel reached it: {exc}"
+        return f"The job ended with an error before Cancel reached it: {redact(str(exc))}"
     return "The job had already finished when Cancel reached it; its result is in the history."
 
 
@@ -192,7 +194,8 @@ def apply_event(status: JobStatus, event) -> Any:
         status.stage = "done"
         return event.result
     elif isinstance(event, Failed):
-        raise StudioError(event.message, field_of(event.message) if event.kind == "invalid" else "")
+        message = redact(event.message)  # an I/O failure names its folder: never the server's path
+        raise StudioError(message, field_of(message) if event.kind == "invalid" else "")
     elif isinstance(event, Cancelled):
         raise JobWasCancelled(status.denoise_step, status.denoise_total)
     return None
@@ -204,7 +207,7 @@ class StudioService:
     def __init__(self, registry: ModelRegistry, job_queue, outputs_root: str | Path):
         self.registry = registry
         self.queue = job_queue
-        self.outputs_root = Path(outputs_root).resolve()
+        self.outputs_root = serve_results_from(outputs_root)
         self.active = ActiveJobs()
         self.reviews = None  # a cosmos3_ui.review.ReviewStore in review mode: finished results are registered
         self._described: dict[str, dict] = {}

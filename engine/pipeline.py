@@ -660,7 +660,8 @@ def generate(model: LoadedModel, request: dict, on_progress: Callable[[Progress]
         result.request_id = output_files.new_request_id()
         # Actions go in their own file; the sidecar lists it.
         sidecar = {k: v for k, v in result.summary().items() if k not in ("actions", "files")}
-        sidecar["model"] = {"name": model_name, "source": str(model.root), **model.info.summary()}
+        # The registered name, never the source: a sidecar carries no server path (issue 19).
+        sidecar["model"] = {"name": model_name or model.root.name, **model.info.summary()}
         sidecar["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         result.outputs = output_files.save_result(
             Path(outputs_root), result.request_id, frames=frames, fps=request["fps"], actions=actions, audio=audio,

@@ -9,7 +9,7 @@ fails to load leaves the models already loaded in place.
 from __future__ import annotations
 
 import gc
-import itertools
+import logging
 import re
 import queue as stdlib_queue
 import threading
@@ -23,10 +23,10 @@ from .defaults import validate_request
 from .events import (TERMINAL_EVENTS, Cancelled, Failed, Finished, JobCancelled, JobEvent, Progress, Queued,
                      SafetyRefusal, Started)
 from .loader import CheckpointError, LoadedModel, component_parameter_count, load_model, resolve_source
-from .outputs import OutputError
+from .outputs import OutputError, new_request_id
 from .registry import ModelRegistry
 
-
+log = logging.getLogger("engine.queue")
 _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")
 
 
@@ -122,6 +122,10 @@ class JobQueue:
         model this queue loads, applied to each prompt and each generated video."""
         if max_size < 1:
             raise ValueError(f"max_size must be at least 1, got {max_size}.")
+        # The denoising stack (torch, diffusers) is imported here, on the thread that builds the queue,
+        # before any job is accepted: diffusers resolves its names lazily, and a request validated on a
+        # handler thread while the worker was still importing it failed with an ImportError (issue 19).
+        from . import pipeline  # noqa: F401
         self.registry = registry
         self.outputs_root = Path(outputs_root)
         self.max_size = max_size
@@ -133,7 +137,6 @@ class JobQueue:
         self._waiting: list[_Job] = []
         self._running: _Job | None = None
         self._models: OrderedDict[str, LoadedModel] = OrderedDict()
-        self._ids = itertools.count(1)
         self._durations: dict[str, float] = {}
         self._closed = False
         self._worker = threading.Thread(target=self._work, name="cosmos3-gpu-worker", daemon=True)
@@ -164,7 +167,8 @@ class JobQueue:
                     f"The queue is full ({len(self._waiting)} jobs waiting, the limit is {self.max_size}); "
                     "try again in a minute."
                 )
-            job = _Job(id=f"job-{next(self._ids)}", model_name=model_name, request=dict(request), session_id=session_id,
+            # Unique across restarts, so an id quoted by a user finds its line in the server log.
+            job = _Job(id=new_request_id(), model_name=model_name, request=dict(request), session_id=session_id,
                        outputs_root=outputs_root)
             self._waiting.append(job)
             job.events.put(Queued(position=self._position_locked(job)))
@@ -251,10 +255,6 @@ class JobQueue:
         return self.loaded_models()
 
     def _work(self) -> None:
-        # The denoising stack (torch, diffusers) is imported here, on the worker thread, so the app
-        # can start serving pages while it loads.
-        from . import pipeline  # noqa: F401
-
         while True:
             job = self._next_job()
             if job is None:
@@ -273,12 +273,12 @@ class JobQueue:
             except JobCancelled:
                 self._finish(job, Cancelled())
             except Exception as exc:  # noqa: BLE001 - every failure becomes the job's message
-                self._finish(job, self._failure(exc))
+                self._finish(job, self._failure(exc, job))
             else:
                 self._durations[job.model_name] = time.perf_counter() - started
                 self._finish(job, Finished(result))
 
-    def _failure(self, exc: Exception) -> Failed:
+    def _failure(self, exc: Exception, job: _Job) -> Failed:
         import torch
 
         if isinstance(exc, torch.OutOfMemoryError):
@@ -293,7 +293,12 @@ class JobQueue:
             return Failed(str(exc), kind="io")
         if isinstance(exc, ValueError):
             return Failed(str(exc), kind="refused" if isinstance(exc, SafetyRefusal) else "invalid")
-        return Failed(f"Generation failed ({type(exc).__name__}): {exc}", kind="error")
+        # Not a failure the engine knows: the traceback stays in the server log under the request id,
+        # and the user gets the id to quote, not the internals.
+        log.error("request %s (model %s) failed unexpectedly: %r", job.id, job.model_name, exc, exc_info=exc,
+                  extra={"request_id": job.id})
+        return Failed(f"Generation failed because of an internal error (request id {job.id}); the server log "
+                      "has the details.", kind="error")
 
     def _free_memory(self) -> None:
         import torch

@@ -272,7 +272,9 @@ def test_cancel_reaches_only_the_sessions_own_job():
 
 
 def test_history_keeps_only_files_the_server_wrote(tmp_path):
-    root = tmp_path / "outputs"
+    from cosmos3_ui import files
+
+    root = files.serve_results_from(tmp_path / "outputs")
     folder = root / "20260101-000000-abc"
     folder.mkdir(parents=True)
     (folder / "image.png").write_bytes(b"png")
@@ -284,16 +286,21 @@ def test_history_keeps_only_files_the_server_wrote(tmp_path):
         resolved = Path(path).resolve()
         return resolved.is_file() and root.resolve() in resolved.parents
 
+    # Entries name their files relative to the outputs folder, never by the server's path.
     good = {"id": "a", "model": "nano", "tab": "t2i", "mode": "t2i", "seed": 1,
-            "files": {"image": str(folder / "image.png"), "sidecar": str(folder / "params.json")}}
+            "files": {"image": f"{folder.name}/image.png", "sidecar": f"{folder.name}/params.json"}}
+    older = dict(good, id="d", files={"image": str(folder / "image.png")})  # before issue 19: a server path
     forged = dict(good, id="b", files={"image": str(outside)})
-    sneaky = dict(good, id="c", files={"image": str(folder / ".." / ".." / "secret.txt")})
+    sneaky = dict(good, id="c", files={"image": f"{folder.name}/../../secret.txt"})
     broken = [None, "x", dict(good, files="nope"), dict(good, tab="admin"), dict(good, files={})]
-    cleaned = H.clean([good, forged, sneaky, *broken], owns)
-    assert [e["id"] for e in cleaned] == ["a"]
+    cleaned = H.clean([good, older, forged, sneaky, *broken], owns)
+    assert [e["id"] for e in cleaned] == ["a", "d"]
+    assert cleaned[1]["files"] == {"image": f"{folder.name}/image.png"}
     assert H.clean("not a list", owns) == []
-    assert H.gallery_items(cleaned) == [(str(folder / "image.png"), "nano · T2I · seed 1")]
-    assert H.entry_at(cleaned, 0) is good and H.entry_at(cleaned, 1) is None
+    shown = H.gallery_items(cleaned[:1])
+    assert len(shown) == 1 and shown[0][1] == "nano · T2I · seed 1"
+    assert Path(shown[0][0]).read_bytes() == b"png" and str(root) not in shown[0][0]  # a capability copy
+    assert H.entry_at(cleaned, 0) is cleaned[0] and H.entry_at(cleaned, 2) is None
     assert H.download_paths(good) == [str(folder / "image.png"), str(folder / "params.json")]
     many = H.add([good] * (H.HISTORY_LIMIT + 5), dict(good, id="new"))
     assert len(many) == H.HISTORY_LIMIT and many[0]["id"] == "new"
