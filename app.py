@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="run the engine as Ray Serve replicas, one per GPU group: a cluster address "
                               "('auto', 'ray://head:10001', 'local' for a cluster in this process) or a JSON config "
                               "{address, replicas, gpus_per_replica, cpus_per_replica, num_cpus, env}")
+    serving.add_argument("--remote", default=None, metavar="URL",
+                         help="front a server that speaks the /v1 dialect (another studio, SGLang, vLLM-Omni) "
+                              "instead of running models here; its key, if it needs one, in $COSMOS3_REMOTE_KEY")
     serving.add_argument("--no-api", action="store_true", help="do not serve the /v1 HTTP API")
     parser.add_argument("--safety", action="store_true",
                         help="run the Cosmos guardrail; never skipped silently: refuses to start without the "
@@ -200,6 +203,9 @@ def parse_args(argv=None) -> argparse.Namespace:
             args.criteria = parse_criteria(args.criteria)
         except ValueError as exc:
             parser.error(f"--criteria: {exc}")
+    if args.remote and (args.model or args.model_root or args.ray):
+        parser.error("--remote serves the remote server's models: it does not combine with --model, --model-root "
+                     "or --ray")
     if args.allow_hub and not args.model_root:
         parser.error("--allow-hub only applies with --model-root")
     return args
@@ -262,7 +268,10 @@ def create_studio(args: argparse.Namespace):
 
     check_safety(args)
     roots = args.model_root or None
-    registry = ModelRegistry(model_entries(args), allowed_roots=roots, allow_hub=args.allow_hub or not roots)
+    if args.remote:
+        registry = remote_registry(args)
+    else:
+        registry = ModelRegistry(model_entries(args), allowed_roots=roots, allow_hub=args.allow_hub or not roots)
     for name in registry.names():
         registry.info(name)  # config files only: a wrong path fails now, not on the first job
     args.outputs.mkdir(parents=True, exist_ok=True)
@@ -272,7 +281,11 @@ def create_studio(args: argparse.Namespace):
 
         # One guardrail for every model: it carries a guard model of its own, loaded once at start.
         queue_options["safety_checker"] = make_safety_checker()
-    if args.ray:
+    if args.remote:
+        from engine.serving.remote import RemoteJobQueue
+
+        job_queue = RemoteJobQueue(registry, args.outputs, max_size=args.queue_size)
+    elif args.ray:
         job_queue = ray_queue(args, registry)
     else:
         job_queue = JobQueue(registry, args.outputs, max_size=args.queue_size, **queue_options)
@@ -288,6 +301,13 @@ def create_studio(args: argparse.Namespace):
     if not args.no_api:
         studio.http_routes.extend(http_api(args, job_queue).router.routes)
     return studio
+
+
+def remote_registry(args: argparse.Namespace):
+    """The models of the server that --remote fronts (docs/SERVING.md)."""
+    from engine.serving.remote import RemoteRegistry
+
+    return RemoteRegistry(args.remote, os.environ.get("COSMOS3_REMOTE_KEY") or None)
 
 
 def ray_queue(args: argparse.Namespace, registry):

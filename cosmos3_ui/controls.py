@@ -67,6 +67,8 @@ def unsupported_reason(model: dict, mode: str) -> str | None:
     """Why `mode` is off for this model (None when it is available). `model` is `describe()`'s dict."""
     if mode in model["modes"]:
         return None
+    if mode in model.get("unavailable", {}):  # a remote engine says why (engine.serving.remote)
+        return model["unavailable"][mode]
     family = model["family"].capitalize()
     if model["is_distilled"] and mode in ("action", "sound"):
         return f"Distilled (few-step) checkpoints run the vision modes only; {MODE_NAMES[mode]} needs a full checkpoint."

@@ -36,7 +36,7 @@ from .api_requests import ApiError, field_of, image_request, video_request
 from .api_schema import IMAGE_BODY, VIDEO_BODY
 
 API_GROUP = "api"  # API results go to <outputs>/api/<request id>/
-CONTENT_VARIANTS = {"video": "video", "params": "sidecar", "actions": "actions"}
+CONTENT_VARIANTS = {"video": "video", "image": "image", "params": "sidecar", "actions": "actions"}
 MEDIA_TYPES = {".mp4": "video/mp4", ".png": "image/png", ".json": "application/json"}
 
 
@@ -205,11 +205,16 @@ class HttpApi:
             item["url"] = str(request.url_for("image_content", job_id=job.id))
         else:
             item["b64_json"] = base64.b64encode(image.read_bytes()).decode("ascii")
-        return {"created": job.created_at, "data": [item], "id": job.id, "model": model}
+        # `result` (seed, prompt texts, params, timings) is this server's addition: another studio
+        # fronting this one (`--remote`) shows it in its history; OpenAI clients ignore it.
+        return {"created": job.created_at, "data": [item], "id": job.id, "model": model, "result": job.result.summary()}
 
     @_answers
-    async def image_content(self, request: Request, job_id: str):
-        return self._file(self._job(request, job_id, "image"), "image")
+    async def image_content(self, request: Request, job_id: str, variant: str = "image"):
+        job = self._job(request, job_id, "image")
+        if variant not in ("image", "params"):
+            raise ApiError(400, f"variant must be 'image' or 'params', got {variant!r}.", "variant")
+        return self._file(job, CONTENT_VARIANTS[variant])
 
     @_answers
     async def create_video(self, request: Request):
@@ -233,8 +238,8 @@ class HttpApi:
     @_answers
     async def video_content(self, request: Request, job_id: str, variant: str = "video"):
         job = self._job(request, job_id, "video")
-        if variant not in CONTENT_VARIANTS:
-            raise ApiError(400, f"variant must be one of {list(CONTENT_VARIANTS)}, got {variant!r}.", "variant")
+        if variant not in ("video", "params", "actions"):
+            raise ApiError(400, f"variant must be 'video', 'params' or 'actions', got {variant!r}.", "variant")
         return self._file(job, CONTENT_VARIANTS[variant])
 
     @_answers

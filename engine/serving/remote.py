@@ -1,0 +1,262 @@
+"""Remote engines: the studio in front of a server that speaks the /v1 dialect (`--remote URL`).
+
+    python app.py --remote http://gpu-box:7860 --remote-key sk-...
+
+`RemoteRegistry` lists the remote's models (`GET /v1/models`). Another Cosmos3 studio describes each
+model fully (its variant facts ride along under `cosmos3`), so every mode, default and limit is the
+remote's own. A server that only names its models (SGLang, vLLM-Omni) gets the released variant of
+the family its id names, with text-to-image and text-to-video only: the rest is shown unavailable,
+with the reason. `RemoteJobQueue` has the `engine.JobQueue` interface: images through
+`POST /v1/images/generations`, videos through `POST /v1/videos` polled until done, cancel through
+`DELETE`; results are downloaded into this studio's outputs folder, so history and review work as
+for local jobs.
+"""
+from __future__ import annotations
+
+import base64
+import re
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..defaults import sampling_defaults, validate_request
+from ..events import Cancelled, Failed, Finished, Progress, Queued
+from ..registry import ModelEntry
+from ..variants import REQUEST_MODES, TinyLimits, VariantInfo
+from .forwarded import ForwardingBook
+
+POLL_S = 0.25
+GENERIC_MODES = ("t2i", "t2v")
+GENERIC_REASON = ("The remote server at {url} speaks the plain /v1 dialect (images from text, videos from text); "
+                  "it does not take conditioning inputs, actions or sound.")
+_FAMILY = re.compile(r"(nano|super|edge)", re.IGNORECASE)
+_STAGE = {"queued": "queued", "in_progress": "denoise", "generating": "denoise", "encoding": "decode"}
+
+
+class RemoteError(RuntimeError):
+    """The remote server could not be reached or answered something this studio cannot use."""
+
+
+def _variant(fields: dict) -> VariantInfo:
+    """A VariantInfo from another studio's `/v1/models` (`http_api.variant_fields`)."""
+    tiny = fields.get("tiny")
+    if tiny:
+        tiny = TinyLimits(image_sizes=tuple(map(tuple, tiny["image_sizes"])),
+                          video_sizes=tuple(map(tuple, tiny["video_sizes"])),
+                          frame_range=tuple(tiny["frame_range"]), default_frames=tiny["default_frames"])
+    sigmas = fields.get("distilled_sigmas")
+    return VariantInfo(**{**fields, "modes": tuple(fields["modes"]), "tiny": tiny,
+                          "distilled_sigmas": tuple(sigmas) if sigmas else None})
+
+
+class RemoteRegistry:
+    """The `ModelRegistry` interface over a remote server's `GET /v1/models`."""
+
+    def __init__(self, url: str, key: str | None = None, *, timeout_s: float = 30.0, transport=None):
+        """`transport`: an httpx transport (tests hand in a mock server)."""
+        import httpx
+
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.http = httpx.Client(base_url=self.url + "/v1/", headers=headers, timeout=timeout_s, transport=transport)
+        try:
+            answer = self.http.get("models")
+            answer.raise_for_status()
+            listed = answer.json()["data"]
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the studio cannot start on it
+            raise ValueError(f"--remote {self.url}: GET /v1/models failed ({type(exc).__name__}: {exc}).") from None
+        self._infos: dict[str, VariantInfo] = {}
+        self._unavailable: dict[str, dict[str, str]] = {}
+        self.studio_peer: dict[str, bool] = {}
+        self.skipped: dict[str, str] = {}  # model id -> why this studio cannot show it
+        for model in listed:
+            self._add(model)
+        if not self._infos:
+            raise ValueError(f"--remote {self.url}: none of its models can be served here: {self.skipped or 'none listed'}.")
+
+    def _add(self, model: dict) -> None:
+        name = model.get("id")
+        described = model.get("cosmos3") or {}
+        if described.get("variant"):
+            self._infos[name] = _variant(described["variant"])
+            self.studio_peer[name] = True
+            return
+        family = _FAMILY.search(name or "")
+        if family is None:
+            self.skipped[name] = "its id names no Cosmos3 family (nano, super, edge), so its limits are unknown"
+            return
+        released = VariantInfo.released(family.group(1).lower())
+        modes = tuple(m for m in released.modes if m in GENERIC_MODES)
+        self._infos[name] = VariantInfo(**{**released.__dict__, "modes": modes, "path": f"{self.url} {name}"})
+        reason = GENERIC_REASON.format(url=self.url)
+        self._unavailable[name] = {m: reason for m in released.modes + ("sound",) if m not in modes}
+        self.studio_peer[name] = False
+
+    def names(self) -> list[str]:
+        return list(self._infos)
+
+    def entry(self, name: str) -> ModelEntry:
+        self.info(name)
+        return ModelEntry(name, f"{self.url}#{name}", f"remote: {self.url}")
+
+    def info(self, name: str) -> VariantInfo:
+        if name not in self._infos:
+            raise ValueError(f"Unknown model {name!r}; registered models: {self.names()}.")
+        return self._infos[name]
+
+    def describe(self, name: str) -> dict:
+        info = self.info(name)
+        return {"name": name, "label": f"remote: {self.url}", **info.summary(),
+                "defaults": {m: sampling_defaults(info, m) for m in REQUEST_MODES if info.supports(m)},
+                "unavailable": dict(self._unavailable.get(name, {}))}
+
+    def describe_all(self) -> list[dict]:
+        return [self.describe(name) for name in self.names()]
+
+
+class RemoteJobQueue:
+    """The `engine.JobQueue` interface over a remote /v1 server."""
+
+    def __init__(self, registry: RemoteRegistry, outputs_root: str | Path, *, max_size: int = 16):
+        self.registry = registry
+        self.outputs_root = Path(outputs_root)
+        self.max_size = max_size
+        self._book = ForwardingBook(registry, max_size, prefix="remote")
+
+    def submit(self, model_name: str, request: dict, session_id: str | None = None,
+               output_group: str | None = None):
+        handle = self._book.open(model_name, request, session_id, output_group)
+        threading.Thread(target=self._forward, args=(handle,), name=f"remote-{handle.id}", daemon=True).start()
+        return handle
+
+    def _forward(self, handle) -> None:
+        try:
+            if handle.request["mode"] == "t2i":
+                self._image(handle)
+            else:
+                self._video(handle)
+        except Exception as exc:  # noqa: BLE001 - a remote failure fails this job only
+            handle.put(Failed(f"The remote server {self.registry.url} failed this job: {exc}", kind="remote"))
+
+    def _body(self, handle) -> dict:
+        request = {k: v for k, v in handle.request.items() if v is not None}
+        if not self.registry.studio_peer[handle.model_name]:  # the plain dialect's names
+            full = validate_request(self.registry.info(handle.model_name), request["mode"], request)
+            generic = {"model": handle.model_name, "prompt": request["prompt"], "size": f"{full['width']}x{full['height']}"}
+            if request["mode"] == "t2v":
+                generic["seconds"] = round(full["num_frames"] / full["fps"], 3)
+            for ours, theirs in (("negative_prompt", "negative_prompt"), ("seed", "seed"),
+                                 ("steps", "num_inference_steps"), ("guidance_scale", "guidance_scale")):
+                if ours in request:
+                    generic[theirs] = request[ours]
+            return generic
+        for key in ("image", "video"):
+            if request.get(key):
+                request[key] = base64.b64encode(Path(request[key]).read_bytes()).decode("ascii")
+        return {"model": handle.model_name, **request}
+
+    def _image(self, handle) -> None:
+        handle.started(self.registry.url)
+        answer = self.registry.http.post("images/generations", json={**self._body(handle), "response_format": "b64_json"},
+                                         timeout=None)
+        _raise_for(answer)
+        if handle.cancelled():
+            handle.put(Cancelled())
+            return
+        body = answer.json()
+        files = {"image": ("image.png", base64.b64decode(body["data"][0]["b64_json"]))}
+        if body.get("id") and self.registry.studio_peer[handle.model_name]:
+            files["sidecar"] = ("params.json", self._download(f"images/{body['id']}/content", {"variant": "params"}))
+        handle.put(Finished(self._result(handle, body.get("result") or {}, files)))
+
+    def _video(self, handle) -> None:
+        answer = self.registry.http.post("videos", json=self._body(handle))
+        _raise_for(answer)
+        job_id = answer.json()["id"]
+        handle.on_cancel(lambda: self.registry.http.delete(f"videos/{job_id}"))
+        started = time.monotonic()
+        while True:
+            job = self.registry.http.get(f"videos/{job_id}").json()
+            status = job.get("status")
+            if status == "queued":
+                handle.put(Queued(position=job.get("queue_position") or 0))
+            elif status in ("generating", "in_progress", "encoding"):
+                if handle.started_at is None:
+                    handle.started(self.registry.url)
+                handle.put(Progress(stage=job.get("stage") or _STAGE[status], step=int(job.get("progress") or 0),
+                                    total=100, elapsed_s=time.monotonic() - started, eta_s=job.get("eta_seconds")))
+            elif status in ("cancelled",) or (handle.cancelled() and status != "completed"):
+                handle.put(Cancelled())
+                return
+            elif status == "failed":
+                error = job.get("error") or {}
+                handle.put(Failed(f"The remote server failed this job: {error.get('message', 'no reason given')}",
+                                  kind=error.get("code", "remote")))
+                return
+            elif status == "completed":
+                break
+            time.sleep(POLL_S)
+        files = {"video": ("video.mp4", self._download(f"videos/{job_id}/content"))}
+        result = job.get("result") or {}
+        for name, file_name in (("sidecar", "params.json"), ("actions", "actions.json")):
+            if file_name in (result.get("files") or {}).values():
+                files[name] = (file_name, self._download(f"videos/{job_id}/content",
+                                                         {"variant": "params" if name == "sidecar" else "actions"}))
+        if handle.started_at is None:
+            handle.started(self.registry.url)
+        handle.put(Finished(self._result(handle, result, files)))
+
+    def _download(self, path: str, params: dict | None = None) -> bytes:
+        answer = self.registry.http.get(path, params=params)
+        _raise_for(answer)
+        return answer.content
+
+    def _result(self, handle, summary: dict, files: dict):
+        """A GenerationResult for the downloaded files (no frame array: the files are the output)."""
+        from ..outputs import new_request_id
+        from ..pipeline import GenerationResult
+
+        request_id = summary.get("request_id") or new_request_id()
+        folder = self.outputs_root / Path(*[p for p in (handle.output_group, request_id) if p])
+        staging = folder.with_name(f".{folder.name}.part")
+        staging.mkdir(parents=True, exist_ok=True)
+        for file_name, data in files.values():
+            (staging / file_name).write_bytes(data)
+        staging.rename(folder)
+        params = summary.get("params") or validate_request(self.registry.info(handle.model_name),
+                                                           handle.request["mode"], handle.request)
+        shape = summary.get("frames") or [params.get("num_frames") or 1, params.get("height"), params.get("width"), 3]
+        actions = summary.get("actions")
+        return GenerationResult(
+            frames=np.broadcast_to(np.zeros((), np.float32), tuple(shape)), audio=None, audio_sample_rate=None,
+            actions=np.asarray(actions, np.float32) if actions is not None else None,
+            seed=summary.get("seed", params.get("seed", -1)), prompt_text=summary.get("prompt_text", params["prompt"]),
+            negative_prompt_text=summary.get("negative_prompt_text", ""), params=params,
+            timings=summary.get("timings") or {}, outputs={name: folder / f for name, (f, _) in files.items()},
+            output_dir=folder, request_id=request_id)
+
+    # -- what the UI and the API read ---------------------------------------------------------------
+
+    def eta_seconds(self, position: int, model_name: str | None = None) -> float | None:
+        return None
+
+    def state(self) -> dict:
+        return {"backend": "remote", "url": self.registry.url, **self._book.snapshot()}
+
+    def loaded_models(self) -> list[str]:
+        return []
+
+    def close(self, timeout: float = 10.0) -> None:
+        for handle in self._book.live():
+            handle.cancel()
+
+
+def _raise_for(answer) -> None:
+    if answer.status_code >= 400:
+        try:
+            message = answer.json()["error"]["message"]
+        except Exception:  # noqa: BLE001 - not the dialect's error shape
+            message = answer.text[:300]
+        raise RemoteError(f"HTTP {answer.status_code}: {message}")
