@@ -69,3 +69,15 @@ def test_twenty_jobs_over_two_replicas_and_a_replica_dies(ray_studio):
     replicas = {jobs[j]["replica"] for j in others}
     assert None not in replicas and len(replicas) >= 2  # both replicas (and the one Serve restarts) served jobs
     assert http.get(f"videos/{others[0]}/content").content[4:8] == b"ftyp"
+
+
+def test_the_ui_routes_to_the_replicas_too(ray_studio):
+    from gradio_client import Client
+
+    studio, http = ray_studio
+    url = str(http.base_url).removesuffix("v1/")
+    media, result = Client(url, verbose=False).predict(
+        "nano", json.dumps({"mode": "t2i", "prompt": "a kite", "width": 64, "height": 64, "steps": 2, "seed": 8}),
+        None, api_name="/generate")
+    assert media.endswith(".png") and result["seed"] == 8
+    assert http.get("queue").json()["replicas"] == {"RUNNING": 2}  # Serve replaced the killed replica

@@ -14,6 +14,7 @@ for local jobs.
 from __future__ import annotations
 
 import base64
+import logging
 import re
 import threading
 import time
@@ -27,6 +28,7 @@ from ..registry import ModelEntry
 from ..variants import REQUEST_MODES, TinyLimits, VariantInfo
 from .forwarded import ForwardingBook
 
+log = logging.getLogger("engine.serving")
 POLL_S = 0.25
 GENERIC_MODES = ("t2i", "t2v")
 GENERIC_REASON = ("The remote server at {url} speaks the plain /v1 dialect (images from text, videos from text); "
@@ -73,6 +75,8 @@ class RemoteRegistry:
         self.skipped: dict[str, str] = {}  # model id -> why this studio cannot show it
         for model in listed:
             self._add(model)
+        for name, reason in self.skipped.items():
+            log.warning("--remote %s: model %r left out: %s", self.url, name, reason)
         if not self._infos:
             raise ValueError(f"--remote {self.url}: none of its models can be served here: {self.skipped or 'none listed'}.")
 
