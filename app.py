@@ -324,7 +324,9 @@ def http_api(args: argparse.Namespace, job_queue):
     from engine.serving.api_keys import KeyRing, configured_keys
     from engine.serving.http_api import HttpApi
 
-    return HttpApi(job_queue, KeyRing(configured_keys(args.api_keys)))
+    closed = ("This studio needs a login (--auth), so its /v1 API needs API keys too: start it with "
+              "--api-keys FILE or COSMOS3_API_KEYS.") if args.auth else None
+    return HttpApi(job_queue, KeyRing(configured_keys(args.api_keys), closed_reason=closed))
 
 
 def main(argv=None) -> int:

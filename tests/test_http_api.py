@@ -149,3 +149,28 @@ def test_key_b_cannot_read_key_a_job(api):
         assert bravo.request(method, path).status_code == 404
     assert job_id not in [j["id"] for j in bravo.get("videos").json()["data"]]
     assert alpha.get(f"videos/{job_id}/content").status_code == 200
+
+
+def test_keys_file_lines_and_a_login_without_keys_closes_the_api(tmp_path, monkeypatch):
+    import app
+    from engine.serving.api_keys import KeyRing, Unauthorized, parse_key_line, read_keys_file
+
+    key = parse_key_line("sk-abcdefgh concurrency=3 per_hour=9 name=ci", "test")
+    assert (key.name, key.concurrency, key.per_hour) == ("ci", 3, 9)
+    for bad, says in (("short", "at least 8"), ("sk-abcdefgh burst=2", "unknown option"),
+                      ("sk-abcdefgh concurrency=0", "concurrency must be")):
+        with pytest.raises(ValueError, match=says):
+            parse_key_line(bad, "test")
+    (tmp_path / "empty").write_text("# nothing\n")
+    with pytest.raises(ValueError, match="holds no key"):
+        read_keys_file(tmp_path / "empty")
+    monkeypatch.delenv("COSMOS3_API_KEYS", raising=False)
+    args = app.parse_args(["--auth", "ann:secret"])
+
+    class Queue:
+        registry, outputs_root = None, tmp_path
+
+    ring = app.http_api(args, Queue()).keys
+    with pytest.raises(Unauthorized, match="needs API keys too"):
+        ring.authenticate("Bearer anything")
+    assert KeyRing([]).authenticate(None).name == "anonymous"  # no login, no keys: open

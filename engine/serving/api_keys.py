@@ -114,10 +114,11 @@ class KeyRing:
     """Checks `Authorization: Bearer KEY` headers and each key's limits.
 
     With no keys configured the API is open and every caller is the one owner `anonymous`, with the
-    default limits.
+    default limits; unless `closed_reason` is given (the UI has a login), when every call is refused
+    with that reason, so that the API is never the way around the UI's login.
     """
 
-    def __init__(self, keys: list[ApiKey], clock=time.monotonic):
+    def __init__(self, keys: list[ApiKey], clock=time.monotonic, closed_reason: str | None = None):
         names = [k.name for k in keys]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
@@ -127,12 +128,15 @@ class KeyRing:
         self._lock = threading.Lock()
         self._usage: dict[str, _Usage] = {}
         self._open = ApiKey(name=ANONYMOUS, digest=b"")
+        self.closed_reason = None if keys else closed_reason
 
     @property
     def required(self) -> bool:
         return bool(self.keys)
 
     def authenticate(self, authorization: str | None) -> ApiKey:
+        if self.closed_reason:
+            raise Unauthorized(self.closed_reason)
         if not self.keys:
             return self._open
         scheme, _, token = (authorization or "").partition(" ")
