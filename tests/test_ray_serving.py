@@ -80,5 +80,20 @@ def test_the_ui_routes_to_the_replicas_too(ray_studio):
         "nano", json.dumps({"mode": "t2i", "prompt": "a kite", "width": 64, "height": 64, "steps": 2, "seed": 8}),
         None, api_name="/generate")
     assert media.endswith(".png") and result["seed"] == 8
+    # A conditioning image travels to the replica with the job (the replica may be on another machine).
+    import base64
+    import io
+
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(png, format="PNG")
+    job = http.post("videos", json={"model": "nano", "prompt": "the kite climbs", "size": "64x64", "num_frames": 5,
+                                    "steps": 2, "image": base64.b64encode(png.getvalue()).decode()}).json()
+    deadline = time.monotonic() + 60
+    while (job := http.get(f"videos/{job['id']}").json())["status"] not in TERMINAL:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert job["status"] == "completed" and job["result"]["params"]["mode"] == "i2v", job
     replicas = http.get("queue").json()["replicas"]
     assert sum(replicas.values()) == 2 and replicas["RUNNING"] >= 1  # Serve replaces the killed replica

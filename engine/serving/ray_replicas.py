@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -94,9 +95,19 @@ class EngineReplica:
         self.replica = context.replica_id.unique_id
         self.actor_name = context.replica_id.to_full_id_str()
 
-    async def run(self, model_name: str, request: dict, output_group: str | None):
-        """Stream one job's events; a cancelled call cancels the job."""
+    async def run(self, model_name: str, request: dict, output_group: str | None, inputs: dict):
+        """Stream one job's events; a cancelled call cancels the job. `inputs`: the conditioning files'
+        bytes by request key (this replica may be on a machine that cannot see the caller's files)."""
         yield ReplicaStarted(self.replica, self.actor_name, os.getpid())
+        with tempfile.TemporaryDirectory(prefix="cosmos3-inputs-") as folder:
+            request = dict(request)
+            for key, (file_name, data) in inputs.items():
+                request[key] = str(Path(folder) / f"{key}-{Path(file_name).name}")
+                Path(request[key]).write_bytes(data)
+            async for event in self._events(model_name, request, output_group):
+                yield event
+
+    async def _events(self, model_name: str, request: dict, output_group: str | None):
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         handle = self.queue.submit(model_name, request, output_group=output_group)
@@ -204,7 +215,9 @@ class RayJobQueue:
         if handle.cancelled():
             handle.put(Cancelled())
             return
-        call = self._handle.run.remote(handle.model_name, handle.request, handle.output_group)
+        inputs = {key: (Path(path).name, Path(path).read_bytes())
+                  for key in ("image", "video") if isinstance(path := handle.request.get(key), str)}
+        call = self._handle.run.remote(handle.model_name, handle.request, handle.output_group, inputs)
         handle.on_cancel(call.cancel)
         folder = None
         try:
