@@ -95,5 +95,15 @@ def test_the_ui_routes_to_the_replicas_too(ray_studio):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert job["status"] == "completed" and job["result"]["params"]["mode"] == "i2v", job
+    # Progress and cancel cross the boundary: a running job reports its denoising steps and stops on DELETE.
+    job_id = http.post("videos", json={"model": "nano", "prompt": "long", "size": "64x64", "num_frames": 17,
+                                       "steps": 100}).json()["id"]
+    deadline = time.monotonic() + 60
+    while (job := http.get(f"videos/{job_id}").json())["progress"] < 5:
+        assert job["status"] not in TERMINAL and time.monotonic() < deadline, job
+        time.sleep(0.05)
+    assert job["stage"] == "denoise" and job["replica"]
+    cancelled = http.delete(f"videos/{job_id}").json()
+    assert cancelled["status"] == "cancelled" and cancelled["progress"] < 94, cancelled
     replicas = http.get("queue").json()["replicas"]
     assert sum(replicas.values()) == 2 and replicas["RUNNING"] >= 1  # Serve replaces the killed replica
