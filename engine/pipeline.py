@@ -3,10 +3,11 @@
     validate -> media (conditioning latents) -> prompt -> noise -> prefill -> denoise -> decode -> save
 
 Each stage is a function over plain data. The numerics follow diffusers' Cosmos3OmniPipeline
-(0.42.1) step for step, with three deliberate differences, each tested both ways:
+(0.42.1) step for step, with four deliberate differences, each tested both ways:
 - the text tower runs once per request and branch (`engine.transformer.prefill`), not every step;
 - JSON captions get metadata injected instead of sentence templates (`engine.prompts`);
-- an optional guidance interval runs CFG only for timesteps inside it (T2I default [400, 1000]).
+- an optional guidance interval runs CFG only for timesteps inside it (T2I default [400, 1000]);
+- an action request without `fps` takes its domain's typical rate (`engine.action`), not 24.
 Plain T2V also skips the reference's VAE encode of an all-zero video, which only served for a shape,
 and I2V / V2V encode only the frames that condition (the Wan VAE is causal in time, so those latent
 frames are the same).
@@ -311,7 +312,9 @@ def safety_check_frames(model: LoadedModel, frames: np.ndarray) -> np.ndarray:
     if model.safety_checker is None:
         return frames
     is_uint8 = frames.dtype == np.uint8
-    pixels = frames if is_uint8 else (np.clip(frames, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    # The checker sees what diffusers hands it (`_apply_video_safety_check`, np output): truncation, not the
+    # output stage's rounding, so a borderline frame is judged the same way here and there.
+    pixels = frames if is_uint8 else (np.clip(frames, 0.0, 1.0) * 255).astype(np.uint8)
     checked = model.safety_checker.check_video_safety(pixels)
     if checked is None:
         raise SafetyRefusal("The safety checker refused the generated result; nothing was saved.")
@@ -504,7 +507,9 @@ def scheduler_stage(model: LoadedModel, request: dict, latents: Latents) -> Sche
         scheduler = model.make_scheduler(shift=1.0, use_dynamic_shifting=False, stochastic_sampling=True)
         scheduler.set_timesteps(sigmas=list(info.distilled_sigmas), device=device)
         return Schedulers(scheduler, distilled=True)
-    scheduler = model.make_scheduler(flow_shift=request["flow_shift"], use_karras_sigmas=False)
+    # The checkpoint's scheduler config is honoured as diffusers reads it (Karras sigmas included); only the
+    # request's flow shift replaces its own.
+    scheduler = model.make_scheduler(flow_shift=request["flow_shift"])
     if model.native_flow_schedule:
         sigmas = np.linspace(1.0 - 1.0 / scheduler.config.num_train_timesteps, 0.0, request["steps"] + 1)[:-1]
         scheduler.set_timesteps(request["steps"], device=device, sigmas=sigmas)

@@ -23,7 +23,7 @@ from pathlib import Path
 TINY_NAMES = ("nano", "nano-distilled", "super", "super-distilled", "edge", "edge-distilled")
 
 # Bump when the layout or shapes change so that cached copies are rebuilt.
-TINY_VERSION = 2
+TINY_VERSION = 3  # 3: distilled checkpoints carry modular_model_index.json
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|pad|>"]
 CHAT_TEMPLATE = (
@@ -195,6 +195,30 @@ def _scheduler_config(family: str, distilled: bool) -> dict:
     }
 
 
+def _modular_index(name: str, family: str, tokenizer_class: str) -> dict:
+    """What diffusers' own distilled pipeline reads (`ModularPipeline.from_pretrained` ->
+    `Cosmos3DistilledModularPipeline` with `Cosmos3DistilledBlocks`): the fixed sigmas and each
+    component's loading spec, as its `save_pretrained` writes them. A component whose files are in the
+    folder it is loaded from loads from there, so the specs name the checkpoint by its folder name only."""
+    def spec(subfolder: str, library: str, class_name: str) -> list:
+        return [None, None, {"pretrained_model_name_or_path": name, "revision": None, "subfolder": subfolder,
+                             "type_hint": [library, class_name], "variant": None}]
+
+    return {
+        "_blocks_class_name": "Cosmos3DistilledBlocks",
+        "_class_name": "Cosmos3DistilledModularPipeline",
+        "_diffusers_version": "0.42.1",
+        "default_use_system_prompt": True,
+        "distilled_sigmas": _T_LISTS[family],
+        "enable_safety_checker": False,
+        "is_distilled": True,
+        "scheduler": spec("scheduler", "diffusers", "FlowMatchEulerDiscreteScheduler"),
+        "text_tokenizer": spec("text_tokenizer", "transformers", tokenizer_class),
+        "transformer": spec("transformer", "diffusers", "Cosmos3OmniTransformer"),
+        "vae": spec("vae", "diffusers", "AutoencoderKLWan"),
+    }
+
+
 def _write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -240,6 +264,8 @@ def write_checkpoint(name: str, out: Path) -> Path:
             "use_native_flow_schedule": False,
         }
         _write_json(staging / "model_index.json", index)
+        if distilled:
+            _write_json(staging / "modular_model_index.json", _modular_index(name, family, type(tokenizer).__name__))
         _write_json(staging / "cosmos3_studio_tiny.json", {"family": family, "version": TINY_VERSION, **_TINY_LIMITS[family]})
         if target.exists():
             shutil.rmtree(target)

@@ -294,3 +294,28 @@ def test_safety_checker_runs_on_prompts_and_frames(tiny_family, tmp_path):
         assert set((tmp_path / "out").iterdir()) == before  # nothing saved
     finally:
         jobs.close()
+
+
+def test_the_guardrail_sees_the_frames_diffusers_would_hand_it():
+    """float -> uint8 for the checker as diffusers' `_apply_video_safety_check` does it (np output:
+    `(video * 255).astype(np.uint8)`), and back as it does; checked against diffusers' own method."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from diffusers import Cosmos3OmniPipeline
+
+    from engine.pipeline import safety_check_frames
+
+    rng = np.random.default_rng(0)
+    frames = rng.random((3, 8, 8, 3), dtype=np.float32)
+    frames[0, 0, 0] = [0.0, 1.0, 0.5 / 255]  # edges, and a value that rounding and truncation treat apart
+    ours_guard, theirs_guard = _Guardrail(), _Guardrail()
+    seen = {}
+    for name, guard in (("ours", ours_guard), ("theirs", theirs_guard)):
+        guard.check_video_safety = lambda pixels, name=name: seen.setdefault(name, pixels.copy())
+    ours = safety_check_frames(SimpleNamespace(safety_checker=ours_guard), frames)
+    holder = SimpleNamespace(safety_checker=SimpleNamespace(check_video_safety=theirs_guard.check_video_safety,
+                                                            to=lambda *a, **k: None))
+    theirs = Cosmos3OmniPipeline._apply_video_safety_check(holder, frames.copy(), output_type="np", device="cpu")
+    assert seen["ours"].dtype == np.uint8 and np.array_equal(seen["ours"], seen["theirs"])
+    assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)

@@ -22,6 +22,7 @@ from PIL import Image
 
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
+from gradio_client.utils import Status
 
 import app
 from harness import launched_studio  # noqa: E402
@@ -277,8 +278,9 @@ def _soak_jobs(upload_files):
         tag = f"soak job {i:02d}"
         if i % 10 == 7:  # invalid: wrong size
             jobs.append(("invalid", "nano", {"mode": "t2i", "prompt": tag, "width": 500, "height": 500}, None))
-        elif i % 10 == 3:  # cancelled while long
-            jobs.append(("cancel", "edge", {"mode": "t2i", "prompt": tag, "steps": 120, "seed": i}, None))
+        elif i % 10 == 3:  # cancelled while long (seconds, where the others take a fraction of one)
+            jobs.append(("cancel", "nano", {"mode": "t2v", "prompt": tag, "steps": 200, "num_frames": 17, "seed": i},
+                         None))
         elif i % 3 == 0:
             jobs.append(("video", "edge", {"mode": "t2v", "prompt": tag, "steps": 2, "num_frames": 9, "seed": i}, None))
         elif i % 3 == 1:
@@ -291,8 +293,10 @@ def _soak_jobs(upload_files):
 
 
 def test_soak_fifty_mixed_jobs_from_four_clients(studio, upload_files):
-    url, _, outputs = studio
+    url, app_studio, outputs = studio
     jobs = _soak_jobs(upload_files)
+    folders_before = {p.name for p in outputs.iterdir()}
+    cancelled_before = len(app_studio.service.active.cancelled_ids)
     outcomes: dict[int, tuple] = {}
     warm_rss = {}
 
@@ -303,9 +307,15 @@ def test_soak_fifty_mixed_jobs_from_four_clients(studio, upload_files):
             payload = (model, json.dumps(request), handle_file(str(upload)) if upload else None)
             if kind == "cancel":
                 job = client.submit(*payload, api_name="/generate")
-                time.sleep(0.6)
+                deadline = time.time() + 60
+                while time.time() < deadline and job.status().code not in (Status.PROCESSING, Status.PROGRESS):
+                    time.sleep(0.05)
                 job.cancel()
-                outcomes[index] = ("cancelled", None)
+                try:  # a cancelled job hands back no result
+                    job.result(timeout=120)
+                    outcomes[index] = ("finished", None)
+                except Exception as exc:  # noqa: BLE001 - how gradio_client reports the cancel
+                    outcomes[index] = ("cancelled", type(exc).__name__)
                 continue
             try:
                 media, result = client.predict(*payload, api_name="/generate")
@@ -353,3 +363,10 @@ def test_soak_fifty_mixed_jobs_from_four_clients(studio, upload_files):
     assert growth < 300
     leftovers = [p for p in outputs.iterdir() if p.name.startswith(".")]
     assert not leftovers, leftovers
+    # The cancelled jobs really ended cancelled: the engine stopped those it had started, and none of
+    # them left a folder (every new folder belongs to a finished job, none carries a cancelled prompt).
+    new = [p for p in outputs.iterdir() if p.name not in folders_before]
+    prompts = {json.loads((p / "params.json").read_text())["params"]["prompt"] for p in new}
+    assert not prompts & {request["prompt"] for kind, _, request, _ in jobs if kind == "cancel"}
+    assert len(new) == counts["ok"]
+    assert len(app_studio.service.active.cancelled_ids) - cancelled_before <= 5
