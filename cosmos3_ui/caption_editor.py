@@ -40,17 +40,35 @@ def warnings_html(issues: list) -> str:
     return f"<div class='caption-warning'><ul>{items}</ul></div>"
 
 
+def unknown_keys(caption: Any, kind: str) -> list[str]:
+    """Top-level keys no Cosmos3 caption has (neither this kind's nor the other kind's)."""
+    if not isinstance(caption, dict):
+        return []
+    known = set(captions.fields_for(kind)) | set(captions.IMAGE_ONLY_FIELDS) | set(captions.VIDEO_ONLY_FIELDS)
+    return [key for key in caption if key not in known]
+
+
+def unknown_keys_html(keys: list[str]) -> str:
+    if not keys:
+        return ""
+    names = ", ".join(f"<code>{html.escape(k)}</code>" for k in keys)
+    return (f"<div class='caption-warning' role='status'>Unknown caption key{'s' if len(keys) > 1 else ''} {names}: "
+            "the model was not trained on them. They are kept and sent as written unless you drop them.</div>")
+
+
 def describe_problem(text: str, kind: str) -> tuple[dict | None, str]:
-    """(caption or None, HTML message) for the JSON text: positioned parse errors, named field errors."""
+    """(caption or None, HTML message) for the JSON text: positioned parse errors, named field errors,
+    warnings, and unknown keys."""
     try:
         caption = captions.parse_caption(text)
     except captions.CaptionParseError as exc:
         return None, error_html(str(exc), exc.excerpt())
     issues = captions.validate_caption(caption, kind)
     errors = [i for i in issues if i.severity == "error"]
+    unknown = unknown_keys_html(unknown_keys(caption, kind))
     if errors:
-        return caption, error_html("Caption field errors:") + warnings_html(errors)
-    return caption, warnings_html(issues)
+        return caption, error_html("Caption field errors:") + warnings_html(errors) + unknown
+    return caption, warnings_html(issues) + unknown
 
 
 class CaptionEditor:
@@ -100,6 +118,11 @@ class CaptionEditor:
             self.prose = gr.Textbox(value=PROSE_EXAMPLES[kind], label="Prompt (prose)", lines=4, visible=False,
                                     elem_id=f"{elem_prefix}-prose")
             self.message = gr.HTML("", elem_id=f"{elem_prefix}-caption-message", padding=False)
+            with gr.Row():
+                self.keep_unknown = gr.Button("Keep unknown keys", size="sm", visible=False,
+                                              elem_id=f"{elem_prefix}-keep-unknown")
+                self.drop_unknown = gr.Button("Drop unknown keys", size="sm", visible=False,
+                                              elem_id=f"{elem_prefix}-drop-unknown")
 
     def _text_groups(self) -> list[tuple[str, list[str]]]:
         keys = self.layout.text_keys()
@@ -126,7 +149,28 @@ class CaptionEditor:
 
     @property
     def outputs(self) -> list:
-        return [self.style, self.code, self.prose, self.message, self.json_group, *self.form_components]
+        return [self.style, self.code, self.prose, self.message, self.json_group, self.keep_unknown,
+                self.drop_unknown, *self.form_components]
+
+    def sent_json(self, v: dict) -> str:
+        """The JSON text a run sends: the JSON with the form merged in, so a form edit whose input
+        event never reached the server (a paste) is sent too. Broken JSON comes back as it is."""
+        code = v[self.code] or ""
+        try:
+            base = captions.parse_caption(code)
+        except captions.CaptionParseError:
+            return code
+        if not isinstance(base, dict):
+            return code
+        texts = {key: v[box] for key, box in self.texts.items()}
+        tables = {name: v[table] for name, table in self.tables.items()}
+        caption = captions.form_to_caption(base, texts, tables, self.kind)
+        return code if caption == base else captions.pretty(caption)
+
+    def choice_updates(self, caption: Any) -> dict:
+        """Keep/Drop show only while the caption has keys the model does not know."""
+        visible = bool(unknown_keys(caption, self.kind))
+        return {self.keep_unknown: gr.update(visible=visible), self.drop_unknown: gr.update(visible=visible)}
 
     def form_updates(self, caption: dict) -> dict:
         form = captions.caption_to_form(caption, self.kind)
@@ -143,6 +187,7 @@ class CaptionEditor:
         }
         caption, message = describe_problem(json_text, self.kind)
         out[self.message] = message if style == STYLE_JSON else ""
+        out.update(self.choice_updates(caption))
         if caption is not None:
             out.update(self.form_updates(caption))
         return out
@@ -157,14 +202,16 @@ class CaptionEditor:
         text_keys = list(self.texts)
         table_names = list(self.tables)
 
+        choices = [self.keep_unknown, self.drop_unknown]
+
         def on_code(text):
             caption, message = describe_problem(text, kind)
-            out: dict[Any, Any] = {self.message: message}
+            out: dict[Any, Any] = {self.message: message, **self.choice_updates(caption)}
             if caption is not None:
                 out.update(self.form_updates(caption))
             return out
 
-        self.code.input(on_code, inputs=self.code, outputs=[self.message, *self.form_components],
+        self.code.input(on_code, inputs=self.code, outputs=[self.message, *choices, *self.form_components],
                         trigger_mode="always_last", queue=False, api_visibility=PRIVATE)
 
         def on_form(text, *values):
@@ -176,12 +223,20 @@ class CaptionEditor:
             texts = dict(zip(text_keys, values[: len(text_keys)]))
             tables = dict(zip(table_names, values[len(text_keys):]))
             caption = captions.form_to_caption(base, texts, tables, kind)
+            if caption == base:
+                return {}
             _, message = describe_problem(captions.pretty(caption), kind)
-            return {self.code: captions.pretty(caption), self.message: message}
+            return {self.code: captions.pretty(caption), self.message: message, **self.choice_updates(caption)}
 
+        form_sync = dict(inputs=[self.code, *self.form_components], outputs=[self.code, self.message, *choices],
+                         trigger_mode="always_last", queue=False, api_visibility=PRIVATE)
         for component in self.form_components:
-            component.input(on_form, inputs=[self.code, *self.form_components], outputs=[self.code, self.message],
-                            trigger_mode="always_last", queue=False, api_visibility=PRIVATE)
+            component.input(on_form, **form_sync)
+        for box in self.texts.values():
+            # A paste does not always raise an input event; leaving the box syncs whatever it holds.
+            box.blur(on_form, **form_sync)
+
+        self._wire_unknown_keys()
 
         def on_style(style, text):
             is_json = style == STYLE_JSON
@@ -198,9 +253,37 @@ class CaptionEditor:
             if text is None:
                 return {self.message: error_html(f"Unknown example {title!r}.")}
             caption = json.loads(text)
-            return {self.code: text, self.message: "", **self.form_updates(caption)}
+            return {self.code: text, self.message: "", **self.choice_updates(caption), **self.form_updates(caption)}
 
         self.example.input(on_example, inputs=self.example,
-                           outputs=[self.code, self.message, *self.form_components],
+                           outputs=[self.code, self.message, *choices, *self.form_components],
                            queue=False, api_visibility=PRIVATE)
 
+    def _wire_unknown_keys(self) -> None:
+        kind = self.kind
+        choices = [self.keep_unknown, self.drop_unknown]
+
+        def on_keep(text):
+            caption, _ = describe_problem(text, kind)
+            keys = ", ".join(unknown_keys(caption, kind))
+            note = f"<div class='caption-warning' role='status'>Kept {html.escape(keys)}; sent as written.</div>"
+            return {self.message: note, self.keep_unknown: gr.update(visible=False),
+                    self.drop_unknown: gr.update(visible=False)}
+
+        self.keep_unknown.click(on_keep, inputs=self.code, outputs=[self.message, *choices], queue=False,
+                                api_visibility=PRIVATE)
+
+        def on_drop(text):
+            caption, _ = describe_problem(text, kind)
+            if not isinstance(caption, dict):
+                return {}
+            dropped = unknown_keys(caption, kind)
+            kept = {k: value for k, value in caption.items() if k not in dropped}
+            _, message = describe_problem(captions.pretty(kept), kind)
+            note = f"<div class='caption-warning' role='status'>Dropped {html.escape(', '.join(dropped))}.</div>"
+            return {self.code: captions.pretty(kept), self.message: note + message, **self.choice_updates(kept),
+                    **self.form_updates(kept)}
+
+        self.drop_unknown.click(on_drop, inputs=self.code, outputs=[self.code, self.message, *choices,
+                                                                    *self.form_components],
+                                queue=False, api_visibility=PRIVATE)

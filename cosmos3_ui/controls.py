@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.action import ACTION_DOMAINS, ACTION_KINDS, RESOLUTION_TIERS, SUPPORTED_DOMAINS, VIEW_POINTS
+from engine.action import ACTION_DOMAINS, ACTION_KINDS, CHUNK_RANGE, RESOLUTION_TIERS, SUPPORTED_DOMAINS, VIEW_POINTS
+from engine.defaults import FLOW_SHIFT_MAX, FPS_MAX, GUIDANCE_MAX, STEPS_MAX, max_distinct_steps
+
+from .common import UI_SEED_MAX
 
 TAB_MODES = {"t2i": "Text to Image", "t2v": "Text to Video", "action": "Action"}
 MODE_NAMES = {
@@ -24,13 +27,12 @@ VIEW_LABELS = {
     "ego_view": "Ego (first person)", "third_person_view": "Third person", "wrist_view": "Wrist camera",
     "concat_view": "Concatenated views",
 }
+NEGATIVE_UNUSED = "Distilled checkpoints do not use a negative prompt."
 DISTILLED_NOTE = (
     "This is a distilled (few-step) checkpoint: it runs exactly its {steps} fixed sigmas {sigmas} with "
     "guidance baked into the weights, so steps, guidance and flow shift are fixed and the negative prompt "
     "is not used."
 )
-# Chunk sizes must keep frames = chunk + 1 at 4k+1; the UI offers the model's practical range.
-ACTION_CHUNK_UI_RANGE = (4, 64)
 
 
 def size_label(width: int, height: int) -> str:
@@ -151,6 +153,71 @@ def sampling_controls(model: dict, mode: str) -> SamplingControls:
     )
 
 
+# What the interval boxes show while the model has no interval of its own (distilled checkpoints).
+INTERVAL_FALLBACK = (400.0, 1000.0)
+
+
+def steps_max(spec: SamplingControls, flow_shift) -> int:
+    """The most steps the model runs at this flow shift (the scheduler repeats timesteps beyond it)."""
+    if spec.locked:
+        return spec.steps
+    try:
+        shift = float(flow_shift)
+    except (TypeError, ValueError):
+        return STEPS_MAX
+    if not 0.0 < shift <= FLOW_SHIFT_MAX:
+        return STEPS_MAX
+    return max_distinct_steps(shift)
+
+
+@dataclass(frozen=True)
+class LimitNotes:
+    """The allowed range of each number control, as its info line (all from the engine's limits)."""
+
+    steps: str
+    guidance: str
+    flow_shift: str
+    fps: str
+    frames: str
+    interval: str
+    seed: str
+    chunk: str
+
+
+def steps_note(spec: SamplingControls, flow_shift=None) -> str:
+    """Steps' allowed range at this flow shift; without a shift, the range before the shift's limit
+    (so building the page needs no scheduler, which imports the denoising stack)."""
+    if spec.locked:
+        return "Fixed by the distilled checkpoint."
+    if flow_shift is None:
+        return f"1 to {STEPS_MAX}; fewer at high flow shifts."
+    top = steps_max(spec, flow_shift)
+    try:
+        at = f" at flow shift {float(flow_shift):g}" if top < STEPS_MAX else ""
+    except (TypeError, ValueError):
+        at = ""
+    return f"1 to {top}{at}."
+
+
+def limit_notes(spec: SamplingControls, flow_shift=None) -> LimitNotes:
+    steps = steps_note(spec, flow_shift)
+    if spec.locked:
+        fixed = "Fixed by the distilled checkpoint."
+        guidance = shift = fixed
+    else:
+        guidance = f"0 to {GUIDANCE_MAX:g}; 1 turns guidance off."
+        shift = f"Above 0, at most {FLOW_SHIFT_MAX:g}; higher shifts allow fewer steps."
+    frames = ""
+    if spec.frames_range:
+        lo, hi = spec.frames_range
+        frames = f"{lo} to {hi}, of the form 4k+1."
+    return LimitNotes(
+        steps=steps, guidance=guidance, flow_shift=shift, fps=f"Above 0, at most {FPS_MAX:g}.", frames=frames,
+        interval="Timesteps: 0 <= start < end <= 1000.", seed=f"0 to {UI_SEED_MAX}.",
+        chunk=f"{CHUNK_RANGE[0]} to {CHUNK_RANGE[1]}, a multiple of 4; the video has chunk + 1 frames.",
+    )
+
+
 # ----------------------------------------------------------------------------------------------
 # Action controls
 # ----------------------------------------------------------------------------------------------
@@ -192,7 +259,7 @@ class DomainControls:
 
 def domain_controls(domain: str) -> DomainControls:
     d = ACTION_DOMAINS[domain]
-    chunk = min(max(d.typical_chunk, ACTION_CHUNK_UI_RANGE[0]), ACTION_CHUNK_UI_RANGE[1])
+    chunk = min(max(d.typical_chunk, CHUNK_RANGE[0]), CHUNK_RANGE[1])
     chunk -= chunk % 4
     return DomainControls(
         chunk_size=chunk, fps=float(d.typical_fps), raw_dim=int(d.raw_dim),
@@ -240,14 +307,15 @@ def variant_markdown(model: dict) -> str:
     """The variant panel: family, flags, modes, limits, and what is unavailable and why."""
     family = model["family"].capitalize()
     flags = [family]
-    if model["is_edge"]:
+    if model["is_edge"] and family != "Edge":
         flags.append("Edge")
     flags.append("distilled, " + str(len(model.get("distilled_sigmas") or [])) + " steps" if model["is_distilled"]
                  else "full sampler")
     if model.get("is_tiny"):
         flags.append("tiny random weights (outputs are noise)")
     lines = [f"**{model['name']}** · " + " · ".join(flags)]
-    if model.get("label") and model["label"] not in lines[0]:
+    said = {model["name"].lower(), *(flag.lower() for flag in flags)}
+    if model.get("label") and not any(model["label"].lower() in flag for flag in said):
         lines.append(f"_{model['label']}_")
     modes = [MODE_NAMES[m] for m in model["modes"]]
     lines.append("Modes: " + ", ".join(modes) + ".")

@@ -11,6 +11,7 @@ from typing import Any
 import gradio as gr
 
 from . import controls as C
+from . import downloads as D
 from . import history as H
 from .caption_editor import error_html
 from .common import status_html
@@ -37,8 +38,8 @@ from .service import StudioError, StudioService
 def gen_inputs(page: Page, tab: GenTab) -> list:
     """The components a generation tab's request is read from."""
     s = tab.sampling
-    items = [page.model, *tab.editor.inputs, tab.negative, tab.resolution, s.steps, s.guidance, s.flow_shift,
-             s.seed, s.randomize]
+    items = [page.model, *tab.editor.inputs, *tab.editor.form_components, tab.negative, tab.resolution, s.steps,
+             s.guidance, s.flow_shift, s.seed, s.randomize, tab.result.live_preview]
     for optional in (s.use_interval, s.interval_lo, s.interval_hi, tab.frames, tab.fps, tab.image, tab.video,
                      tab.sound):
         if optional is not None:
@@ -49,8 +50,8 @@ def gen_inputs(page: Page, tab: GenTab) -> list:
 def gen_request(tab: GenTab, v: dict) -> dict:
     """The engine request a generation tab's values describe; raises StudioError naming the input."""
     s = tab.sampling
-    style, code, prose = (v[c] for c in tab.editor.inputs)
-    prompt, _warnings = prompt_from_editor(style, code, prose, tab.kind)
+    style, prose = v[tab.editor.style], v[tab.editor.prose]
+    prompt, _warnings = prompt_from_editor(style, tab.editor.sent_json(v), prose, tab.kind)
     negative = negative_from_text(v[tab.negative], tab.kind)
     sampling = Sampling(
         resolution=v[tab.resolution], steps=v[s.steps], guidance_scale=v[s.guidance], flow_shift=v[s.flow_shift],
@@ -67,14 +68,20 @@ def gen_request(tab: GenTab, v: dict) -> dict:
 
 def gen_ui_state(tab: GenTab, v: dict) -> dict:
     """What a history entry keeps to restore a generation tab's inputs."""
-    style, code, prose = (v[c] for c in tab.editor.inputs)
-    return {"editor": {"style": style, "json": code, "prose": prose}, "negative": v[tab.negative]}
+    style, prose = v[tab.editor.style], v[tab.editor.prose]
+    return {"editor": {"style": style, "json": tab.editor.sent_json(v), "prose": prose}, "negative": v[tab.negative]}
+
+
+def synced_caption(tab: GenTab, v: dict) -> dict:
+    """The JSON box made to show what was sent, when a form edit had not reached it yet."""
+    sent = tab.editor.sent_json(v)
+    return {} if sent == v[tab.editor.code] else {tab.editor.code: sent}
 
 
 def action_inputs(page: Page) -> list:
     a, s = page.action, page.action.sampling
     return [page.model, a.kind, a.domain, a.view_point, a.chunk_size, a.tier, a.fps, a.instruction, a.image,
-            a.video, a.actions_file, s.steps, s.guidance, s.flow_shift, s.seed, s.randomize]
+            a.video, a.actions_file, s.steps, s.guidance, s.flow_shift, s.seed, s.randomize, a.result.live_preview]
 
 
 def action_tab_request(tab: ActionTab, v: dict) -> dict:
@@ -128,12 +135,21 @@ def preview_texts(service: StudioService, model: str, request: dict) -> tuple[st
 # ==============================================================================================
 
 
-def result_updates(box: ResultBox, result, model: str) -> dict:
+def named_outputs(result, model: str) -> dict[str, str]:
+    """A result's files under their download names, and the zip (see `downloads`)."""
+    return D.named_files({k: str(p) for k, p in result.outputs.items()}, model=model,
+                         mode=result.params.get("mode", ""), seed=result.seed, request_id=result.request_id)
+
+
+def result_updates(tab, result, model: str) -> dict:
+    box = tab.result
     summary = dict(result.summary(), model=model)
-    files = publish_all(p for k, p in result.outputs.items() if k in ("image", "video", "actions", "sidecar"))
+    named = named_outputs(result, model)
+    files = publish_all(D.download_list(named, with_actions=not isinstance(tab, ActionTab)))
     media = result.outputs.get("image") or result.outputs.get("video")
     took = result.timings.get("total")
     return {
+        box.live: gr.update(value=None, visible=False),
         box.status: status_html(f"Done in {took:.1f} s · seed {result.seed}" if took else f"Done · seed {result.seed}",
                                 "ok"),
         box.output: publish(media),
@@ -143,6 +159,19 @@ def result_updates(box: ResultBox, result, model: str) -> dict:
         box.prompt_view: result.prompt_text,
         box.negative_view: result.negative_prompt_text,
     }
+
+
+def result_outputs(tab) -> list:
+    """Every component `result_updates` and `preview_updates` may touch."""
+    box = tab.result
+    return [box.status, box.live, box.output, box.used_seed, box.downloads, box.result_json, box.prompt_view,
+            box.negative_view]
+
+
+def preview_updates(tab, preview) -> dict:
+    """The latest denoising preview, above where the result will be."""
+    return {tab.result.live: gr.update(value=preview.image, visible=True,
+                                       label=f"Preview at step {preview.step} of {preview.total}")}
 
 
 def action_result_updates(tab: ActionTab, actions_path, domain: str, params: dict) -> dict:
@@ -157,24 +186,112 @@ def history_updates(page: Page, history: list) -> dict:
     return {page.history.state: history, page.history.gallery: H.gallery_items(history)}
 
 
-def error_updates(tab, exc: StudioError) -> dict:
-    """The message in the tab's status line, and beside the input it concerns."""
-    message = str(exc)
-    out = {tab.result.status: status_html(message, "error")}
+# Where a refusal is shown: the UI's field names and the engine's request keys, to a place in the tab.
+PLACES = {
+    "caption": "caption", "prompt": "caption", "negative": "negative", "negative_prompt": "negative",
+    "steps": "sampling", "guidance": "sampling", "guidance_scale": "sampling", "guidance_interval": "sampling",
+    "flow_shift": "sampling", "seed": "sampling",
+    "resolution": "canvas", "width": "canvas", "height": "canvas", "frames": "canvas", "num_frames": "canvas",
+    "fps": "canvas", "sound": "canvas", "chunk": "canvas", "action": "canvas",
+    "image": "upload", "video": "upload", "actions": "upload", "file": "upload",
+}
+
+
+def _place(field: str) -> str:
+    field = field or ""
+    return PLACES.get(field) or PLACES.get(field.split(".")[0].split("[")[0], "")
+
+
+def _field_controls(tab, field: str) -> list:
+    """The controls a refusal of `field` is about, to mark them."""
+    s = tab.sampling
+    key = (field or "").split("[")[0]
+    table = {
+        "steps": [s.steps], "guidance": [s.guidance], "guidance_scale": [s.guidance], "flow_shift": [s.flow_shift],
+        "guidance_interval": [s.interval_lo, s.interval_hi], "seed": [s.seed], "fps": [tab.fps],
+        "image": [tab.image], "video": [tab.video],
+    }
     if isinstance(tab, GenTab):
-        if exc.field == "caption":
-            out[tab.editor.message] = error_html(message)
-        elif exc.field == "negative":
-            out[tab.negative_message] = error_html(message)
-    elif exc.field in ("image", "video", "actions"):
-        out[tab.upload_message] = error_html(message)
+        table.update({"resolution": [tab.resolution], "width": [tab.resolution], "height": [tab.resolution],
+                      "frames": [tab.frames], "num_frames": [tab.frames], "sound": [tab.sound]})
+    else:
+        table.update({"actions": [tab.actions_file], "action.actions": [tab.actions_file],
+                      "chunk": [tab.chunk_size], "action.chunk_size": [tab.chunk_size], "file": [tab.actions_file]})
+    return [c for c in table.get(key, []) if c is not None]
+
+
+def marked_controls(tab) -> list:
+    """Every control a refusal may mark (so the next run can unmark them)."""
+    s = tab.sampling
+    out = [s.steps, s.guidance, s.flow_shift, s.interval_lo, s.interval_hi, s.seed, tab.fps, tab.image, tab.video]
+    if isinstance(tab, GenTab):
+        out += [tab.resolution, tab.frames, tab.sound]
+    else:
+        out += [tab.actions_file, tab.chunk_size]
+    return [c for c in out if c is not None]
+
+
+def _message_box(tab, place: str):
+    if place == "sampling":
+        return tab.sampling.message
+    if isinstance(tab, GenTab):
+        return {"caption": tab.editor.message, "negative": tab.negative_message,
+                "canvas": tab.canvas_message, "upload": tab.canvas_message}.get(place)
+    return tab.upload_message if place in ("canvas", "upload") else None
+
+
+def error_updates(tab, exc: StudioError) -> dict:
+    """The message in the tab's status line and beside the input it concerns, that input marked."""
+    message = str(exc)
+    out: dict[Any, Any] = {tab.result.status: status_html(message, "error")}
+    place = _place(exc.field)
+    box = _message_box(tab, place)
+    controls = _field_controls(tab, exc.field)
+    if box is not None:
+        # An upload's message names the input it is about, as the page labels it.
+        named = f"{controls[0].label}: {message}" if place == "upload" and controls else message
+        out[box] = error_html(named)
+    if place == "sampling":
+        out[tab.sampling.accordion] = gr.update(open=True)
+    for control in controls:
+        out[control] = gr.update(elem_classes=["field-error"])
     return out
 
 
 def clear_errors(tab) -> dict:
+    """Before a run: no message from the last one, nothing marked."""
+    out: dict[Any, Any] = {tab.result.status: "", tab.sampling.message: ""}
     if isinstance(tab, GenTab):
-        return {tab.negative_message: ""}
-    return {tab.upload_message: ""}
+        out.update({tab.negative_message: "", tab.canvas_message: ""})
+    else:
+        out[tab.upload_message] = ""
+    for control in marked_controls(tab):
+        out[control] = gr.update(elem_classes=[])
+    return out
+
+
+def error_outputs(tab) -> list:
+    """Every component `error_updates` and `clear_errors` may touch."""
+    s = tab.sampling
+    out = [tab.result.status, s.message, s.accordion, *marked_controls(tab)]
+    if isinstance(tab, GenTab):
+        out += [tab.editor.message, tab.negative_message, tab.canvas_message]
+    else:
+        out.append(tab.upload_message)
+    return out
+
+
+def upload_check(image, label: str) -> str:
+    """The message under an image input right after an upload: empty when the engine can read it."""
+    from engine.media import load_image
+
+    if not image:
+        return ""
+    try:
+        load_image(image)
+    except ValueError as exc:
+        return error_html(f"{label}: {exc}")
+    return ""
 
 
 # ==============================================================================================
@@ -183,15 +300,17 @@ def clear_errors(tab) -> dict:
 
 
 def sampling_updates(box: SamplingBox, spec: C.SamplingControls) -> dict:
+    """The sampling controls at the model's defaults (values, locks and the limits in their info)."""
     locked = spec.locked or not spec.available
+    notes = C.limit_notes(spec)
     out = {
         box.lock_note: gr.update(value=spec.lock_note, visible=bool(spec.lock_note)),
-        box.steps: gr.update(value=spec.steps, interactive=not locked),
-        box.guidance: gr.update(value=spec.guidance_scale, interactive=not locked),
-        box.flow_shift: gr.update(value=spec.flow_shift, interactive=not locked),
+        box.steps: gr.update(value=spec.steps, interactive=not locked, info=notes.steps),
+        box.guidance: gr.update(value=spec.guidance_scale, interactive=not locked, info=notes.guidance),
+        box.flow_shift: gr.update(value=spec.flow_shift, interactive=not locked, info=notes.flow_shift),
     }
     if box.use_interval is not None:
-        lo, hi = spec.guidance_interval or (400.0, 1000.0)
+        lo, hi = spec.guidance_interval or C.INTERVAL_FALLBACK
         out[box.use_interval] = gr.update(value=spec.guidance_interval is not None, interactive=not locked,
                                           visible=spec.show_interval)
         out[box.interval_lo] = gr.update(value=lo, interactive=not locked, visible=spec.show_interval)
@@ -200,21 +319,22 @@ def sampling_updates(box: SamplingBox, spec: C.SamplingControls) -> dict:
 
 
 def gen_tab_updates(tab: GenTab, model: dict) -> dict:
+    """A generation tab at the model's defaults."""
     spec = C.sampling_controls(model, tab.mode)
     out = {
         tab.tab: gr.update(interactive=spec.available),
         tab.notice: gr.update(value=spec.reason or "", visible=not spec.available),
         tab.resolution: gr.update(choices=spec.resolution_choices, value=spec.resolution, interactive=spec.available),
+        # An empty info (not None) so the distilled note goes away on a full checkpoint.
         tab.negative: gr.update(interactive=spec.negative_enabled,
-                                info=None if spec.negative_enabled else
-                                "Distilled checkpoints do not use a negative prompt."),
+                                info="" if spec.negative_enabled else C.NEGATIVE_UNUSED),
         tab.negative_use: gr.update(interactive=spec.negative_enabled),
         tab.result.generate: gr.update(interactive=spec.available),
         **sampling_updates(tab.sampling, spec),
     }
     if tab.frames is not None and spec.frames_range:
-        lo, hi = spec.frames_range
-        out[tab.frames] = gr.update(minimum=lo, maximum=hi, step=4, value=spec.frames)
+        notes = C.limit_notes(spec)
+        out[tab.frames] = gr.update(value=spec.frames, info=notes.frames)
         out[tab.fps] = gr.update(value=spec.fps)
     if tab.sound is not None:
         out[tab.sound] = gr.update(value=False, interactive=spec.sound_available,
@@ -233,8 +353,8 @@ def action_updates(tab: ActionTab, model: dict) -> dict:
 
 
 def model_updates(page: Page, model: dict, current_tab: str | None = None) -> dict:
-    """Everything that follows the model: the variant panel and every tab's controls."""
-    out = {page.variant: C.variant_markdown(model)}
+    """Everything that follows the model, at its defaults: the variant panel and every tab's controls."""
+    out = {page.variant: C.variant_markdown(model), page.shown_model: model["name"], page.switch_note: ""}
     for tab in page.gen_tabs():
         out.update(gen_tab_updates(tab, model))
     out.update(action_updates(page.action, model))
@@ -242,6 +362,96 @@ def model_updates(page: Page, model: dict, current_tab: str | None = None) -> di
     if current_tab and not getattr(available, current_tab)[0]:
         out[page.tabs] = gr.update(selected="t2i")
         out[page.current_tab] = "t2i"
+    return out
+
+
+# -- switching models, keeping what still holds --------------------------------------------------
+
+
+def switch_inputs(page: Page) -> list:
+    """What a model switch reads: the model shown so far and every setting it may keep."""
+    out = [page.model, page.current_tab, page.shown_model]
+    for tab in page.all_tabs():
+        s = tab.sampling
+        out += [s.steps, s.guidance, s.flow_shift]
+        out += [c for c in (s.use_interval, s.interval_lo, s.interval_hi) if c is not None]
+        if isinstance(tab, GenTab):
+            out += [c for c in (tab.resolution, tab.frames, tab.fps, tab.sound) if c is not None]
+    return out
+
+
+def _keep(out: dict, component, value) -> None:
+    """Show `value` instead of the default the update would set (other properties stay)."""
+    update = dict(out.get(component) or {"__type__": "update"})
+    update["value"] = value
+    out[component] = update
+
+
+def _kept_sampling(tab, spec: C.SamplingControls, old: C.SamplingControls | None, v: dict, out: dict) -> list[str]:
+    """Keep steps, guidance, shift and interval where the new model runs them; the reasons for the rest."""
+    s = tab.sampling
+    if spec.locked:
+        return ["steps, guidance and flow shift: fixed by the distilled checkpoint"] if not (old and old.locked) else []
+    if old is not None and old.locked:
+        return ["steps, guidance and flow shift: back to this model's defaults (the distilled ones were fixed)"]
+    reasons = []
+    for box in (s.guidance, s.flow_shift):
+        _keep(out, box, v[box])
+    shift = v[s.flow_shift]
+    top = C.steps_max(spec, shift)
+    steps = v[s.steps]
+    if isinstance(steps, (int, float)) and 1 <= steps <= top:
+        _keep(out, s.steps, steps)
+    else:
+        reasons.append(f"steps {steps} → {spec.steps}: at most {top} run at flow shift {shift}")
+    out[s.steps] = {**out[s.steps], "info": C.limit_notes(spec, shift).steps}
+    if s.use_interval is not None and spec.show_interval:
+        for box in (s.use_interval, s.interval_lo, s.interval_hi):
+            _keep(out, box, v[box])
+    return reasons
+
+
+def _kept_canvas(tab: GenTab, spec: C.SamplingControls, v: dict, out: dict) -> list[str]:
+    reasons = []
+    allowed = [value for _, value in spec.resolution_choices]
+    if v[tab.resolution] in allowed:
+        _keep(out, tab.resolution, v[tab.resolution])
+    elif v[tab.resolution]:
+        reasons.append(f"resolution {v[tab.resolution]} → {spec.resolution}: this model does not offer it")
+    if tab.frames is not None and spec.frames_range:
+        lo, hi = spec.frames_range
+        frames = v[tab.frames]
+        if isinstance(frames, (int, float)) and lo <= frames <= hi and (frames - 1) % 4 == 0:
+            _keep(out, tab.frames, frames)
+        else:
+            reasons.append(f"frames {frames} → {spec.frames}: this model runs {lo} to {hi}")
+        _keep(out, tab.fps, v[tab.fps])
+    if tab.sound is not None and v[tab.sound]:
+        if spec.sound_available:
+            _keep(out, tab.sound, True)
+        else:
+            reasons.append("sound off: " + (spec.sound_reason or "this model has no sound"))
+    return reasons
+
+
+def switch_updates(page: Page, old_model: dict | None, model: dict, v: dict, current_tab: str | None) -> dict:
+    """A model switch: every setting that the new model still allows is kept; the others go to its
+    defaults, and the note under the picker says which and why."""
+    out = model_updates(page, model, current_tab)
+    lines = []
+    for tab in page.all_tabs():
+        mode = tab.mode if isinstance(tab, GenTab) else "action"
+        spec = C.sampling_controls(model, mode)
+        if not spec.available:
+            continue
+        old = C.sampling_controls(old_model, mode) if old_model is not None else None
+        old = old if old is not None and old.available else None
+        reasons = _kept_canvas(tab, spec, v, out) if isinstance(tab, GenTab) else []
+        reasons += _kept_sampling(tab, spec, old, v, out)
+        lines += [f"{C.TAB_MODES[mode]}: {reason}." for reason in reasons]
+    if old_model is not None and old_model["name"] != model["name"]:
+        head = f"Switched from {old_model['name']} to {model['name']}: every other setting was kept."
+        out[page.switch_note] = head + ("".join(f"\n- {line}" for line in lines) if lines else "")
     return out
 
 
@@ -284,7 +494,7 @@ def _restore_action_tab(tab: ActionTab, entry: dict, ui: dict, params: dict) -> 
                            ("instruction", tab.instruction)):
         if key in action_ui:
             out[component] = action_ui[key]
-    out.update(action_result_updates(tab, H.file_path(entry, "actions"), action_ui.get("domain", ""), params))
+    out.update(action_result_updates(tab, H.named_files(entry).get("actions"), action_ui.get("domain", ""), params))
     return out
 
 
@@ -300,7 +510,7 @@ def _restore_result(tab, entry: dict, model: str) -> dict:
     summary = entry.get("summary", {})
     out[box.output] = publish(H.media_path(entry))
     out[box.used_seed] = str(entry.get("seed", ""))
-    out[box.downloads] = publish_all(H.download_paths(entry))
+    out[box.downloads] = publish_all(H.download_paths(entry, with_actions=not isinstance(tab, ActionTab)))
     out[box.result_json] = dict(summary, model=model)
     out[box.prompt_view] = summary.get("prompt_text", "")
     out[box.negative_view] = summary.get("negative_prompt_text", "")

@@ -22,31 +22,47 @@ from .service import JobWasCancelled, StudioError, StudioService
 class Handlers:
     """Wires the events of one page to one service."""
 
-    def __init__(self, page: Page, service: StudioService, jobs: JobFollower):
+    def __init__(self, blocks: gr.Blocks, page: Page, service: StudioService, jobs: JobFollower):
+        self.blocks = blocks
         self.page = page
         self.service = service
         self.jobs = jobs
 
-    async def follow(self, tab, model: str, build: Callable[[], dict], request: gr.Request, progress):
-        """Run the request `build` makes: (result, None), or (None, the updates that say why not).
-
-        Refusals go next to the inputs they concern; the inputs themselves are never touched.
+    async def run(self, tab, v: dict, build: Callable[[], dict], request: gr.Request, progress):
+        """Run the request `build` makes, yielding updates: first the cleared errors, then the job's
+        status beside Generate and its previews, last a ("result", result) pair, or the updates that
+        say why there is none. Refusals go next to the inputs they concern; the inputs stay as they are.
         """
+        box = tab.result
+        hide = {box.live: gr.update(visible=False, value=None)}
+        yield {**F.clear_errors(tab), **hide}
+        shown = ""
         try:
-            result = await self.jobs.run(model, build(), session_of(request), progress)
+            watching = self.jobs.follow(v[self.page.model], build(), session_of(request), progress,
+                                        previews=bool(v[box.live_preview]))
+            async for watched in watching:
+                if watched.result is not None:
+                    yield ("result", watched.result)
+                    return
+                update: dict = {}
+                line = self.jobs.status_line(watched.status)
+                if line != shown:
+                    shown = update[box.status] = line
+                if watched.preview is not None:
+                    update.update(F.preview_updates(tab, watched.preview))
+                if update:
+                    yield update
         except JobWasCancelled as exc:
-            return None, {tab.result.status: status_html(exc.message(), "warn")}
+            yield {box.status: status_html(exc.message(), "warn"), **hide}
         except StudioError as exc:
             gr.Warning(str(exc))
-            return None, F.error_updates(tab, exc)
-        return result, None
+            yield {**F.error_updates(tab, exc), **hide}
 
     def finish(self, tab, model: str, result, ui: dict, history: list) -> dict:
-        """The updates a finished run shows: its result, cleared errors and the new history entry."""
+        """The updates a finished run shows: its result and the new history entry."""
         entry = H.make_entry(model=model, tab="action" if isinstance(tab, ActionTab) else tab.mode,
                              result=result, ui=ui)
-        out = F.result_updates(tab.result, result, model)
-        out.update(F.clear_errors(tab))
+        out = F.result_updates(tab, result, model)
         out.update(F.history_updates(self.page, H.add(history, entry)))
         return out
 
@@ -75,24 +91,43 @@ class Handlers:
         box.preview.click(preview, inputs=set(inputs), outputs=outputs, queue=False, api_visibility=PRIVATE,
                           api_name=f"ui_{name}_preview")
 
+    def wire_limits(self, tab) -> None:
+        """Steps follow the flow shift (the scheduler repeats timesteps past a shift's limit); an upload
+        is checked as soon as it arrives."""
+        page, s = self.page, tab.sampling
+        mode = tab.mode if isinstance(tab, GenTab) else "action"
+
+        def on_shift(model, shift):
+            spec = C.sampling_controls(self.service.describe(model), mode)
+            return gr.update(info=C.steps_note(spec, shift))
+
+        for event in (s.flow_shift.change, self.blocks.load):
+            event(on_shift, inputs=[page.model, s.flow_shift], outputs=s.steps, queue=False, api_visibility=PRIVATE)
+        if tab.image is not None:
+            message = tab.canvas_message if isinstance(tab, GenTab) else tab.upload_message
+            tab.image.upload(lambda image, label=tab.image.label: F.upload_check(image, label), inputs=tab.image,
+                             outputs=message, queue=False, api_visibility=PRIVATE)
+
     # -- text to image / video -------------------------------------------------------------------
 
     def wire_gen_tab(self, tab: GenTab) -> None:
         page = self.page
         inputs = F.gen_inputs(page, tab)
         box = tab.result
-        outputs = [box.status, box.output, box.used_seed, box.downloads, box.result_json, box.prompt_view,
-                   box.negative_view, tab.editor.message, tab.negative_message, page.history.state,
+        outputs = [*F.result_outputs(tab), tab.editor.code, *F.error_outputs(tab), page.history.state,
                    page.history.gallery]
 
         async def generate(v: dict, request: gr.Request, progress=gr.Progress()):
             model = v[page.model]
-            result, shown = await self.follow(tab, model, lambda: F.gen_request(tab, v), request, progress)
-            if result is None:
-                return shown
-            return self.finish(tab, model, result, F.gen_ui_state(tab, v), v[page.history.state])
+            async for update in self.run(tab, v, lambda: F.gen_request(tab, v), request, progress):
+                if isinstance(update, tuple):
+                    out = self.finish(tab, model, update[1], F.gen_ui_state(tab, v), v[page.history.state])
+                    yield {**out, **F.synced_caption(tab, v)}
+                else:
+                    yield update
 
         self.wire_run(tab, generate, inputs, outputs, tab.mode)
+        self.wire_limits(tab)
         self.wire_preview(tab, lambda v: F.text_only(F.gen_request(tab, v)), inputs, outputs,
                           "Preview of the text the model will receive.", tab.mode)
         tab.negative_use.click(lambda: negative_caption(tab.kind), outputs=tab.negative, queue=False,
@@ -123,29 +158,32 @@ class Handlers:
         page, a = self.page, self.page.action
         box = a.result
         inputs = F.action_inputs(page)
-        outputs = [box.status, box.output, box.used_seed, box.downloads, box.result_json, box.prompt_view,
-                   box.negative_view, a.plot, a.actions_download, a.upload_message, page.history.state,
+        outputs = [*F.result_outputs(a), a.plot, a.actions_download, *F.error_outputs(a), page.history.state,
                    page.history.gallery]
         self.wire_action_controls(a)
 
         async def generate(v: dict, request: gr.Request, progress=gr.Progress()):
             model = v[page.model]
-            result, shown = await self.follow(a, model, lambda: F.action_tab_request(a, v), request, progress)
-            if result is None:
-                return shown
-            out = self.finish(a, model, result, F.action_ui_state(a, v), v[page.history.state])
-            out.update(F.action_result_updates(a, result.outputs.get("actions"), v[a.domain], result.params))
-            return out
+            async for update in self.run(a, v, lambda: F.action_tab_request(a, v), request, progress):
+                if isinstance(update, tuple):
+                    result = update[1]
+                    out = self.finish(a, model, result, F.action_ui_state(a, v), v[page.history.state])
+                    actions = F.named_outputs(result, model).get("actions")
+                    out.update(F.action_result_updates(a, actions, v[a.domain], result.params))
+                    yield out
+                else:
+                    yield update
 
         self.wire_run(a, generate, inputs, outputs, "action")
+        self.wire_limits(a)
         self.wire_preview(a, lambda v: F.action_tab_request(a, v), inputs, outputs,
                           "Preview of the caption the engine builds (canvas from the tier's default; "
                           "the run uses the input's aspect).", "action")
 
     # -- history -----------------------------------------------------------------------------------
 
-    def wire_history(self, blocks: gr.Blocks, restore_outputs: list) -> None:
-        h, owns = self.page.history, self.service.owns
+    def wire_history(self, restore_outputs: list) -> None:
+        h, owns, blocks = self.page.history, self.service.owns, self.blocks
 
         def on_load(history):
             history = H.clean(history, owns)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from . import downloads as D
 from .files import locate, publish, relative
 
 HISTORY_LIMIT = 40
@@ -47,8 +48,18 @@ def media_path(entry: dict) -> str | None:
     return file_path(entry, "image") or file_path(entry, "video")
 
 
-def download_paths(entry: dict) -> list[str]:
-    return [p for p in (file_path(entry, k) for k in ("image", "video", "actions", "sidecar")) if p]
+def named_files(entry: dict) -> dict[str, str]:
+    """The entry's result files (server paths) under their download names (model, mode, seed, request
+    id), and the zip."""
+    request_id = entry.get("id") if not str(entry.get("id", "")).startswith("unsaved-") else None
+    files = {k: file_path(entry, k) for k in D.ORDER}
+    return D.named_files({k: p for k, p in files.items() if p}, model=entry.get("model", ""),
+                         mode=entry.get("mode", ""), seed=entry.get("seed", ""), request_id=request_id)
+
+
+def download_paths(entry: dict, with_actions: bool = True) -> list[str]:
+    """Server paths of the entry's downloads (publish them before handing them to a browser)."""
+    return D.download_list(named_files(entry), with_actions=with_actions)
 
 
 def caption_of(entry: dict) -> str:

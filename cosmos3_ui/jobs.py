@@ -9,14 +9,28 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
+from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import gradio as gr
 
 from .common import status_html
-from .service import StudioError, StudioService, apply_event, cancel_outcome
+from engine.events import Preview
+
+from .service import JobStatus, StudioError, StudioService, apply_event, cancel_outcome
 
 log = logging.getLogger("cosmos3_ui")
+
+
+@dataclass
+class Watched:
+    """One step of a followed job: its status now, and a preview image or the result when one came."""
+
+    status: JobStatus
+    preview: Any = None
+    result: Any = None
 
 
 def session_of(request: gr.Request | None) -> str:
@@ -30,21 +44,16 @@ class JobFollower:
     def __init__(self, service: StudioService):
         self.service = service
 
-    def report(self, progress, status) -> None:
-        """Show one job status on Gradio's progress bar."""
+    def report(self, progress, status: JobStatus) -> None:
+        """Show one job status on Gradio's progress bar (over the result)."""
         if status.stage == "denoise" and status.total:
             progress((status.step, status.total), desc=status.describe(), unit="steps")
-        elif status.stage == "queued":
-            try:
-                eta = self.service.queue.eta_seconds(status.position or 0)
-            except Exception:  # noqa: BLE001 - an estimate only
-                eta = None
-            progress(None, desc=status.describe() + (f" · about {eta:.0f} s" if eta else ""))
         else:
-            progress(None, desc=status.describe())
+            progress(None, desc=re.sub(r"<[^>]+>", "", self.status_line(status)))
 
-    async def drive(self, handle, session: str, progress):
-        """Follow a job's events on this handler's own task, reporting progress as they come.
+    async def watch(self, handle, session: str, progress):
+        """Follow a job's events on this handler's own task: yields a `Watched` for each change worth
+        showing, the last one carrying the result.
 
         Progress is reported from the event handler itself (not from a worker thread), so the bar
         reaches the browser. If Gradio cancels this handler (Cancel, or the client went away) the
@@ -57,26 +66,50 @@ class JobFollower:
                 event = await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)
                 if event is None:
                     raise StudioError("The job ended without a result.")
+                if isinstance(event, Preview):
+                    yield Watched(job.status, preview=event)
+                    continue
                 result = apply_event(job.status, event)
                 if result is not None:
-                    return result
+                    yield Watched(job.status, result=result)
+                    return
                 self.report(progress, job.status)
-        except (asyncio.CancelledError, anyio.get_cancelled_exc_class()):
+                yield Watched(job.status)
+        except (asyncio.CancelledError, anyio.get_cancelled_exc_class(), GeneratorExit):
             self.service.active.mark_cancelled(job)
             raise
         finally:
             self.service.active.remove(session, handle)
 
-    async def run(self, model: str, request: dict, session: str, progress, origin: str = "ui"):
-        """Submit one request and follow it to its result.
+    async def drive(self, handle, session: str, progress):
+        """Follow a job to its end and return its result (raises StudioError or JobWasCancelled)."""
+        async for watched in self.watch(handle, session, progress):
+            if watched.result is not None:
+                return watched.result
+        raise StudioError("The job ended without a result.")
 
-        Raises StudioError (a refusal or a failure, naming its input) or JobWasCancelled.
-        """
-        handle = self.service.submit(model, request, session)
+    async def follow(self, model: str, request: dict, session: str, progress, origin: str = "ui",
+                     previews: bool = False):
+        """Submit one request and follow it: yields `Watched` updates, the last one with the result
+        (recorded for review). Raises StudioError (a refusal or a failure, naming its input) or
+        JobWasCancelled."""
+        handle = self.service.submit(model, request, session, previews=previews)
         progress(None, desc="Queued")
-        result = await self.drive(handle, session, progress)
-        self.service.record(result, model, origin)
-        return result
+        async for watched in self.watch(handle, session, progress):
+            if watched.result is not None:
+                self.service.record(watched.result, model, origin)
+            yield watched
+
+    def status_line(self, status: JobStatus) -> str:
+        """What the line beside Generate says while a job runs: queue position with its wait, or the stage."""
+        text = status.describe()
+        if status.stage == "queued":
+            try:
+                eta = self.service.queue.eta_seconds(status.position or 0)
+            except Exception:  # noqa: BLE001 - an estimate only
+                eta = None
+            text += f" · about {eta:.0f} s" if eta else ""
+        return status_html(text, "info")
 
     def cancel_handler(self, status: gr.HTML):
         """A click handler for a Cancel button that stops this session's job and says so in `status`."""
@@ -95,7 +128,8 @@ class JobFollower:
 
 
 def guarded(status: gr.HTML):
-    """Turn an unexpected exception in a generate handler into a message in `status`.
+    """Turn an unexpected exception in a generate handler (an async generator of updates) into a
+    message in `status`.
 
     The traceback goes to the server log; the user sees what failed, and every input stays as it was.
     """
@@ -103,13 +137,14 @@ def guarded(status: gr.HTML):
         @functools.wraps(handler)
         async def guarded_handler(v: dict, request: gr.Request, progress=gr.Progress()):
             try:
-                return await handler(v, request, progress)
-            except (asyncio.CancelledError, anyio.get_cancelled_exc_class()):
+                async for update in handler(v, request, progress):
+                    yield update
+            except (asyncio.CancelledError, anyio.get_cancelled_exc_class(), GeneratorExit):
                 raise
             except Exception as exc:  # noqa: BLE001
                 log.exception("generate handler failed")
                 message = f"Something went wrong while showing the result ({type(exc).__name__}: {exc})."
                 gr.Warning(message)
-                return {status: status_html(message, "error")}
+                yield {status: status_html(message, "error")}
         return guarded_handler
     return wrap

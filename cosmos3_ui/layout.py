@@ -19,10 +19,10 @@ from . import files
 from . import forms as F
 from .assets import CSS_PATH, example_media
 from .caption_editor import CaptionEditor
-from .common import PRIVATE, UI_SEED_MAX
+from .common import PRIVATE
 from .handlers import Handlers
 from .jobs import JobFollower
-from .parts import ActionTab, ApiBox, GenTab, HistoryBox, Page, ResultBox, SamplingBox
+from .parts import ActionTab, ApiBox, GenTab, HistoryBox, Page, ResultBox, SamplingBox, UploadImage
 from .review_tabs import BatchTab, CompareTab, ReviewTab
 from .service import StudioError, StudioService
 
@@ -32,47 +32,52 @@ from .service import StudioError, StudioService
 
 
 def sampling_box(spec: C.SamplingControls, prefix: str, with_interval: bool) -> SamplingBox:
-    with gr.Accordion("Sampling", open=False, elem_id=f"{prefix}-sampling"):
+    notes = C.limit_notes(spec)
+    with gr.Accordion("Sampling", open=False, elem_id=f"{prefix}-sampling") as accordion:
         lock_note = gr.Markdown(spec.lock_note, visible=bool(spec.lock_note), elem_classes=["lock-note"])
         with gr.Row():
-            steps = gr.Slider(1, 200, value=spec.steps, step=1, label="Steps", interactive=not spec.locked,
+            steps = gr.Number(spec.steps, label="Steps", info=notes.steps, interactive=not spec.locked,
                               elem_id=f"{prefix}-steps")
-            guidance = gr.Slider(0.0, 30.0, value=spec.guidance_scale, step=0.1, label="Guidance scale",
+            guidance = gr.Number(spec.guidance_scale, label="Guidance scale", info=notes.guidance, step=0.1,
                                  interactive=not spec.locked, elem_id=f"{prefix}-guidance")
-            flow_shift = gr.Slider(0.5, 50.0, value=spec.flow_shift, step=0.5, label="Flow shift",
+            flow_shift = gr.Number(spec.flow_shift, label="Flow shift", info=notes.flow_shift, step=0.5,
                                    interactive=not spec.locked, elem_id=f"{prefix}-shift")
         use_interval = interval_lo = interval_hi = None
         if with_interval:
             with gr.Row():
                 use_interval = gr.Checkbox(
                     value=spec.guidance_interval is not None, label="Guide only inside a timestep interval",
-                    info="Classifier-free guidance runs only for timesteps t in [start, end] (0..1000); "
-                         "outside it one forward per step.",
+                    info="Classifier-free guidance runs only for timesteps t in [start, end]; outside it one "
+                         "forward per step.",
                     interactive=not spec.locked, elem_id=f"{prefix}-use-interval",
                 )
-                lo, hi = spec.guidance_interval or (400.0, 1000.0)
-                interval_lo = gr.Number(lo, label="Interval start", minimum=0, maximum=1000,
-                                        interactive=not spec.locked, elem_id=f"{prefix}-interval-lo")
-                interval_hi = gr.Number(hi, label="Interval end", minimum=0, maximum=1000,
-                                        interactive=not spec.locked, elem_id=f"{prefix}-interval-hi")
+                lo, hi = spec.guidance_interval or C.INTERVAL_FALLBACK
+                interval_lo = gr.Number(lo, label="Interval start", info=notes.interval, interactive=not spec.locked,
+                                        elem_id=f"{prefix}-interval-lo")
+                interval_hi = gr.Number(hi, label="Interval end", interactive=not spec.locked,
+                                        elem_id=f"{prefix}-interval-hi")
     with gr.Row(equal_height=True):
-        seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=UI_SEED_MAX, scale=3,
-                         interactive=False, elem_id=f"{prefix}-seed")
+        seed = gr.Number(0, label="Seed", info=notes.seed, scale=3, interactive=False, elem_id=f"{prefix}-seed")
         randomize = gr.Checkbox(True, label="Random seed", scale=1, elem_id=f"{prefix}-randomize")
-    return SamplingBox(lock_note, steps, guidance, flow_shift, use_interval, interval_lo, interval_hi, seed,
-                       randomize)
+    message = gr.HTML("", elem_id=f"{prefix}-sampling-message", padding=False)
+    return SamplingBox(accordion, lock_note, steps, guidance, flow_shift, use_interval, interval_lo, interval_hi, seed,
+                       randomize, message)
 
 
-def run_buttons(prefix: str) -> tuple[gr.Button, gr.Button, gr.HTML]:
-    with gr.Row():
+def run_buttons(prefix: str) -> tuple:
+    with gr.Row(equal_height=True, elem_classes=["run-row"]):
         generate = gr.Button("Generate", variant="primary", scale=3, elem_id=f"{prefix}-generate")
         cancel = gr.Button("Cancel", variant="stop", scale=1, elem_id=f"{prefix}-cancel")
+        live_preview = gr.Checkbox(True, label="Live preview", scale=1, min_width=120,
+                                   elem_id=f"{prefix}-live-preview")
     status = gr.HTML("", elem_id=f"{prefix}-status", js_on_load=None)
-    return generate, cancel, status
+    return generate, cancel, live_preview, status
 
 
 def outputs_column(prefix: str, media: str, buttons) -> ResultBox:
-    generate, cancel, status = buttons
+    generate, cancel, live_preview, status = buttons
+    live = gr.Image(label="Preview while denoising", type="numpy", interactive=False, visible=False, height=240,
+                    elem_id=f"{prefix}-live")
     if media == "image":
         output = gr.Image(label="Result", type="filepath", interactive=False, format="png",
                           buttons=["download", "fullscreen"], elem_id=f"{prefix}-output", height=360)
@@ -80,7 +85,8 @@ def outputs_column(prefix: str, media: str, buttons) -> ResultBox:
         output = gr.Video(label="Result", interactive=False, format="mp4", buttons=["download"],
                           elem_id=f"{prefix}-output", height=360, autoplay=True, loop=True)
     used_seed = gr.Textbox(label="Seed used", interactive=False, elem_id=f"{prefix}-used-seed")
-    downloads = gr.File(label="Files", file_count="multiple", interactive=False, elem_id=f"{prefix}-files")
+    downloads = gr.File(label="Files", file_count="multiple", interactive=False, elem_id=f"{prefix}-files",
+                        elem_classes=["result-files"])
     with gr.Accordion("Text sent to the model", open=False, elem_id=f"{prefix}-final-text"):
         preview = gr.Button("Preview with the current settings", size="sm", elem_id=f"{prefix}-preview")
         prompt_view = gr.Textbox(label="Prompt text (metadata included)", lines=4, max_lines=12,
@@ -89,8 +95,8 @@ def outputs_column(prefix: str, media: str, buttons) -> ResultBox:
                                    buttons=["copy"], elem_id=f"{prefix}-negative-text")
     with gr.Accordion("Parameters and timings", open=False):
         result_json = gr.JSON(label="Result", elem_id=f"{prefix}-result-json")
-    return ResultBox(status, generate, cancel, output, used_seed, downloads, result_json, preview, prompt_view,
-                     negative_view)
+    return ResultBox(status, generate, cancel, live_preview, live, output, used_seed, downloads, result_json, preview,
+                     prompt_view, negative_view)
 
 
 # ==============================================================================================
@@ -103,7 +109,7 @@ def _negative_box(mode: str, spec: C.SamplingControls) -> tuple[gr.Textbox, gr.B
         negative = gr.Textbox(
             "", label="Negative prompt (a JSON caption or prose; empty for none)", lines=4,
             max_lines=14, interactive=spec.negative_enabled, elem_id=f"{mode}-negative",
-            info=None if spec.negative_enabled else "Distilled checkpoints do not use a negative prompt.",
+            info="" if spec.negative_enabled else C.NEGATIVE_UNUSED,
         )
         negative_use = gr.Button("Use the studio's negative caption", size="sm", interactive=spec.negative_enabled)
         negative_message = gr.HTML("", js_on_load=None)
@@ -113,7 +119,7 @@ def _negative_box(mode: str, spec: C.SamplingControls) -> tuple[gr.Textbox, gr.B
 def _conditioning_box(mode: str, spec: C.SamplingControls):
     with gr.Accordion("Start from an image or a video (optional)", open=False):
         with gr.Row():
-            image = gr.Image(label="Conditioning image (image to video)", type="filepath",
+            image = UploadImage(label="Conditioning image (image to video)", type="filepath",
                              sources=["upload", "clipboard"], height=180, elem_id=f"{mode}-image")
             video = gr.Video(label="Conditioning video (video to video)", sources=["upload"], height=180,
                              elem_id=f"{mode}-video")
@@ -138,10 +144,11 @@ def gen_tab(mode: str, label: str, model: dict) -> GenTab:
                     )
                     frames = fps = None
                     if mode == "t2v":
-                        lo, hi = spec.frames_range
-                        frames = gr.Slider(lo, hi, value=spec.frames, step=4, label="Frames (4k+1)",
+                        notes = C.limit_notes(spec)
+                        frames = gr.Number(spec.frames, label="Frames", info=notes.frames, step=4,
                                            elem_id=f"{mode}-frames")
-                        fps = gr.Number(spec.fps, label="FPS", minimum=1, maximum=120, elem_id=f"{mode}-fps")
+                        fps = gr.Number(spec.fps, label="FPS", info=notes.fps, elem_id=f"{mode}-fps")
+                canvas_message = gr.HTML("", elem_id=f"{mode}-canvas-message", padding=False)
                 image = video = sound = None
                 if mode == "t2v":
                     image, video, sound = _conditioning_box(mode, spec)
@@ -151,7 +158,7 @@ def gen_tab(mode: str, label: str, model: dict) -> GenTab:
                 result = outputs_column(mode, "image" if mode == "t2i" else "video", buttons)
     editor.wire()
     return GenTab(mode, kind, tab, notice, editor, negative, negative_use, negative_message, resolution, frames,
-                  fps, image, video, sound, sampling, result)
+                  fps, canvas_message, image, video, sound, sampling, result)
 
 
 # ==============================================================================================
@@ -175,7 +182,7 @@ def action_examples(inputs: list) -> None:
     )
 
 
-def _action_inputs_column(domain_spec: C.DomainControls, first_domain: str) -> dict:
+def _action_inputs_column(domain_spec: C.DomainControls, first_domain: str, notes: C.LimitNotes) -> dict:
     kind = gr.Radio(C.kind_choices(), value="policy", label="Task", elem_id="action-kind")
     kind_note = gr.Markdown(C.kind_inputs("policy").note)
     with gr.Row():
@@ -185,17 +192,16 @@ def _action_inputs_column(domain_spec: C.DomainControls, first_domain: str) -> d
     domain_note = gr.Markdown(domain_spec.note)
     gr.Markdown(C.unsupported_domains_note(), elem_classes=["lock-note"])
     with gr.Row():
-        chunk_size = gr.Slider(C.ACTION_CHUNK_UI_RANGE[0], C.ACTION_CHUNK_UI_RANGE[1], value=domain_spec.chunk_size,
-                               step=4, label="Chunk size", info="Action steps; the video has chunk + 1 frames.",
+        chunk_size = gr.Number(domain_spec.chunk_size, step=4, label="Chunk size (action steps)", info=notes.chunk,
                                elem_id="action-chunk")
         tier = gr.Dropdown(C.tier_choices(), value=256, label="Resolution tier",
                            info="The canvas closest in aspect to the input; inputs are only downscaled.",
                            elem_id="action-tier")
-        fps = gr.Number(domain_spec.fps, label="FPS", minimum=1, maximum=120, elem_id="action-fps")
+        fps = gr.Number(domain_spec.fps, label="FPS", info=notes.fps, elem_id="action-fps")
     instruction = gr.Textbox("", label="Instruction (optional)", lines=2, placeholder="e.g. put the spoon in the pot",
                              elem_id="action-instruction")
     with gr.Row():
-        image = gr.Image(label="First frame (image)", type="filepath", sources=["upload", "clipboard"], height=180,
+        image = UploadImage(label="First frame (image)", type="filepath", sources=["upload", "clipboard"], height=180,
                          elem_id="action-image")
         video = gr.Video(label="Video", sources=["upload"], height=180, elem_id="action-video")
         actions_file = gr.File(label="Actions file (JSON, CSV or NPY)", file_types=[".json", ".csv", ".npy"],
@@ -214,14 +220,15 @@ def action_tab(model: dict) -> ActionTab:
         notice = gr.Markdown(spec.reason or "", visible=not spec.available, elem_classes=["notice"])
         with gr.Row(equal_height=False):
             with gr.Column(scale=6):
-                fields = _action_inputs_column(C.domain_controls(first_domain), first_domain)
+                fields = _action_inputs_column(C.domain_controls(first_domain), first_domain, C.limit_notes(spec))
                 sampling = sampling_box(spec, "action", with_interval=False)
                 buttons = run_buttons("action")
             with gr.Column(scale=5):
                 result = outputs_column("action", "video", buttons)
                 plot = gr.Image(label="Actions over time", interactive=False, type="numpy", height=260,
                                 elem_id="action-plot")
-                actions_download = gr.File(label="Actions (JSON)", interactive=False, elem_id="action-json")
+                actions_download = gr.File(label="Actions (JSON)", interactive=False, elem_id="action-json",
+                                           elem_classes=["result-files"])
     return ActionTab(tab=tab, notice=notice, sampling=sampling, result=result, plot=plot,
                      actions_download=actions_download, **fields)
 
@@ -241,7 +248,7 @@ def history_section(state_secret: str) -> HistoryBox:
             clear = gr.Button("Clear history", size="sm", scale=0, elem_id="history-clear")
         with gr.Row():
             files = gr.File(label="Files of the selected result", file_count="multiple", interactive=False,
-                            elem_id="history-files")
+                            elem_id="history-files", elem_classes=["result-files"])
             params = gr.JSON(label="Its parameters", elem_id="history-params")
     return HistoryBox(state, gallery, note, clear, files, params)
 
@@ -288,12 +295,15 @@ class Studio:
                 "Controls follow the chosen model: only what it supports is offered.",
                 elem_id="studio-header",
             )
-            with gr.Row(equal_height=False):
-                model = gr.Dropdown(C.model_choices(self.service.describe_all()), value=self.default_model,
-                                    label="Model", interactive=True, scale=1, elem_id="model-picker")
+            with gr.Row(equal_height=False, elem_id="model-row"):
+                with gr.Column(scale=1, min_width=260):
+                    model = gr.Dropdown(C.model_choices(self.service.describe_all()), value=self.default_model,
+                                        label="Model", interactive=True, elem_id="model-picker")
+                    switch_note = gr.Markdown("", elem_id="switch-note")
                 variant = gr.Markdown(C.variant_markdown(first), elem_id="variant-panel")
+            shown_model = gr.State(self.default_model)
             current_tab = gr.State("t2i")
-            with gr.Tabs(selected="t2i", elem_id="mode-tabs") as tabs:
+            with gr.Tabs(selected="t2i", elem_id="mode-tabs", overflow_behavior="wrap") as tabs:
                 t2i = gen_tab("t2i", "Text to Image", first)
                 t2v = gen_tab("t2v", "Text to Video", first)
                 action = action_tab(first)
@@ -303,7 +313,8 @@ class Studio:
                     self.review_tab = ReviewTab(self.review_desk).build()
                     self.batch_tab = BatchTab(self.service, self.jobs).build()
             history = history_section(self.state_secret)
-            self.page = Page(model, variant, tabs, current_tab, t2i, t2v, action, history, api_section())
+            self.page = Page(model, shown_model, variant, switch_note, tabs, current_tab, t2i, t2v, action, history,
+                             api_section())
             self._wire(blocks)
         return blocks
 
@@ -315,14 +326,17 @@ class Studio:
         page = self.page
         first = self.service.describe(self.default_model)
 
-        def on_model(name, current_tab):
+        def on_model(v: dict):
             try:
-                return self.model_updates(name, current_tab)
+                model = self.service.describe(v[page.model])
             except StudioError as exc:
                 gr.Warning(str(exc))
                 return {}
+            shown = v[page.shown_model]
+            old = self.service.describe(shown) if shown in self.service.model_names() else None
+            return F.switch_updates(page, old, model, v, v[page.current_tab])
 
-        page.model.input(on_model, inputs=[page.model, page.current_tab], outputs=F.model_outputs(page, first),
+        page.model.input(on_model, inputs=set(F.switch_inputs(page)), outputs=F.model_outputs(page, first),
                          queue=False, api_visibility=PRIVATE)
         for tab in page.all_tabs():
             tab_id = tab.mode if isinstance(tab, GenTab) else "action"
@@ -331,11 +345,11 @@ class Studio:
             box = tab.sampling
             box.randomize.change(lambda random: gr.update(interactive=not random), inputs=box.randomize,
                                  outputs=box.seed, queue=False, api_visibility=PRIVATE)
-        handlers = Handlers(page, self.service, self.jobs)
+        handlers = Handlers(blocks, page, self.service, self.jobs)
         for tab in page.gen_tabs():
             handlers.wire_gen_tab(tab)
         handlers.wire_action_tab()
-        handlers.wire_history(blocks, F.restore_outputs(page, first))
+        handlers.wire_history(F.restore_outputs(page, first))
         handlers.wire_api()
         self.compare_tab.wire(page.history)
         if self.review_tab is not None:

@@ -13,26 +13,47 @@ import gradio as gr
 from .caption_editor import CaptionEditor
 
 
+class UploadImage(gr.Image):
+    """An image upload that hands an undecodable file on as its path, so the request is refused with
+    the engine's own message at the field (Gradio's own preprocessing would fail with a bare "Error")."""
+
+    is_template = True  # drawn by the frontend's Image component
+
+    def preprocess(self, payload):
+        try:
+            return super().preprocess(payload)
+        except (OSError, ValueError) as exc:  # PIL's UnidentifiedImageError is an OSError
+            if payload is None or getattr(payload, "path", None) is None or self.type != "filepath":
+                raise gr.Error(f"{self.label}: the upload could not be read as an image ({exc}).",
+                               print_exception=False) from None
+            return str(payload.path)
+
+
 @dataclass
 class SamplingBox:
-    """Sampling controls shared by every tab."""
+    """Sampling controls shared by every tab. Numbers, not sliders: a slider clamps what is typed into
+    it, and a value the model cannot run must be refused, naming its field, never silently changed."""
 
+    accordion: gr.Accordion
     lock_note: gr.Markdown
-    steps: gr.Slider
-    guidance: gr.Slider
-    flow_shift: gr.Slider
+    steps: gr.Number
+    guidance: gr.Number
+    flow_shift: gr.Number
     use_interval: gr.Checkbox | None
     interval_lo: gr.Number | None
     interval_hi: gr.Number | None
     seed: gr.Number
     randomize: gr.Checkbox
+    message: gr.HTML  # a refusal of one of these controls, shown under them
 
 
 @dataclass
 class ResultBox:
-    status: gr.HTML
+    status: gr.HTML  # beside Generate: queue position, progress and ETA, then how the run ended
     generate: gr.Button
     cancel: gr.Button
+    live_preview: gr.Checkbox  # previews while denoising, on or off
+    live: gr.Image  # the latest preview, shown while the job runs
     output: Any
     used_seed: gr.Textbox
     downloads: gr.File
@@ -53,8 +74,9 @@ class GenTab:
     negative_use: gr.Button
     negative_message: gr.HTML
     resolution: gr.Dropdown
-    frames: gr.Slider | None
+    frames: gr.Number | None
     fps: gr.Number | None
+    canvas_message: gr.HTML  # a refusal of the size, frames, fps or sound
     image: gr.Image | None
     video: gr.Video | None
     sound: gr.Checkbox | None
@@ -71,7 +93,7 @@ class ActionTab:
     domain: gr.Dropdown
     domain_note: gr.Markdown
     view_point: gr.Dropdown
-    chunk_size: gr.Slider
+    chunk_size: gr.Number
     tier: gr.Dropdown
     fps: gr.Number
     instruction: gr.Textbox
@@ -114,7 +136,9 @@ class Page:
     """Everything the model picker and the generation tabs are made of."""
 
     model: gr.Dropdown
+    shown_model: gr.State  # the model the controls follow now (a switch compares against it)
     variant: gr.Markdown
+    switch_note: gr.Markdown  # what the last model switch kept and reset
     tabs: gr.Tabs
     current_tab: gr.State
     t2i: GenTab

@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 
 
-def actions_plot(actions, *, domain: str = "", fps: float | None = None) -> np.ndarray:
-    """[H, W, 3] uint8 image of `actions` ([steps, channels]) as lines over time."""
+def actions_plot(actions, *, domain: str = "", fps: float | None = None, names: list[str] | None = None) -> np.ndarray:
+    """[H, W, 3] uint8 image of `actions` ([steps, channels]) as lines over time, each channel named
+    (`names`, from the domain table) in a legend beside the plot, never over the curves."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -16,19 +17,21 @@ def actions_plot(actions, *, domain: str = "", fps: float | None = None) -> np.n
     if data.ndim == 1:
         data = data[:, None]
     steps, channels = data.shape
-    figure = Figure(figsize=(7.0, 3.2), dpi=100)
+    figure = Figure(figsize=(8.0, 3.2), dpi=100)
     axes = figure.add_subplot(1, 1, 1)
     x = np.arange(steps) / fps if fps else np.arange(steps)
     for channel in range(channels):
-        axes.plot(x, data[:, channel], linewidth=1.2, label=f"a{channel}")
+        label = names[channel] if names and channel < len(names) else f"a{channel}"
+        axes.plot(x, data[:, channel], linewidth=1.2, label=label)
     axes.set_xlabel("time (s)" if fps else "step")
     axes.set_ylabel("value")
     title = f"{steps} steps x {channels} channels"
     axes.set_title(f"{domain}: {title}" if domain else title, fontsize=10)
     axes.grid(True, alpha=0.3)
-    if channels <= 12:
-        axes.legend(loc="upper right", fontsize=7, ncol=min(channels, 6))
     canvas = FigureCanvasAgg(figure)  # draws off-screen; no global pyplot state
+    if channels <= 30:
+        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, ncol=1 if channels <= 12 else 2,
+                    frameon=False, borderaxespad=0.0)
     figure.tight_layout()
     canvas.draw()
     image = np.asarray(canvas.buffer_rgba())[..., :3].copy()

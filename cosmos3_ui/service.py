@@ -59,7 +59,8 @@ def field_of(message: str) -> str:
         ("prompt", "caption"), ("negative_prompt", "negative"), ("the image", "image"), ("image", "image"),
         ("the video", "video"), ("video", "video"), ("the actions", "actions"), ("action.actions", "actions"),
         ("unknown model", "model"), ("steps", "steps"), ("this distilled", "steps"), ("guidance", "guidance"),
-        ("seed", "seed"), ("fps", "fps"), ("sound", "sound"),
+        ("seed", "seed"), ("fps", "fps"), ("sound", "sound"), ("flow_shift", "flow_shift"),
+        ("with flow_shift", "steps"), ("action.chunk_size", "chunk"),
     ):
         if text.startswith(prefix):
             return name
@@ -253,8 +254,9 @@ class StudioService:
 
     # -- jobs -----------------------------------------------------------------------------------
 
-    def submit(self, model_name: str, request: dict, session: str):
-        """Validate and queue; user mistakes come back as StudioError naming the input."""
+    def submit(self, model_name: str, request: dict, session: str, previews: bool = False):
+        """Validate and queue; user mistakes come back as StudioError naming the input. With `previews`
+        the job sends a cheap preview image every few denoising steps."""
         from engine.queue import QueueFull
 
         self.describe(model_name)

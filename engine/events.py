@@ -28,6 +28,16 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Preview:
+    """A cheap look at the current clean-image estimate while denoising: uint8 [H, W, 3] (a video
+    shows a strip of a few frames side by side). Sent every few steps when previews are on."""
+
+    step: int
+    total: int
+    image: Any
+
+
+@dataclass(frozen=True)
 class Finished:
     result: Any  # engine.pipeline.GenerationResult
 
@@ -51,5 +61,5 @@ class SafetyRefusal(ValueError):
     """The Cosmos guardrail refused a prompt or a generated video; nothing was saved."""
 
 
-JobEvent = Union[Queued, Started, Progress, Finished, Failed, Cancelled]
+JobEvent = Union[Queued, Started, Progress, Preview, Finished, Failed, Cancelled]
 TERMINAL_EVENTS = (Finished, Failed, Cancelled)
