@@ -36,6 +36,7 @@ from diffusers.video_processor import VideoProcessor
 
 from . import outputs as output_files
 from . import whole_step
+from .preview import Previewer, previewer
 from .action import ACTION_DOMAINS, RESOLUTION_TIERS
 from .defaults import validate_request
 from .decode import decode_uint8
@@ -524,14 +525,19 @@ def scheduler_stage(model: LoadedModel, request: dict, latents: Latents) -> Sche
 
 def denoise_stage(model: LoadedModel, request: dict, latents: Latents, layout: GenLayout, tower,
                   schedulers: Schedulers, plan: list[bool], cond: Conditioning, generator: torch.Generator,
-                  report: Callable[[int, int], None], cancel: threading.Event | None) -> Latents:
-    """The loop; `plan[i]` says whether step i runs the unconditional branch (see `cfg_plan`)."""
+                  report: Callable[[int, int], None], cancel: threading.Event | None,
+                  preview: Previewer | None = None) -> Latents:
+    """The loop; `plan[i]` says whether step i runs the unconditional branch (see `cfg_plan`).
+    With `preview`, a cheap image of the x0 estimate goes out at its planned steps (engine.preview)."""
     whole = whole_step.prepare(model, request, latents, layout, tower, schedulers, cond, generator)
     if whole is not None:  # the fast path's step as one graph (engine.whole_step)
+        if preview is not None:
+            report = _previewing(report, preview, whole)
         latents.vision = whole_step.denoise(whole, plan, report, cancel)
         return latents
     timesteps = schedulers.vision.timesteps
     values = timesteps.tolist()  # one host copy before the loop, none per step
+    sigmas = schedulers.vision.sigmas.tolist() if preview is not None else None
     scale = request["guidance_scale"]
     has_noisy_action = latents.action_mask is not None and latents.action_mask.sum() < latents.action_mask.numel()
     for i, t in enumerate(timesteps):
@@ -544,6 +550,8 @@ def denoise_stage(model: LoadedModel, request: dict, latents: Latents, layout: G
         if plan[i]:
             uncond_v = velocity(model, layout, latents, outs[1], cond.domain_id, cond.raw_action_dim)
         vision_v = guided(cond_v.vision, uncond_v.vision, scale)
+        if preview is not None and preview.due(i + 1):
+            preview.show(i + 1, latents.vision - sigmas[i] * vision_v)  # x0 = x_t - sigma * v
         if schedulers.distilled:
             stepped = schedulers.vision.step(vision_v.unsqueeze(0), t, latents.vision.float().unsqueeze(0),
                                              generator=generator, return_dict=False)[0].squeeze(0)
@@ -566,6 +574,17 @@ def denoise_stage(model: LoadedModel, request: dict, latents: Latents, layout: G
             latents.action[:, cond.raw_action_dim:] = 0
         report(i + 1, len(timesteps))
     return latents
+
+
+def _previewing(report: Callable[[int, int], None], preview: Previewer, whole) -> Callable[[int, int], None]:
+    """The whole-step loop's progress callback, sending previews too: UniPC keeps the last x0 in its
+    history; the distilled sampler keeps none, so its preview shows the current sample."""
+    def report_and_preview(step: int, total: int) -> None:
+        report(step, total)
+        if preview.due(step):
+            held = whole.sampler.m_prev
+            preview.show(step, held if held is not None else whole.sample)
+    return report_and_preview
 
 
 def decode_stage(model: LoadedModel, latents: Latents) -> tuple[np.ndarray, np.ndarray | None]:
@@ -618,8 +637,9 @@ class _Clock:
 @torch.no_grad()
 def generate(model: LoadedModel, request: dict, on_progress: Callable[[Progress], None] | None = None,
              cancel: threading.Event | None = None, outputs_root: str | Path | None = None,
-             model_name: str | None = None) -> GenerationResult:
-    """Run one request. Saves files under `outputs_root` when given; a cancelled job writes nothing."""
+             model_name: str | None = None, previews: bool = False) -> GenerationResult:
+    """Run one request. Saves files under `outputs_root` when given; a cancelled job writes nothing.
+    With `previews`, `on_progress` also gets `Preview` events while denoising."""
     request = validate_request(model.info, request.get("mode", "t2i"), request)
     safety_check_prompt(model, request["prompt"])
     seed = resolve_seed(request["seed"])
@@ -641,7 +661,8 @@ def generate(model: LoadedModel, request: dict, on_progress: Callable[[Progress]
     tower = make_gen_tower(model, cache, branches)
     clock.lap("prefill")
     latents = denoise_stage(model, request, latents, layout, tower, schedulers, plan, cond, generator,
-                            lambda step, total: clock.report("denoise", step, total), cancel)
+                            lambda step, total: clock.report("denoise", step, total), cancel,
+                            previewer(model, len(plan), on_progress, previews))
     clock.lap("denoise")
     if cancel is not None and cancel.is_set():
         raise JobCancelled()

@@ -51,6 +51,7 @@ class _Job:
     events: stdlib_queue.Queue = field(default_factory=stdlib_queue.Queue)
     done: threading.Event = field(default_factory=threading.Event)
     outcome: JobEvent | None = None
+    previews: bool = False  # send Preview events while denoising
 
 
 class JobHandle:
@@ -145,8 +146,9 @@ class JobQueue:
     # -- submitting ---------------------------------------------------------------------------
 
     def submit(self, model_name: str, request: dict, session_id: str | None = None,
-               output_group: str | None = None) -> JobHandle:
-        """Queue a request. `output_group` (a plain folder name, e.g. a batch id) nests its outputs."""
+               output_group: str | None = None, previews: bool = False) -> JobHandle:
+        """Queue a request. `output_group` (a plain folder name, e.g. a batch id) nests its outputs;
+        `previews` asks for `Preview` events while it denoises."""
         outputs_root = self.outputs_root
         if output_group is not None:
             if not _GROUP.match(output_group):
@@ -169,7 +171,7 @@ class JobQueue:
                 )
             # Unique across restarts, so an id quoted by a user finds its line in the server log.
             job = _Job(id=new_request_id(), model_name=model_name, request=dict(request), session_id=session_id,
-                       outputs_root=outputs_root)
+                       outputs_root=outputs_root, previews=bool(previews))
             self._waiting.append(job)
             job.events.put(Queued(position=self._position_locked(job)))
             self._lock.notify_all()
@@ -230,7 +232,8 @@ class JobQueue:
 
     # -- running a job -------------------------------------------------------------------------
 
-    def run(self, model_name: str, request: dict, outputs_root: str, on_progress=None, cancel=None):
+    def run(self, model_name: str, request: dict, outputs_root: str, on_progress=None, cancel=None,
+            previews: bool = False):
         """One job, synchronously, on the calling thread: the model (cached) and `generate`.
 
         The worker calls it for every job; with `use_gpu_call` it is called inside that wrapper
@@ -240,7 +243,7 @@ class JobQueue:
 
         model = self._model(model_name, on_progress)
         return generate(model, request, on_progress=on_progress, cancel=cancel, outputs_root=Path(outputs_root),
-                        model_name=model_name)
+                        model_name=model_name, previews=previews)
 
     def use_gpu_call(self, gpu_call: Callable) -> None:
         """Run each job as `gpu_call(model_name, request, outputs_root)` (e.g. a `spaces.GPU`-wrapped
@@ -269,7 +272,7 @@ class JobQueue:
                     result = self._gpu_call(job.model_name, dict(job.request), str(job.outputs_root))
                 else:
                     result = self.run(job.model_name, job.request, str(job.outputs_root),
-                                      on_progress=job.events.put, cancel=job.cancel)
+                                      on_progress=job.events.put, cancel=job.cancel, previews=job.previews)
             except JobCancelled:
                 self._finish(job, Cancelled())
             except Exception as exc:  # noqa: BLE001 - every failure becomes the job's message

@@ -1,0 +1,91 @@
+"""Live previews while denoising (engine.preview): when they are sent, what they show, and that they
+change nothing about the result. CPU, tiny checkpoints."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import engine
+from engine.events import Preview
+from engine.pipeline import _previewing
+from engine.preview import PREVIEWS_PER_RUN, Previewer, preview_image, preview_steps
+
+
+@pytest.fixture(scope="module")
+def nano(tiny_family):
+    return engine.load_model(tiny_family["nano"])
+
+
+def _run(model, request, previews):
+    events = []
+    result = engine.generate(model, dict(request), on_progress=events.append, previews=previews)
+    return result, [e for e in events if isinstance(e, Preview)]
+
+
+def test_the_plan_spreads_previews_and_never_repeats_the_result():
+    assert preview_steps(8) == {2, 4, 6}
+    assert preview_steps(50) == {12, 25, 37}
+    assert preview_steps(4) == {1, 2, 3}
+    assert preview_steps(2) == {1}
+    assert preview_steps(1) == frozenset()
+    assert all(len(preview_steps(n)) <= PREVIEWS_PER_RUN for n in range(1, 300))
+
+
+def test_previews_are_off_unless_asked_and_never_change_the_result(nano):
+    request = {"mode": "t2i", "prompt": "a kite over a beach", "steps": 8, "seed": 3}
+    plain, none = _run(nano, request, previews=False)
+    shown, previews = _run(nano, request, previews=True)
+    assert none == []
+    assert [p.step for p in previews] == [2, 4, 6] and all(p.total == 8 for p in previews)
+    image = previews[0].image
+    assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+    np.testing.assert_array_equal(plain.frames, shown.frames)  # the preview reads the state, never writes it
+
+
+def test_a_video_preview_is_a_strip_of_frames(nano):
+    _, previews = _run(nano, {"mode": "t2v", "prompt": "a kite", "steps": 4, "seed": 1}, previews=True)
+    image = previews[-1].image
+    width, height = nano.info.tiny.video_sizes[0]
+    assert image.shape[0] == height and image.shape[1] == 3 * width  # first, middle and last latent frame
+
+
+def test_the_preview_shows_the_clean_estimate_not_the_noisy_sample(nano):
+    """x0 = x_t - sigma v: the eager loop hands the previewer the estimate, which at the last planned
+    step is close to the final latent, while the noisy sample there is not."""
+    seen = {}
+
+    class Recorder(Previewer):
+        def show(self, step, x0):
+            seen[step] = x0.clone()
+
+    import engine.pipeline as pipeline
+
+    original = pipeline.previewer
+    pipeline.previewer = lambda model, steps, emit, enabled: Recorder(model.vae, steps, emit) if enabled else None
+    try:
+        result, _ = _run(nano, {"mode": "t2i", "prompt": "a kite", "steps": 8, "seed": 5}, previews=True)
+    finally:
+        pipeline.previewer = original
+    assert sorted(seen) == [2, 4, 6]
+    first = preview_image(nano.vae, seen[2])
+    assert first.shape[:2] == result.frames.shape[1:3]  # tiny latents are not pooled
+    # The estimate moves towards the result as sigma falls.
+    final = torch.from_numpy(result.frames[0]).float()
+    error = [float((torch.from_numpy(preview_image(nano.vae, seen[s])).float() / 255 - final).abs().mean())
+             for s in (2, 6)]
+    assert error[1] < error[0]
+
+
+def test_the_whole_step_loop_previews_from_the_samplers_x0():
+    calls, shown = [], []
+    held = torch.ones(1)
+    whole = SimpleNamespace(sampler=SimpleNamespace(m_prev=held), sample=torch.zeros(1))
+    preview = SimpleNamespace(due=lambda step: step == 2, show=lambda step, x0: shown.append((step, x0)))
+    report = _previewing(lambda step, total: calls.append(step), preview, whole)
+    for step in (1, 2, 3):
+        report(step, 3)
+    assert calls == [1, 2, 3] and shown == [(2, held)]
+    whole.sampler.m_prev = None  # the distilled sampler keeps no x0: the sample is shown
+    report(2, 3)
+    assert shown[-1][1] is whole.sample
