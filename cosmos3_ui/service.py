@@ -6,6 +6,7 @@ UI and `/generate` submit, follow and report jobs the same way.
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from dataclasses import dataclass, field
@@ -212,6 +213,8 @@ class StudioService:
         self.active = ActiveJobs()
         self.reviews = None  # a cosmos3_ui.review.ReviewStore in review mode: finished results are registered
         self._described: dict[str, dict] = {}
+        # Remote queues (Ray replicas) stream no previews; only ask a queue that offers them.
+        self._queue_previews = "previews" in inspect.signature(job_queue.submit).parameters
         self._lock = threading.Lock()
 
     # -- models ---------------------------------------------------------------------------------
@@ -261,6 +264,8 @@ class StudioService:
 
         self.describe(model_name)
         try:
+            if previews and self._queue_previews:
+                return self.queue.submit(model_name, request, session_id=session, previews=True)
             return self.queue.submit(model_name, request, session_id=session)
         except QueueFull as exc:
             raise StudioError(str(exc), "queue") from None
