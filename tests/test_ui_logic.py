@@ -1,6 +1,7 @@
 """The UI's decisions without a server: control specs from the engine's table, request building,
 history checks, and the caption editor's messages."""
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from cosmos3_ui.requests import (
     video_request,
 )
 from cosmos3_ui.service import ActiveJobs, JobStatus, StudioError, apply_event, field_of
-from engine.action import ACTION_DOMAINS, SUPPORTED_DOMAINS
+from engine.action import ACTION_DOMAINS, CHUNK_RANGE, SUPPORTED_DOMAINS
 from engine.events import Cancelled, Failed, Finished, Progress, Queued, Started
 from engine.registry import ModelEntry, ModelRegistry
 
@@ -104,7 +105,7 @@ def test_action_controls_come_from_the_domain_table():
     assert "libero" in C.unsupported_domains_note()
     for name in SUPPORTED_DOMAINS:
         spec = C.domain_controls(name)
-        assert spec.chunk_size % 4 == 0 and C.ACTION_CHUNK_UI_RANGE[0] <= spec.chunk_size <= C.ACTION_CHUNK_UI_RANGE[1]
+        assert spec.chunk_size % 4 == 0 and CHUNK_RANGE[0] <= spec.chunk_size <= CHUNK_RANGE[1]
         assert spec.raw_dim == ACTION_DOMAINS[name].raw_dim and spec.fps == ACTION_DOMAINS[name].typical_fps
     assert C.domain_controls("av").chunk_size == 60 and C.domain_controls("av").fps == 10.0
     assert C.kind_inputs("inverse_dynamics") == C.KindInputs(False, True, False, C.kind_inputs("inverse_dynamics").note)
@@ -301,7 +302,12 @@ def test_history_keeps_only_files_the_server_wrote(tmp_path):
     assert len(shown) == 1 and shown[0][1] == "nano · T2I · seed 1"
     assert Path(shown[0][0]).read_bytes() == b"png" and str(root) not in shown[0][0]  # a capability copy
     assert H.entry_at(cleaned, 0) is cleaned[0] and H.entry_at(cleaned, 2) is None
-    assert H.download_paths(good) == [str(folder / "image.png"), str(folder / "params.json")]
+    # Downloads are named by model, mode, seed and request id, beside the result, plus one zip.
+    named = folder / "downloads" / "nano_t2i_seed1_a"
+    assert H.download_paths(good) == [f"{named}.png", f"{named}_params.json", f"{named}.zip"]
+    assert Path(f"{named}.png").read_bytes() == b"png"
+    with zipfile.ZipFile(f"{named}.zip") as bundle:
+        assert sorted(bundle.namelist()) == ["nano_t2i_seed1_a.png", "nano_t2i_seed1_a_params.json"]
     many = H.add([good] * (H.HISTORY_LIMIT + 5), dict(good, id="new"))
     assert len(many) == H.HISTORY_LIMIT and many[0]["id"] == "new"
 
