@@ -189,7 +189,14 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-e2e", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny dims on the CPU: checks the script, times nothing real")
     parser.add_argument("--json", default=None, help="write the raw results here")
+    parser.add_argument("--e2e", default=None, help="end-to-end workloads (bench/e2e.py WORKLOADS), comma-separated, "
+                        "or 'all': prefill/denoise/decode/total, cold and warm, beside the published numbers")
+    parser.add_argument("--e2e-ablate", default=None, help="workloads to ablate the new pieces on (whole step, "
+                        "uint8 decode, FP8, graph recapture), plus the warm-up effect and the decode variants")
+    parser.add_argument("--cold-only", default="nano-t2v-720p", help="e2e workloads measured cold only (device time)")
     args = parser.parse_args(argv)
+    if args.e2e or args.e2e_ablate:
+        return main_e2e(args)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     if args.smoke:
         from bench import models
@@ -240,6 +247,45 @@ def main(argv=None) -> int:
     print(markdown(results))
     if args.json:
         Path(args.json).write_text(json.dumps({"header": header, "steps": results, "vae": vae_rows, "e2e": e2e}, indent=2))
+    return 0
+
+
+def main_e2e(args) -> int:
+    """The end-to-end sections: one model per family, built once, workloads in the order given."""
+    from bench import e2e
+    from engine.tiny import build_tokenizer
+
+    header = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name(), "command": " ".join(sys.argv)}
+    for package in ("triton", "diffusers", "torchao"):
+        try:
+            header[package] = __import__(package).__version__
+        except ImportError:
+            header[package] = None
+    print(json.dumps(header), flush=True)
+    names = list(e2e.WORKLOADS) if args.e2e == "all" else [n for n in (args.e2e or "").split(",") if n]
+    ablate = [n for n in (args.e2e_ablate or "").split(",") if n]
+    results = {"header": header, "e2e": [], "ablations": [], "warm_up": None, "decode": None}
+    log = lambda row: print(json.dumps(row, default=str), flush=True)  # noqa: E731
+    for family in ("edge", "nano"):
+        mine = [n for n in names if e2e.WORKLOADS[n][0] == family]
+        mine_ablate = [n for n in ablate if e2e.WORKLOADS[n][0] == family]
+        if not (mine or mine_ablate):
+            continue
+        model = as_loaded_model(build_transformer(family), family, vae=build_vae(), tokenizer=build_tokenizer())
+        for name in mine:
+            results["e2e"] += e2e.run(model, [name], warm=name not in args.cold_only.split(","), log=log)
+        for name in mine_ablate:
+            results["ablations"].append(e2e.ablate(model, name, log=log))
+        if mine_ablate and family == "edge":
+            results["warm_up"] = e2e.warm_up_effect(model, "edge-t2i-480-new-size", log=log)
+            results["decode"] = e2e.decode_variants(model.vae, log=log)
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+        if args.json:  # after each family, so a run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    print(e2e.markdown(results["e2e"]))
     return 0
 
 

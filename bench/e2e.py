@@ -1,0 +1,196 @@
+"""End to end through `engine.generate`, per workload: prefill, denoise, decode, total; cold and warm;
+beside the best published numbers (sources named). Used by `bench/bench_engine.py --e2e`.
+
+Full-size random weights (bench/models.py), the full-size random Wan2.2 VAE, the offline test
+tokenizer, and a caption repeated to about 1.6k tokens (real captions run 1.5k-3k). "cold" is the
+first request at that size in the process (the model already loaded; earlier sections of the same run
+may have compiled shared kernels, which the table says); "warm" repeats the same request. Files are
+not written (the device has no H.264 encoder wheel small enough to carry), so "total" ends with the
+frames in host memory, ready to write.
+"""
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+# Workload: (family, request, published numbers with their sources).
+WORKLOADS = {
+    "nano-t2v-720p": ("nano", dict(mode="t2v", width=1280, height=720, num_frames=189, steps=35, guidance_interval=None),
+                      "NIM (FP8) 200.6 s, vLLM-Omni 208.4 s, PyTorch 214.3 s, Diffusers 239.6 s "
+                      "(NVIDIA/cosmos inference_benchmarks, 1 H200); target <= 190 s"),
+    "edge-t2v-480p": ("edge", dict(mode="t2v", width=832, height=480, num_frames=121, steps=50),
+                      "Edge I2V 480p/121f: PyTorch 12.3 s, vLLM-Omni 13.1 s (NVIDIA/cosmos inference_benchmarks, "
+                      "1 H200); target <= 12 s"),
+    "nano-t2i-1024": ("nano", dict(mode="t2i", width=1024, height=1024, steps=35, guidance_interval=None),
+                      "SGLang #36571 on an H100: denoise 1.60 s, end to end 2.81 s; target denoise <= 1.5 s"),
+    "edge-t2i-640": ("edge", dict(mode="t2i", width=640, height=640),
+                     "SGLang: an Edge T2I step (both branches) profiles at ~6 ms on Hopper; target <= 0.6 s"),
+    "edge-t2i-480-new-size": ("edge", dict(mode="t2i", width=480, height=480),
+                              "target: first request at a new size <= 1.5x warm"),
+}
+PROMPT_TOKENS = 1600
+
+
+def long_prompt(model, tokens: int = PROMPT_TOKENS, extra: str = "") -> str:
+    """The example JSON caption, its `context` field lengthened until the tokenizer gives >= `tokens` tokens."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "assets" / "captions" / "image_lighthouse_keeper.json"
+    caption = json.loads(path.read_text()) if path.is_file() else {}
+    sentence = "The keeper's lantern throws long shadows over wet stone while waves break far below. "
+    context = sentence
+    while True:
+        text = json.dumps({**caption, "context": context + extra}, ensure_ascii=False)
+        if len(model.tokenizer(text)["input_ids"]) >= tokens:
+            return text
+        context += sentence
+
+
+def _stages(timings: dict) -> dict:
+    prefill = sum(timings.get(k, 0.0) for k in ("conditioning", "prompt", "prefill"))
+    return {"prefill_s": prefill, "denoise_s": timings["denoise"], "decode_s": timings["decode"],
+            "total_s": timings["total"]}
+
+
+def timed_generate(model, request) -> dict:
+    from engine.pipeline import generate
+
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    result = generate(model, request)
+    torch.cuda.synchronize()
+    row = _stages(result.timings)
+    row["wall_s"] = time.perf_counter() - began
+    row["steps"] = result.params["steps"]
+    row["denoise_ms_per_step"] = 1000 * row["denoise_s"] / row["steps"]
+    return row
+
+
+def run(model, names, *, warm: bool = True, log=print) -> list[dict]:
+    """Each workload of this model's family: cold, then (unless `warm` is False) warm."""
+    prompt = long_prompt(model)
+    rows = []
+    for name in names:
+        family, request, published = WORKLOADS[name]
+        request = dict(request, prompt=prompt, seed=1)
+        row = {"workload": name, "family": family, "published": published,
+               "prompt_tokens": len(model.tokenizer(prompt)["input_ids"]), "cold": timed_generate(model, request)}
+        log(row)
+        if warm:
+            row["warm"] = timed_generate(model, request)
+            log(row)
+        rows.append(row)
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| workload | run | prefill s | denoise s (ms/step) | decode s | total s | published (source) |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for run_name in ("cold", "warm"):
+            r = row.get(run_name)
+            if r is None:
+                continue
+            lines.append(f"| {row['workload']} | {run_name} | {r['prefill_s']:.2f} | {r['denoise_s']:.2f} "
+                         f"({r['denoise_ms_per_step']:.1f}) | {r['decode_s']:.2f} | {r['total_s']:.2f} | "
+                         f"{row['published'] if run_name == 'cold' else ''} |")
+    return "\n".join(lines)
+
+
+def _with_options(model, **changes):
+    from engine.fast_path import FastPathOptions
+
+    base = FastPathOptions.from_env(model.device)
+    model.fast_path = FastPathOptions(**{**base.__dict__, **changes})
+
+
+def ablate(model, name: str, log=print) -> dict:
+    """The new pieces one at a time on one workload (warm, each after its own warm-up request):
+    whole step off, uint8 decode off, FP8 on; a new prompt length (graph recapture) against a kept graph."""
+    family, request, _ = WORKLOADS[name]
+    prompt = long_prompt(model)
+    request = dict(request, prompt=prompt, seed=1)
+    out = {"workload": name}
+    variants = {"fast path (all on)": {}, "whole step off": {"whole_step": False},
+                "uint8 decode off": {"uint8_frames": False}}
+    try:
+        import torchao  # noqa: F401
+
+        variants["FP8 on"] = {"fp8": True}
+    except ImportError:
+        out["FP8 on"] = "torchao not installed"
+    for label, changes in variants.items():
+        _with_options(model, **changes)
+        try:
+            timed_generate(model, request)  # its own warm-up
+            out[label] = timed_generate(model, request)
+        finally:
+            model.fast_path = None
+        log({label: out[label]})
+    # Same shape, a prompt of another length: the kept step graphs cannot serve it, so it recaptures.
+    timed_generate(model, request)
+    out["kept graph, same prompt"] = timed_generate(model, request)
+    out["new prompt length (recapture)"] = timed_generate(model, dict(request, prompt=long_prompt(model, extra=" At dawn.")))
+    log(out)
+    return out
+
+
+def warm_up_effect(model, name: str, log=print) -> dict:
+    """`engine.warmup.warm_up` over the T2I sizes, then the first request at `name`'s size against warm."""
+    from engine.warmup import warm_up
+
+    family, request, _ = WORKLOADS[name]
+    request = dict(request, prompt=long_prompt(model), seed=1)
+    began = time.perf_counter()
+    sizes = warm_up(model, modes=(request["mode"],))
+    out = {"warm_up_s": time.perf_counter() - began, "sizes": sizes}
+    out["first after warm-up"] = timed_generate(model, request)
+    out["warm"] = timed_generate(model, request)
+    log(out)
+    return out
+
+
+def decode_variants(vae, log=print) -> list[dict]:
+    """Decode stage, latents to uint8 frames in host memory: the exact path's route (VAE, float32 frames on
+    the host, the output stage's rounding) against `engine.decode.decode_uint8`; channels-last weights."""
+    import numpy as np
+    from diffusers.video_processor import VideoProcessor
+
+    from engine.decode import decode_uint8
+    from engine.outputs import frames_to_uint8
+
+    for param in vae.parameters():
+        if param.dim() == 5:
+            param.data = param.data.contiguous(memory_format=torch.channels_last_3d)
+    rows = []
+    for label, frames, height, width in (("832x480 121f", 121, 480, 832), ("1280x720 189f", 189, 720, 1280)):
+        z = torch.randn(1, 48, (frames - 1) // 4 + 1, height // 16, width // 16, device="cuda", dtype=vae.dtype)
+        z = z.contiguous(memory_format=torch.channels_last_3d)
+
+        def exact():
+            with torch.no_grad():
+                decoded = vae.decode(z).sample.float()
+            video = VideoProcessor(vae_scale_factor=16).postprocess_video(decoded, output_type="np")[0].astype(np.float32)
+            return frames_to_uint8(video)
+
+        row = {"decode": label}
+        for name, fn in (("float32 host frames (before)", exact), ("uint8 on the GPU (now)", lambda: decode_uint8(vae, z))):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            began = time.perf_counter()
+            out = fn()
+            row[name] = time.perf_counter() - began
+            row[name + " peak GiB"] = torch.cuda.max_memory_allocated() / 2**30
+            row.setdefault("frames", out)
+        row["equal"] = bool(np.array_equal(row.pop("frames"), decode_uint8(vae, z)))
+        log(row)
+        rows.append(row)
+        del z
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows

@@ -1,0 +1,57 @@
+"""Warm a loaded model at every whitelisted size of its default modes, so no user request is cold.
+
+A first request at a new size pays, on the user's time, for what the fast path does once per shape:
+Triton kernels compile (or load from Triton's on-disk cache), `kernels.dispatch` times its candidates,
+cuDNN and cuBLAS build their plans, the VAE decoder's convolutions pick algorithms, and the step's
+CUDA graphs are captured. `warm_up` runs a short request (a few steps, the mode's default frames and
+guidance, a prompt of typical caption length) at each whitelisted size, so all of that happens at load
+time instead, typically in a background thread while the UI shows the model as warming up. The
+dispatcher's choices and compiled kernels live on the model and in the process, so later requests of
+any prompt reuse them. Measured effect: docs/PERFORMANCE.md (bench/bench_engine.py --e2e).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from .defaults import sampling_defaults
+
+# Long enough that both CFG layouts run (inside and outside a guidance interval) and the step graph
+# is captured (the first step at a branch count runs eagerly, the next one captures).
+WARM_STEPS = 4
+WARM_PROMPT = ("A weathered lighthouse keeper climbs the spiral stairs at dusk, lantern in hand, "
+               "the sea below rough and grey, gulls wheeling past the salt-streaked windows. ") * 24
+
+
+def warm_requests(info, modes=("t2i", "t2v")) -> list[dict]:
+    """One short request per whitelisted size of each default mode this checkpoint offers."""
+    requests = []
+    for mode in modes:
+        if mode not in info.modes:
+            continue
+        defaults = sampling_defaults(info, mode)
+        steps = defaults["steps"] if defaults["steps_locked"] else min(WARM_STEPS, defaults["steps"])
+        for width, height in defaults["resolutions"]:
+            requests.append(dict(mode=mode, prompt=WARM_PROMPT, width=width, height=height, steps=steps,
+                                 num_frames=defaults["num_frames"], seed=0))
+    return requests
+
+
+def warm_up(model, modes=("t2i", "t2v"), on_size: Callable[[dict, float], None] | None = None,
+            cancel: threading.Event | None = None) -> list[dict]:
+    """Run `warm_requests` through `generate`; returns [{"mode", "width", "height", "seconds"}]."""
+    from .pipeline import generate
+
+    done = []
+    for request in warm_requests(model.info, modes):
+        if cancel is not None and cancel.is_set():
+            break
+        began = time.perf_counter()
+        generate(model, request)
+        seconds = time.perf_counter() - began
+        row = {"mode": request["mode"], "width": request["width"], "height": request["height"], "seconds": seconds}
+        done.append(row)
+        if on_size is not None:
+            on_size(request, seconds)
+    return done
