@@ -151,12 +151,13 @@ class FastGenTower:
         # Per-branch rotary tables [B, N, D]: positions differ between branches by their text lengths.
         self.cos = torch.stack([b.rotary.cos.squeeze(1) for b in branches])
         self.sin = torch.stack([b.rotary.sin.squeeze(1) for b in branches])
-        if options.fp8:
-            from .fp8 import apply_fp8
+        self.fused = fused_projections(model) if options.fused_projections else None
+        self.fp8 = None
+        if options.fp8:  # FP8 GEMMs (engine.fp8) read their own fused, quantised weights
+            from .fp8 import fp8_weights
 
-            apply_fp8(model)  # quantises the fused weights: FP8 implies fused projections
-        self.fused = fused_projections(model) if options.fused_projections or options.fp8 else None
-        self.fp8 = options.fp8
+            self.fp8 = self.fused = fp8_weights(model)
+        self._layer_index = {id(layer): i for i, layer in enumerate(tr.layers)}
         self.use_graphs = (options.cuda_graphs and tr.device.type == "cuda"
                            and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS)
         self._graphs: dict[tuple[int, int], tuple] = {}
@@ -225,8 +226,8 @@ class FastGenTower:
 
     def _linear(self, layer, name: str, module, x: torch.Tensor) -> torch.Tensor:
         """The module's GEMM, or its FP8 twin when the FP8 pass is on (the module keeps its bf16 weight)."""
-        if self.fp8:
-            return torch.nn.functional.linear(x, layer.fp8_weights[name])
+        if self.fp8 is not None:
+            return torch.nn.functional.linear(x, self.fp8.per_layer[self._layer_index[id(layer)]][name])
         return module(x)
 
     # -- CUDA graphs ---------------------------------------------------------------------------

@@ -6,16 +6,18 @@ quantised activations (`torchao.quantization.Float8DynamicActivationFloat8Weight
 `PerRow` granularity), Hopper's FP8 tensor cores through `torch._scaled_mm`. The text tower (once per
 request), the embeddings and the output projection stay bf16. The result is approximate, so it is
 never on unless asked for (`COSMOS3_FP8=1` or `FastPathOptions(fp8=True)`) and every result made
-with it says so: `FP8_LABEL` in the result summary and the sidecar (`precision_label`).
+with it says so: `FP8_LABEL` as the result's `precision`, in its summary (the API's answer) and sidecar.
 
 Numeric gate (tests/test_gpu_fp8.py, full-size random weights on the H200): one step's velocity
 against an fp32 forward of the same weights stays within 3x the relative error of diffusers' own
 bf16 forward against that fp32 forward.
 
-Memory: the pass quantises the fused weights the fast tower reads; the bf16 Linear weights stay for
-the exact path, so FP8 adds about half the gen tower's bf16 bytes rather than saving them.
+Memory: the float8 weights are a second set beside the bf16 ones (requests without FP8 and the exact
+path keep running bf16), so FP8 adds about half the gen tower's bf16 bytes rather than saving them.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -60,24 +62,34 @@ def quantize_weight(weight: torch.Tensor) -> torch.Tensor:
     return linear.weight
 
 
-def apply_fp8(model) -> None:
-    """Quantise the fast tower's per-step GEMM weights once per loaded model (idempotent)."""
-    if getattr(model, "fp8", None):
-        return
-    check_available(model.device)
-    from .fast_path import fused_projections
+@dataclass
+class FP8Weights:
+    """The gen tower's per-step GEMM weights in float8, beside (not instead of) the bf16 ones."""
 
-    fused = fused_projections(model)
-    fused.qkv = [quantize_weight(w) for w in fused.qkv]
-    fused.gate_up = [None if w is None else quantize_weight(w) for w in fused.gate_up]
-    for layer in model.transformer.layers:
-        attn, mlp = layer.self_attn, layer.mlp_moe_gen
-        fp8 = {"to_add_out": quantize_weight(attn.to_add_out.weight), "down_proj": quantize_weight(mlp.down_proj.weight)}
-        if mlp.hidden_act != "silu":
-            fp8["up_proj"] = quantize_weight(mlp.up_proj.weight)
-        layer.fp8_weights = fp8
-    model.fp8 = True
+    qkv: list
+    gate_up: list
+    per_layer: list[dict]  # {"to_add_out", "down_proj", and for ReLU² "up_proj"}
 
 
-def precision_label(model) -> str:
-    return FP8_LABEL if getattr(model, "fp8", None) else BF16_LABEL
+def fp8_weights(model) -> FP8Weights:
+    """Quantise once per loaded model and keep the result on it; the bf16 weights are untouched, so a
+    request without FP8 (or the exact path) still runs bf16."""
+    if model.fp8_weights is None:
+        check_available(model.device)
+        from .fast_path import fused_projections
+
+        fused = fused_projections(model)
+        per_layer = []
+        for layer in model.transformer.layers:
+            attn, mlp = layer.self_attn, layer.mlp_moe_gen
+            weights = {"to_add_out": quantize_weight(attn.to_add_out.weight),
+                       "down_proj": quantize_weight(mlp.down_proj.weight)}
+            if mlp.hidden_act != "silu":
+                weights["up_proj"] = quantize_weight(mlp.up_proj.weight)
+            per_layer.append(weights)
+        model.fp8_weights = FP8Weights(
+            qkv=[quantize_weight(w) for w in fused.qkv],
+            gate_up=[None if w is None else quantize_weight(w) for w in fused.gate_up], per_layer=per_layer)
+    return model.fp8_weights
+
+

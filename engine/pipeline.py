@@ -678,7 +678,7 @@ def generate(model: LoadedModel, request: dict, on_progress: Callable[[Progress]
         frames=frames, actions=actions, audio=audio,
         audio_sample_rate=model.sound_tokenizer.config.sampling_rate if audio is not None else None,
         seed=seed, prompt_text=texts.prompt_text, negative_prompt_text=texts.negative_prompt_text,
-        params=final, timings=clock.timings, precision=FP8_LABEL if getattr(tower, "fp8", False) else BF16_LABEL,
+        params=final, timings=clock.timings, precision=FP8_LABEL if getattr(tower, "fp8", None) is not None else BF16_LABEL,
     )
     if outputs_root is not None:
         if cancel is not None and cancel.is_set():
