@@ -193,9 +193,12 @@ def main(argv=None) -> int:
                         "or 'all': prefill/denoise/decode/total, cold and warm, beside the published numbers")
     parser.add_argument("--e2e-ablate", default=None, help="workloads to ablate the new pieces on (whole step, "
                         "uint8 decode, FP8, graph recapture), plus the warm-up effect and the decode variants")
+    parser.add_argument("--warm-up-effect", action="store_true",
+                        help="after the Edge rows: engine.warmup over the T2I sizes, then a first request at 640x480")
+    parser.add_argument("--fp8-step", default=None, help="after the Nano rows: one step bf16 vs FP8 at WxHxF")
     parser.add_argument("--cold-only", default="nano-t2v-720p", help="e2e workloads measured cold only (device time)")
     args = parser.parse_args(argv)
-    if args.e2e or args.e2e_ablate:
+    if args.e2e or args.e2e_ablate or args.warm_up_effect or args.fp8_step:
         return main_e2e(args)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     if args.smoke:
@@ -265,26 +268,35 @@ def main_e2e(args) -> int:
     print(json.dumps(header), flush=True)
     names = list(e2e.WORKLOADS) if args.e2e == "all" else [n for n in (args.e2e or "").split(",") if n]
     ablate = [n for n in (args.e2e_ablate or "").split(",") if n]
-    results = {"header": header, "e2e": [], "ablations": [], "warm_up": None, "decode": None}
-    log = lambda row: print(json.dumps(row, default=str), flush=True)  # noqa: E731
+    results = {"header": header, "e2e": [], "ablations": [], "warm_up": None, "decode": None, "fp8_step": None}
+    def log(row):
+        print(json.dumps(row, default=str), flush=True)
+        if args.json:  # as it goes, so a run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+
     for family in ("edge", "nano"):
         mine = [n for n in names if e2e.WORKLOADS[n][0] == family]
         mine_ablate = [n for n in ablate if e2e.WORKLOADS[n][0] == family]
-        if not (mine or mine_ablate):
+        extra = (args.warm_up_effect and family == "edge") or (args.fp8_step and family == "nano")
+        if not (mine or mine_ablate or extra):
             continue
         model = as_loaded_model(build_transformer(family), family, vae=build_vae(), tokenizer=build_tokenizer())
         for name in mine:
-            results["e2e"] += e2e.run(model, [name], warm=name not in args.cold_only.split(","), log=log)
+            e2e.run(model, [name], warm=name not in args.cold_only.split(","), log=log, rows=results["e2e"])
         for name in mine_ablate:
             results["ablations"].append(e2e.ablate(model, name, log=log))
         if mine_ablate and family == "edge":
-            results["warm_up"] = e2e.warm_up_effect(model, "edge-t2i-480-new-size", log=log)
             results["decode"] = e2e.decode_variants(model.vae, log=log)
+        if args.warm_up_effect and family == "edge":
+            results["warm_up"] = e2e.warm_up_effect(model, "edge-t2i-480-new-size", log=log, width=640, height=480)
+        if args.fp8_step and family == "nano":
+            width, height, frames = (int(v) for v in args.fp8_step.split("x"))
+            results["fp8_step"] = e2e.fp8_step(model, width, height, frames, log=log)
         del model
         gc.collect()
         torch.cuda.empty_cache()
-        if args.json:  # after each family, so a run cut short keeps what it measured
-            Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     print(e2e.markdown(results["e2e"]))
     return 0
 

@@ -58,31 +58,44 @@ def _stages(timings: dict) -> dict:
 def timed_generate(model, request) -> dict:
     from engine.pipeline import generate
 
+    marks = []
+
+    def on_progress(progress):
+        if progress.stage == "denoise":
+            marks.append(progress.elapsed_s)
+
     torch.cuda.synchronize()
     began = time.perf_counter()
-    result = generate(model, request)
+    result = generate(model, request, on_progress=on_progress)
     torch.cuda.synchronize()
     row = _stages(result.timings)
+    # Where a cold run's time goes: the step durations as progress saw them (first steps, median, max).
+    marks.insert(0, row["prefill_s"])  # the denoise stage starts after the prefill (to within the noise draw)
+    steps = sorted(b - a for a, b in zip(marks, marks[1:]))
+    row["step_s"] = {"first": [round(b - a, 4) for a, b in zip(marks[:4], marks[1:5])],
+                     "median": round(steps[len(steps) // 2], 4) if steps else None,
+                     "max": round(steps[-1], 4) if steps else None}
     row["wall_s"] = time.perf_counter() - began
     row["steps"] = result.params["steps"]
     row["denoise_ms_per_step"] = 1000 * row["denoise_s"] / row["steps"]
     return row
 
 
-def run(model, names, *, warm: bool = True, log=print) -> list[dict]:
-    """Each workload of this model's family: cold, then (unless `warm` is False) warm."""
+def run(model, names, *, warm: bool = True, log=print, rows: list | None = None) -> list[dict]:
+    """Each workload of this model's family: cold, then (unless `warm` is False) warm; rows appended to `rows`."""
     prompt = long_prompt(model)
-    rows = []
+    rows = [] if rows is None else rows
     for name in names:
         family, request, published = WORKLOADS[name]
         request = dict(request, prompt=prompt, seed=1)
         row = {"workload": name, "family": family, "published": published,
-               "prompt_tokens": len(model.tokenizer(prompt)["input_ids"]), "cold": timed_generate(model, request)}
+               "prompt_tokens": len(model.tokenizer(prompt)["input_ids"])}
+        rows.append(row)
+        row["cold"] = timed_generate(model, request)
         log(row)
         if warm:
             row["warm"] = timed_generate(model, request)
             log(row)
-        rows.append(row)
         gc.collect()
         torch.cuda.empty_cache()
     return rows
@@ -140,12 +153,13 @@ def ablate(model, name: str, log=print) -> dict:
     return out
 
 
-def warm_up_effect(model, name: str, log=print) -> dict:
-    """`engine.warmup.warm_up` over the T2I sizes, then the first request at `name`'s size against warm."""
+def warm_up_effect(model, name: str, log=print, **size) -> dict:
+    """`engine.warmup.warm_up` over the mode's sizes, then the first request at a size not used before
+    (`size` overrides the workload's) against the same request warm."""
     from engine.warmup import warm_up
 
     family, request, _ = WORKLOADS[name]
-    request = dict(request, prompt=long_prompt(model), seed=1)
+    request = dict(request, prompt=long_prompt(model), seed=1, **size)
     began = time.perf_counter()
     sizes = warm_up(model, modes=(request["mode"],))
     out = {"warm_up_s": time.perf_counter() - began, "sizes": sizes}
@@ -194,3 +208,30 @@ def decode_variants(vae, log=print) -> list[dict]:
         gc.collect()
         torch.cuda.empty_cache()
     return rows
+
+
+def fp8_step(model, width: int, height: int, frames: int, log=print) -> dict:
+    """One denoising step (both CFG branches, prefixes 1615/2866) bf16 against FP8, warm, CUDA events."""
+    from bench.models import step_inputs
+    from engine.fast_path import FastPathOptions
+    from engine.pipeline import make_gen_tower
+
+    inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=(1615, 2866))
+    out = {"shape": f"{width}x{height} {frames}f"}
+    with torch.no_grad():
+        for label, fp8 in (("bf16", False), ("FP8", True)):
+            model.fast_path = FastPathOptions(enabled=True, fp8=fp8)
+            try:
+                tower = make_gen_tower(model, inputs.cache, inputs.branches)
+                inputs.engine_step(tower)  # warm-up: dispatch, quantisation
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                inputs.engine_step(tower)
+                stop.record()
+                stop.synchronize()
+                out[label + " ms/step"] = start.elapsed_time(stop)
+            finally:
+                model.fast_path = None
+            del tower
+    log(out)
+    return out

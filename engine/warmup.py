@@ -17,15 +17,18 @@ from typing import Callable
 
 from .defaults import sampling_defaults
 
-# Long enough that both CFG layouts run (inside and outside a guidance interval) and the step graph
-# is captured (the first step at a branch count runs eagerly, the next one captures).
-WARM_STEPS = 4
-WARM_PROMPT = ("A weathered lighthouse keeper climbs the spiral stairs at dusk, lantern in hand, "
-               "the sea below rough and grey, gulls wheeling past the salt-streaked windows. ") * 24
+# Long enough that both CFG layouts run (inside and outside a guidance interval: at shift 3 the last
+# ~20% of steps fall below t = 400) and each is captured (eager first, captured on its second step).
+WARM_STEPS = 12
+_SENTENCE = ("A weathered lighthouse keeper climbs the spiral stairs at dusk, lantern in hand, "
+             "the sea below rough and grey, gulls wheeling past the salt-streaked windows. ")
+# Two prompt lengths: a short prose prompt and a long caption (real captions run 1.5k-3k tokens), so
+# the dispatcher's per-length buckets and the attention plans of both kinds exist before a user asks.
+WARM_PROMPTS = (_SENTENCE, _SENTENCE * 60)
 
 
 def warm_requests(info, modes=("t2i", "t2v")) -> list[dict]:
-    """One short request per whitelisted size of each default mode this checkpoint offers."""
+    """Short requests (two prompt lengths) per whitelisted size of each default mode this checkpoint offers."""
     requests = []
     for mode in modes:
         if mode not in info.modes:
@@ -33,14 +36,15 @@ def warm_requests(info, modes=("t2i", "t2v")) -> list[dict]:
         defaults = sampling_defaults(info, mode)
         steps = defaults["steps"] if defaults["steps_locked"] else min(WARM_STEPS, defaults["steps"])
         for width, height in defaults["resolutions"]:
-            requests.append(dict(mode=mode, prompt=WARM_PROMPT, width=width, height=height, steps=steps,
-                                 num_frames=defaults["num_frames"], seed=0))
+            for prompt in WARM_PROMPTS:
+                requests.append(dict(mode=mode, prompt=prompt, width=width, height=height, steps=steps,
+                                     num_frames=defaults["num_frames"], seed=0))
     return requests
 
 
 def warm_up(model, modes=("t2i", "t2v"), on_size: Callable[[dict, float], None] | None = None,
             cancel: threading.Event | None = None) -> list[dict]:
-    """Run `warm_requests` through `generate`; returns [{"mode", "width", "height", "seconds"}]."""
+    """Run `warm_requests` through `generate`; returns [{"mode", "width", "height", "seconds"}] per request."""
     from .pipeline import generate
 
     done = []

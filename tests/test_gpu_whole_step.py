@@ -73,7 +73,7 @@ def _generate(model, request, whole: bool):
 
 def test_whole_step_graphs_equal_the_eager_fast_loop(edge):
     request = dict(mode="t2i", prompt="A lighthouse keeper at dusk. " * 40, negative_prompt="blurry, low quality",
-                   seed=3, steps=8, width=640, height=640, guidance_interval=[400, 1000])
+                   seed=3, steps=16, width=640, height=640, guidance_interval=[400, 1000])
     eager = _generate(edge, request, whole=False)
     graphed = _generate(edge, request, whole=True)
     kept = edge.dispatchers["whole_step"]

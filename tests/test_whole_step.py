@@ -115,3 +115,20 @@ def test_fp8_asked_for_off_the_gpu_fails_with_the_reason(models):
         model.fast_path = None
     result = _run(model, dict(CASES["nano t2i, guidance interval"][1], steps=1), whole=True)
     assert result.precision == "bf16" and result.summary()["precision"] == "bf16"
+
+
+def test_warm_up_covers_every_whitelisted_size_of_the_default_modes(models):
+    from engine.defaults import sampling_defaults
+    from engine.warmup import WARM_PROMPTS, warm_requests
+
+    for model in models.values():
+        requests = warm_requests(model.info)
+        for mode in ("t2i", "t2v"):
+            defaults = sampling_defaults(model.info, mode)
+            sizes = {(r["width"], r["height"]) for r in requests if r["mode"] == mode}
+            assert sizes == {tuple(size) for size in defaults["resolutions"]}
+            steps = {r["steps"] for r in requests if r["mode"] == mode}
+            assert steps == ({defaults["steps"]} if defaults["steps_locked"] else {min(12, defaults["steps"])})
+        assert {r["prompt"] for r in requests} == set(WARM_PROMPTS)
+        for request in requests[:1]:  # each one is a valid request as written
+            engine.validate_request(model.info, request["mode"], request)
