@@ -20,6 +20,7 @@ from .files import redact, serve_results_from
 
 STAGE_LABELS = {
     "load": "Loading the model",
+    "warm-up": "Warming up the model at every size (once per load)",
     "conditioning": "Encoding the conditioning input",
     "prompt": "Preparing the prompt",
     "prefill": "Reading the prompt (text tower)",

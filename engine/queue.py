@@ -25,6 +25,7 @@ from .events import (TERMINAL_EVENTS, Cancelled, Failed, Finished, JobCancelled,
 from .loader import CheckpointError, LoadedModel, component_parameter_count, load_model, resolve_source
 from .outputs import OutputError, new_request_id
 from .registry import ModelRegistry
+from . import warmup
 
 log = logging.getLogger("engine.queue")
 _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")
@@ -318,6 +319,17 @@ class JobQueue:
                 total += sum(p.numel() * p.element_size() for p in module.parameters())
         return total
 
+    @staticmethod
+    def _warm_up(model: LoadedModel, name: str, on_progress) -> None:
+        """Warm every size of the modes `COSMOS3_WARMUP` names; a failure only costs the warmth."""
+        began = time.perf_counter()
+        report = None if on_progress is None else (lambda done, total: on_progress(Progress(
+            stage="warm-up", step=done, total=total, elapsed_s=time.perf_counter() - began, eta_s=None)))
+        try:
+            warmup.warm_up(model, warmup.modes_from_env(), report=report)
+        except Exception:  # noqa: BLE001 - the model still serves, only cold
+            log.exception("warm-up of model %s failed; it serves without it", name)
+
     def _model(self, name: str, on_progress=None) -> LoadedModel:
         if name in self._models:
             self._models.move_to_end(name)
@@ -337,5 +349,7 @@ class JobQueue:
         model = self._loader(root)
         if self._safety_checker is not None:
             model.safety_checker = self._safety_checker
+        if warmup.modes_from_env() and torch_cuda_available():  # no cold first request (engine.warmup)
+            self._warm_up(model, name, on_progress)
         self._models[name] = model
         return model

@@ -5,12 +5,14 @@ Triton kernels compile (or load from Triton's on-disk cache), `kernels.dispatch`
 cuDNN and cuBLAS build their plans, the VAE decoder's convolutions pick algorithms, and the step's
 CUDA graphs are captured. `warm_up` runs a short request (a few steps, the mode's default frames and
 guidance, a prompt of typical caption length) at each whitelisted size, so all of that happens at load
-time instead, typically in a background thread while the UI shows the model as warming up. The
+time instead: the job queue does it right after loading a model when `COSMOS3_WARMUP` names the modes
+(the job that caused the load shows the "warm-up" stage meanwhile; `preload` warms at start). The
 dispatcher's choices and compiled kernels live on the model and in the process, so later requests of
 any prompt reuse them. Measured effect: docs/PERFORMANCE.md (bench/bench_engine.py --e2e).
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Callable
@@ -42,20 +44,26 @@ def warm_requests(info, modes=("t2i", "t2v")) -> list[dict]:
     return requests
 
 
-def warm_up(model, modes=("t2i", "t2v"), on_size: Callable[[dict, float], None] | None = None,
+def modes_from_env() -> tuple[str, ...]:
+    """`COSMOS3_WARMUP=t2i,t2v` (modes to warm at load; unset or empty: none)."""
+    return tuple(m.strip() for m in os.environ.get("COSMOS3_WARMUP", "").split(",") if m.strip())
+
+
+def warm_up(model, modes=("t2i", "t2v"), report: Callable[[int, int], None] | None = None,
             cancel: threading.Event | None = None) -> list[dict]:
-    """Run `warm_requests` through `generate`; returns [{"mode", "width", "height", "seconds"}] per request."""
+    """Run `warm_requests` through `generate`; `report(done, total)` after each. Returns, per request,
+    {"mode", "width", "height", "prompt_chars", "seconds"}."""
     from .pipeline import generate
 
+    requests = warm_requests(model.info, modes)
     done = []
-    for request in warm_requests(model.info, modes):
+    for request in requests:
         if cancel is not None and cancel.is_set():
             break
         began = time.perf_counter()
         generate(model, request)
-        seconds = time.perf_counter() - began
-        row = {"mode": request["mode"], "width": request["width"], "height": request["height"], "seconds": seconds}
-        done.append(row)
-        if on_size is not None:
-            on_size(request, seconds)
+        done.append({"mode": request["mode"], "width": request["width"], "height": request["height"],
+                     "prompt_chars": len(request["prompt"]), "seconds": time.perf_counter() - began})
+        if report is not None:
+            report(len(done), len(requests))
     return done
