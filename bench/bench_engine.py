@@ -2,6 +2,8 @@
 
     python bench/bench_engine.py                 # the H200 table (about 6-8 minutes)
     python bench/bench_engine.py --smoke         # a tiny CPU run that only checks the script works
+    python bench/bench_engine.py --e2e all --warm-up-effect --fp8-step 1280x720x189   # end to end (bench/e2e.py)
+    python bench/bench_engine.py --e2e-ablate edge-t2i-640,nano-t2i-1024            # the new pieces, one at a time
 
 For each workload it builds the inputs of one denoising step with both CFG branches (JSON-caption
 prefixes of 1615 and 2866 tokens, as measured for real captions) and times:
