@@ -73,6 +73,12 @@ class WholeStep:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._eager_counts: set[int] = set()
         self._pool = None
+        self.timesteps: torch.Tensor | None = None  # this request's, set by `prepare`
+
+    @property
+    def captured_counts(self) -> set[int]:
+        """Branch counts whose step is captured as a graph."""
+        return set(self._graphs)
 
     # -- the step, op for op as the eager loop runs it ---------------------------------------
 
