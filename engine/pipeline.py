@@ -314,7 +314,8 @@ def safety_check_frames(model: LoadedModel, frames: np.ndarray) -> np.ndarray:
         return frames
     is_uint8 = frames.dtype == np.uint8
     # The checker sees what diffusers hands it (`_apply_video_safety_check`, np output): truncation, not the
-    # output stage's rounding, so a borderline frame is judged the same way here and there.
+    # output stage's rounding, so a borderline frame is judged the same way here and there. The fast path's
+    # frames are already uint8 (engine.decode, rounded as written): those bytes are what it checks.
     pixels = frames if is_uint8 else (np.clip(frames, 0.0, 1.0) * 255).astype(np.uint8)
     checked = model.safety_checker.check_video_safety(pixels)
     if checked is None:
