@@ -232,11 +232,11 @@ def use_zero_gpu(job_queue, registry) -> bool:
 
 def model_entries(args: argparse.Namespace):
     """Registry entries: the --model list, or the tiny family built into the cache folder."""
-    from engine.registry import ModelEntry
+    from engine.serving.registry import ModelEntry
 
     if args.model:
         return [ModelEntry(name, source, "") for name, source in args.model]
-    from engine.tiny import ensure_family
+    from engine.model.tiny import ensure_family
 
     paths = ensure_family(args.cache_dir / "tiny")
     return [ModelEntry(name, str(path), TINY_LABEL) for name, path in paths.items()]
@@ -263,8 +263,8 @@ def state_secret(cache_dir: Path) -> str:
 def create_studio(args: argparse.Namespace):
     """Registry, queue and UI for parsed arguments (tests use this to launch in-process)."""
     from cosmos3_ui import build_studio
-    from engine.queue import JobQueue
-    from engine.registry import ModelRegistry
+    from engine.serving.queue import JobQueue
+    from engine.serving.registry import ModelRegistry
 
     check_safety(args)
     roots = args.model_root or None
@@ -277,7 +277,7 @@ def create_studio(args: argparse.Namespace):
     args.outputs.mkdir(parents=True, exist_ok=True)
     queue_options = {}
     if args.safety:
-        from engine.loader import make_safety_checker
+        from engine.model.loader import make_safety_checker
 
         # One guardrail for every model: it carries a guard model of its own, loaded once at start.
         queue_options["safety_checker"] = make_safety_checker()

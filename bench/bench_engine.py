@@ -29,8 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.models import as_loaded_model, build_transformer, build_vae, gen_step_flops, step_inputs  # noqa: E402
-from engine.fast_path import FastPathOptions  # noqa: E402
-from engine.pipeline import EagerGenTower, make_gen_tower  # noqa: E402
+from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
+from engine.pipeline.run import EagerGenTower, make_gen_tower  # noqa: E402
 
 MATMUL_CEILING_TFLOPS = 790.0
 
@@ -133,8 +133,8 @@ def bench_vae(vae, iters) -> list[dict]:
 
 def bench_end_to_end(transformer, vae) -> dict:
     """Nano T2I 1024x1024, prompt to decoded image, ours and diffusers', same weights and seed."""
-    from engine.pipeline import generate
-    from engine.tiny import build_tokenizer
+    from engine.pipeline.run import generate
+    from engine.model.tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
     model = as_loaded_model(transformer, "nano", vae=vae, tokenizer=tokenizer)
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     parser.add_argument("--e2e-ablate", default=None, help="workloads to ablate the new pieces on (whole step, "
                         "uint8 decode, FP8, graph recapture), plus the warm-up effect and the decode variants")
     parser.add_argument("--warm-up-effect", action="store_true",
-                        help="after the Edge rows: engine.warmup over the T2I sizes, then a first request at 640x480")
+                        help="after the Edge rows: engine.serving.warmup over the T2I sizes, then a first request at 640x480")
     parser.add_argument("--fp8-step", default=None, help="after the Nano rows: one step bf16 vs FP8 at WxHxF")
     parser.add_argument("--cold-only", default="nano-t2v-720p", help="e2e workloads measured cold only (device time)")
     args = parser.parse_args(argv)
@@ -258,7 +258,7 @@ def main(argv=None) -> int:
 def main_e2e(args) -> int:
     """The end-to-end sections: one model per family, built once, workloads in the order given."""
     from bench import e2e
-    from engine.tiny import build_tokenizer
+    from engine.model.tiny import build_tokenizer
 
     header = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(), "command": " ".join(sys.argv)}

@@ -5,10 +5,10 @@
     python bench/bench_preview.py --smoke            # tiny dims on the CPU: checks the script only
 
 For each workload: one denoising step on the fast tower (both CFG branches, as bench_engine times it)
-and one preview (`engine.preview.preview_image`: the x0 latent pooled 2x, a few latent frames decoded
+and one preview (`engine.pipeline.preview.preview_image`: the x0 latent pooled 2x, a few latent frames decoded
 on their own), both medians of CUDA-event-timed runs on the same random full-size weights. The cost
 per run is previews x preview time over steps x step time, with the family's default steps and
-`engine.preview.preview_steps` (the same plan `generate` uses).
+`engine.pipeline.preview.preview_steps` (the same plan `generate` uses).
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_engine import WORKLOADS, timed  # noqa: E402
 from bench.models import as_loaded_model, build_transformer, build_vae, step_inputs  # noqa: E402
-from engine.defaults import FAMILY_TABLE  # noqa: E402
-from engine.pipeline import make_gen_tower  # noqa: E402
-from engine.preview import preview_image, preview_steps  # noqa: E402
+from engine.model.defaults import FAMILY_TABLE  # noqa: E402
+from engine.pipeline.run import make_gen_tower  # noqa: E402
+from engine.pipeline.preview import preview_image, preview_steps  # noqa: E402
 
 
 def bench_family(family: str, device: str, iters: int, smoke: bool) -> list[dict]:

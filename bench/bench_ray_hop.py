@@ -19,10 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from engine.queue import JobQueue  # noqa: E402
-from engine.registry import ModelEntry, ModelRegistry  # noqa: E402
+from engine.serving.queue import JobQueue  # noqa: E402
+from engine.serving.registry import ModelEntry, ModelRegistry  # noqa: E402
 from engine.serving.ray_replicas import RayConfig, RayJobQueue  # noqa: E402
-from engine.tiny import ensure_family  # noqa: E402
+from engine.model.tiny import ensure_family  # noqa: E402
 
 REQUEST = {"mode": "t2i", "prompt": "a kite", "width": 64, "height": 64, "steps": 2, "seed": 1}
 

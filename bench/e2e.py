@@ -56,7 +56,7 @@ def _stages(timings: dict) -> dict:
 
 
 def timed_generate(model, request) -> dict:
-    from engine.pipeline import generate
+    from engine.pipeline.run import generate
 
     marks = []
 
@@ -116,7 +116,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def _with_options(model, **changes):
-    from engine.fast_path import FastPathOptions
+    from engine.pipeline.fast_path import FastPathOptions
 
     base = FastPathOptions.from_env(model.device)
     model.fast_path = FastPathOptions(**{**base.__dict__, **changes})
@@ -154,9 +154,9 @@ def ablate(model, name: str, log=print) -> dict:
 
 
 def warm_up_effect(model, name: str, log=print, **size) -> dict:
-    """`engine.warmup.warm_up` over the mode's sizes, then the first request at a size not used before
+    """`engine.serving.warmup.warm_up` over the mode's sizes, then the first request at a size not used before
     (`size` overrides the workload's) against the same request warm."""
-    from engine.warmup import warm_up
+    from engine.serving.warmup import warm_up
 
     family, request, _ = WORKLOADS[name]
     request = dict(request, prompt=long_prompt(model), seed=1, **size)
@@ -171,12 +171,12 @@ def warm_up_effect(model, name: str, log=print, **size) -> dict:
 
 def decode_variants(vae, log=print) -> list[dict]:
     """Decode stage, latents to uint8 frames in host memory: the exact path's route (VAE, float32 frames on
-    the host, the output stage's rounding) against `engine.decode.decode_uint8`; channels-last weights."""
+    the host, the output stage's rounding) against `engine.pipeline.decode.decode_uint8`; channels-last weights."""
     import numpy as np
     from diffusers.video_processor import VideoProcessor
 
-    from engine.decode import decode_uint8
-    from engine.outputs import frames_to_uint8
+    from engine.pipeline.decode import decode_uint8
+    from engine.pipeline.outputs import frames_to_uint8
 
     for param in vae.parameters():
         if param.dim() == 5:
@@ -213,8 +213,8 @@ def decode_variants(vae, log=print) -> list[dict]:
 def fp8_step(model, width: int, height: int, frames: int, log=print) -> dict:
     """One denoising step (both CFG branches, prefixes 1615/2866) bf16 against FP8, warm, CUDA events."""
     from bench.models import step_inputs
-    from engine.fast_path import FastPathOptions
-    from engine.pipeline import make_gen_tower
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.run import make_gen_tower
 
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=(1615, 2866))
     out = {"shape": f"{width}x{height} {frames}f"}

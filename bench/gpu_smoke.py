@@ -15,8 +15,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
-from engine.fast_path import FastPathOptions  # noqa: E402
-from engine.tiny import write_family  # noqa: E402
+from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
+from engine.model.tiny import write_family  # noqa: E402
 
 REQUESTS = {
     "t2i": dict(mode="t2i", prompt="a lighthouse at dusk", steps=4, seed=1),

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.loader import LoadedModel
-from engine.pipeline import (
+from engine.model.loader import LoadedModel
+from engine.pipeline.run import (
     Branch, Conditioning, EagerGenTower, Latents, gen_tokens, layout_stage, make_gen_tower, positions,
     prefill_stage, velocity,
 )
-from engine.variants import VariantInfo
+from engine.model.variants import VariantInfo
 
 # Dimensions from cosmos3.md section 1; vocabularies as released (they only size the embedding).
 TRANSFORMERS = {

@@ -12,7 +12,7 @@ __all__ = ["Studio", "StudioError", "StudioService", "build_studio"]
 
 def build_studio(registry, job_queue, outputs_root, *, queue_size: int = 16, state_secret: str | None = None,
                  reviews=None, auth: list[tuple[str, str]] | None = None) -> Studio:
-    """The Studio for a registry and a running `engine.queue.JobQueue`; call `.launch()` on it.
+    """The Studio for a registry and a running `engine.serving.queue.JobQueue`; call `.launch()` on it.
 
     With `reviews` (a `cosmos3_ui.review.ReviewStore`) the Review and Batch tabs are added and every
     finished result is registered for review; that needs `auth` (a list of (user, password)).

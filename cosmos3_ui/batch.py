@@ -1,5 +1,5 @@
 """Batch runs from the UI, without Gradio: reading the uploaded JSONL, the per-line status table,
-and the call of `engine.batch.run_batch` (which owns the semantics: per-line failures, the batch
+and the call of `engine.serving.batch.run_batch` (which owns the semantics: per-line failures, the batch
 folder, `report.jsonl`); each finished line is registered for review through the service.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from .requests import api_request
 from .service import StudioError, StudioService
 
 if TYPE_CHECKING:
-    from engine.batch import BatchLine
+    from engine.serving.batch import BatchLine
 
 MAX_BATCH_BYTES = 4 * 2**20
 STATUS_COLUMNS = ["line", "model", "mode", "status", "message", "request_id"]
@@ -20,9 +20,9 @@ EXAMPLE_LINE = '{"model": "nano", "mode": "t2i", "prompt": "A red kite over a be
 
 def read_batch_file(path: str | None) -> list["BatchLine"]:
     """Parse an uploaded JSONL file; bad lines come back marked failed, a bad file raises StudioError."""
-    # engine.batch brings the job queue and the denoising stack (torch): imported on first use only,
+    # engine.serving.batch brings the job queue and the denoising stack (torch): imported on first use only,
     # so the UI starts without them.
-    from engine.batch import parse_batch
+    from engine.serving.batch import parse_batch
 
     if not path:
         raise StudioError("Upload a .jsonl file: one request per line, each with a \"model\" key.", "batch")
@@ -68,7 +68,7 @@ def counts(lines: list["BatchLine"]) -> str:
 def run(service: StudioService, lines: list["BatchLine"], session: str,
         on_line: Callable[["BatchLine", int, int], None] | None = None, cancel=None) -> tuple[str, Path]:
     """Run the batch (blocking); returns (batch id, path of report.jsonl). `cancel`: a threading.Event."""
-    from engine.batch import run_batch
+    from engine.serving.batch import run_batch
 
     def register(line, result):
         service.record(result, line.model, f"batch:{result.output_dir.parent.name}")

@@ -1,6 +1,6 @@
 """The structured caption editor: a form for the main fields, the raw JSON, and a prose mode.
 
-The form and the JSON stay in sync both ways through `engine.captions` (the one schema): typing in
+The form and the JSON stay in sync both ways through `engine.pipeline.captions` (the one schema): typing in
 the JSON re-fills the form when it parses, and editing the form merges into the JSON without
 touching fields the form does not show. Broken JSON is never overwritten; the error under the
 editor gives its line and column. Only user input events drive the sync, so updates do not echo.
@@ -13,7 +13,7 @@ from typing import Any
 
 import gradio as gr
 
-from engine import captions
+from engine.pipeline import captions
 
 from .assets import PROSE_EXAMPLES, example_captions
 from .requests import PROMPT_STYLES, STYLE_JSON, STYLE_PROSE

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from engine import captions
+from engine.pipeline import captions
 
 from . import controls as C
 from .service import JobWasCancelled, StudioError, StudioService
@@ -78,7 +78,7 @@ def size_choices(models: list[dict], mode: str) -> list[tuple[str, str]]:
 
 
 def _slot(service: StudioService, name: str, settings: CompareSettings) -> Slot:
-    from engine.defaults import validate_request
+    from engine.pipeline.request import validate_request
 
     try:
         model = service.describe(name)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.action import ACTION_DOMAINS, ACTION_KINDS, CHUNK_RANGE, RESOLUTION_TIERS, SUPPORTED_DOMAINS, VIEW_POINTS
-from engine.defaults import FLOW_SHIFT_MAX, FPS_MAX, GUIDANCE_MAX, STEPS_MAX, max_distinct_steps
+from engine.model.action import ACTION_DOMAINS, ACTION_KINDS, CHUNK_RANGE, RESOLUTION_TIERS, SUPPORTED_DOMAINS, VIEW_POINTS
+from engine.model.defaults import FLOW_SHIFT_MAX, FPS_MAX, GUIDANCE_MAX, STEPS_MAX, max_distinct_steps
 
 from .common import UI_SEED_MAX
 
@@ -52,7 +52,7 @@ def _aspect_name(width: int, height: int) -> str:
     """"16:9" when exact and short, else the nearest caption aspect marked approximate ("~16:9")."""
     from math import gcd
 
-    from engine.captions import nearest_aspect_ratio
+    from engine.pipeline.captions import nearest_aspect_ratio
 
     g = gcd(width, height)
     if max(width // g, height // g) <= 16:

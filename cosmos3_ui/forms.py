@@ -119,8 +119,8 @@ def text_only(request: dict) -> dict:
 
 def preview_texts(service: StudioService, model: str, request: dict) -> tuple[str, str]:
     """The prompt and negative prompt text the model will receive for `request`."""
-    from engine.defaults import validate_request
-    from engine.prompts import preview_prompt_texts
+    from engine.pipeline.request import validate_request
+    from engine.pipeline.prompts import preview_prompt_texts
 
     info = service.info(model)
     try:
@@ -283,7 +283,7 @@ def error_outputs(tab) -> list:
 
 def upload_check(image, label: str) -> str:
     """The message under an image input right after an upload: empty when the engine can read it."""
-    from engine.media import load_image
+    from engine.pipeline.media import load_image
 
     if not image:
         return ""

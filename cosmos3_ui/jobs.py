@@ -17,7 +17,7 @@ import anyio
 import gradio as gr
 
 from .common import status_html
-from engine.events import Preview
+from engine.serving.events import Preview
 
 from .service import JobStatus, StudioError, StudioService, apply_event, cancel_outcome
 

@@ -12,7 +12,7 @@ import secrets
 
 import gradio as gr
 
-from engine import captions
+from engine.pipeline import captions
 
 from . import controls as C
 from . import files

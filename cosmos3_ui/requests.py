@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import captions
-from engine.media import ACTION_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES
+from engine.pipeline import captions
+from engine.pipeline.media import ACTION_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES
 
 from .controls import parse_size
 from .service import StudioError
@@ -162,7 +162,7 @@ class ActionInputs:
 
 
 def load_actions(path: str, domain: str) -> list[list[float]]:
-    from engine.media import load_actions_file
+    from engine.pipeline.media import load_actions_file
 
     try:
         return load_actions_file(path, domain)

@@ -15,7 +15,7 @@ from typing import Any
 
 import gradio as gr
 
-from engine import captions
+from engine.pipeline import captions
 
 from . import batch as B
 from . import controls as C

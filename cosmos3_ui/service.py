@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.events import Cancelled, Failed, Finished, Progress, Queued, Started
-from engine.registry import ModelRegistry
+from engine.serving.events import Cancelled, Failed, Finished, Progress, Queued, Started
+from engine.serving.registry import ModelRegistry
 
 from .files import redact, serve_results_from
 
@@ -166,7 +166,7 @@ class ActiveJobs:
 
 def cancel_outcome(job: ActiveJob, timeout: float = 20.0) -> str:
     """Wait (at most `timeout`) for a cancelled job to end and say how it ended."""
-    from engine.pipeline import JobCancelled
+    from engine.serving.events import JobCancelled
 
     try:
         job.handle.result(timeout=timeout)
@@ -261,7 +261,7 @@ class StudioService:
     def submit(self, model_name: str, request: dict, session: str, previews: bool = False):
         """Validate and queue; user mistakes come back as StudioError naming the input. With `previews`
         the job sends a cheap preview image every few denoising steps."""
-        from engine.queue import QueueFull
+        from engine.serving.queue import QueueFull
 
         self.describe(model_name)
         try:

@@ -35,8 +35,8 @@ def on_zero_gpu(environ=None) -> bool:
 
 def request_seconds(registry, model_name: str, request: dict) -> int:
     """Seconds to reserve for one request: the measured-step estimate with a margin, clamped."""
-    from engine.defaults import validate_request
-    from engine.estimates import estimate_seconds
+    from engine.pipeline.request import validate_request
+    from engine.serving.estimates import estimate_seconds
 
     info = registry.info(model_name)
     validated = validate_request(info, request["mode"], request)

@@ -1,23 +1,31 @@
-"""Cosmos3 Studio's inference engine: checkpoint inspection, defaults and validation, loading,
-the denoising loop and the job queue. It never imports gradio.
+"""Cosmos3 Studio's inference engine. It never imports gradio.
+
+Three floors, each importing only the ones below it:
+- `engine.model`: what a checkpoint is (inspection, the variant table and limits, the action tables,
+  loading, the tiny checkpoints);
+- `engine.pipeline`: one request run on one loaded model (validation, captions, prompts, media, the
+  transformer and its fast path, the denoising loop, saving the outputs);
+- `engine.serving`: many requests over time (the job queue, the model registry, typed events, batches,
+  time estimates).
 
 The light parts (tables, inspection, validation, events) import at once; the denoising stack (torch,
 diffusers) is imported on first use of a name that needs it, so a UI can start in seconds.
 """
 from importlib import import_module
 
-from .action import ACTION_DOMAINS, ACTION_KINDS, RESOLUTION_TIERS, VIEW_POINTS
-from .defaults import FAMILY_TABLE, sampling_defaults, validate_request
-from .events import JobCancelled
-from .prompts import preview_prompt_texts
-from .registry import ModelEntry, ModelRegistry
-from .variants import ALL_MODES, REQUEST_MODES, CheckpointError, VariantInfo, inspect_checkpoint
+from .model.action import ACTION_DOMAINS, ACTION_KINDS, RESOLUTION_TIERS, VIEW_POINTS
+from .model.defaults import FAMILY_TABLE, sampling_defaults
+from .model.variants import ALL_MODES, REQUEST_MODES, CheckpointError, VariantInfo, inspect_checkpoint
+from .pipeline.prompts import preview_prompt_texts
+from .pipeline.request import validate_request
+from .serving.events import JobCancelled
+from .serving.registry import ModelEntry, ModelRegistry
 
 _LAZY = {
-    "LoadedModel": "loader", "load_model": "loader", "resolve_source": "loader",
-    "GenerationResult": "pipeline", "generate": "pipeline",
-    "JobFailed": "queue", "JobHandle": "queue", "JobQueue": "queue", "QueueFull": "queue",
-    "load_actions_file": "media",
+    "LoadedModel": "model.loader", "load_model": "model.loader", "resolve_source": "model.loader",
+    "GenerationResult": "pipeline.run", "generate": "pipeline.run",
+    "JobFailed": "serving.queue", "JobHandle": "serving.queue", "JobQueue": "serving.queue",
+    "QueueFull": "serving.queue", "load_actions_file": "pipeline.media",
 }
 
 

@@ -12,8 +12,8 @@ import argparse
 import json
 import sys
 
-from .defaults import sampling_defaults
-from .variants import REQUEST_MODES
+from .model.defaults import sampling_defaults
+from .model.variants import REQUEST_MODES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,8 +34,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    from .loader import load_model, resolve_source
-    from .variants import CheckpointError, inspect_checkpoint
+    from .model.loader import load_model, resolve_source
+    from .model.variants import CheckpointError, inspect_checkpoint
 
     if args.command == "inspect":
         try:
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
         print(json.dumps({**info.summary(), "defaults": defaults}, indent=2))
         return 0
 
-    from .pipeline import generate
+    from .pipeline.run import generate
 
     try:
         params = json.loads(args.params)

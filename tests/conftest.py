@@ -23,6 +23,6 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_family(tmp_path_factory):
     """The six tiny checkpoints, built once per test session: {name: Path}."""
-    from engine.tiny import write_family
+    from engine.model.tiny import write_family
 
     return write_family(tmp_path_factory.mktemp("tiny-family"))

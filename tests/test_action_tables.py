@@ -1,7 +1,7 @@
 """The engine's action tables agree with the reference's (diffusers 0.42.1), entry for entry."""
 from diffusers.pipelines.cosmos import pipeline_cosmos3_omni as reference
 
-from engine.action import ACTION_DOMAINS, RESOLUTION_TIERS, VIEW_POINTS, action_caption
+from engine.model.action import ACTION_DOMAINS, RESOLUTION_TIERS, VIEW_POINTS, action_caption
 
 
 def test_domains_ids_and_widths_match_the_reference():

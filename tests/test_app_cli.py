@@ -50,7 +50,7 @@ def test_usage_errors(argv, fragment, capsys):
 
 
 def test_no_model_serves_the_tiny_family_labelled(tiny_family, tmp_path, monkeypatch):
-    import engine.tiny
+    import engine.model.tiny
 
     calls = []
 
@@ -58,7 +58,7 @@ def test_no_model_serves_the_tiny_family_labelled(tiny_family, tmp_path, monkeyp
         calls.append(Path(cache))
         return dict(tiny_family)
 
-    monkeypatch.setattr(engine.tiny, "ensure_family", fake_ensure)
+    monkeypatch.setattr(engine.model.tiny, "ensure_family", fake_ensure)
     args = app.parse_args(["--cache-dir", str(tmp_path)])
     entries = app.model_entries(args)
     assert calls == [tmp_path / "tiny"]

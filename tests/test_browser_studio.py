@@ -14,8 +14,8 @@ from PIL import Image
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 from harness import CHROMIUM, CHROMIUM_ARGS, browser_page, chromium_available, launched_studio  # noqa: E402
-from engine.defaults import FAMILY_TABLE  # noqa: E402
-from engine.variants import TINY_MARKER  # noqa: E402
+from engine.model.defaults import FAMILY_TABLE  # noqa: E402
+from engine.model.variants import TINY_MARKER  # noqa: E402
 
 pytestmark = pytest.mark.browser
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import captions as C
+from engine.pipeline import captions as C
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "captions"
 

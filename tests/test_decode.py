@@ -1,7 +1,7 @@
-"""The fast path's decode (`engine.decode`) gives the exact path's 8-bit frames bit for bit (CPU).
+"""The fast path's decode (`engine.pipeline.decode`) gives the exact path's 8-bit frames bit for bit (CPU).
 
 Reference: diffusers' `vae.decode`, `VideoProcessor.postprocess_video` to float32, then the output
-stage's rounding (`engine.outputs.frames_to_uint8`), which is what the exact path writes to disk.
+stage's rounding (`engine.pipeline.outputs.frames_to_uint8`), which is what the exact path writes to disk.
 """
 import numpy as np
 import pytest
@@ -9,8 +9,8 @@ import torch
 from diffusers.video_processor import VideoProcessor
 
 import engine
-from engine.decode import decode_uint8, to_uint8
-from engine.outputs import frames_to_uint8
+from engine.pipeline.decode import decode_uint8, to_uint8
+from engine.pipeline.outputs import frames_to_uint8
 
 
 @pytest.fixture(scope="module")

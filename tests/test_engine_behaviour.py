@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import engine
-from engine import pipeline
-from engine.events import Cancelled, Failed, Finished, Progress, Queued, Started
-from engine.pipeline import JobCancelled, generate
-from engine.queue import JobFailed, JobQueue, QueueFull
-from engine.registry import ModelEntry, ModelRegistry
+from engine.pipeline import run as pipeline
+from engine.serving.events import Cancelled, Failed, Finished, Progress, Queued, Started
+from engine.pipeline.run import JobCancelled, generate
+from engine.serving.queue import JobFailed, JobQueue, QueueFull
+from engine.serving.registry import ModelEntry, ModelRegistry
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_outputs_and_sidecar(nano, tmp_path):
 
 
 def test_unusable_outputs_folder_fails_clearly(nano, tmp_path):
-    from engine.outputs import OutputError
+    from engine.pipeline.outputs import OutputError
 
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the folder should be")
@@ -121,7 +121,7 @@ def test_unusable_outputs_folder_fails_clearly(nano, tmp_path):
 
 
 def test_failed_save_leaves_no_folder(nano, tmp_path, monkeypatch):
-    from engine import outputs
+    from engine.pipeline import outputs
 
     def broken_png(path, frame):
         path.write_bytes(b"partial")
@@ -304,7 +304,7 @@ def test_the_guardrail_sees_the_frames_diffusers_would_hand_it():
     import numpy as np
     from diffusers import Cosmos3OmniPipeline
 
-    from engine.pipeline import safety_check_frames
+    from engine.pipeline.run import safety_check_frames
 
     rng = np.random.default_rng(0)
     frames = rng.random((3, 8, 8, 3), dtype=np.float32)

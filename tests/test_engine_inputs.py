@@ -6,8 +6,8 @@ import pytest
 from PIL import Image
 
 import engine
-from engine.media import load_actions_file, load_image, load_video
-from engine.registry import ModelEntry, ModelRegistry
+from engine.pipeline.media import load_actions_file, load_image, load_video
+from engine.serving.registry import ModelEntry, ModelRegistry
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def test_bad_images(files, name, fragment):
 
 
 def test_image_pixel_cap(files, monkeypatch):
-    from engine import media
+    from engine.pipeline import media
 
     monkeypatch.setattr(media, "MAX_IMAGE_PIXELS", 32 * 32)
     with pytest.raises(ValueError, match="at most 1,024 pixels"):

@@ -18,7 +18,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionConditi
 from PIL import Image
 
 import engine
-from engine.pipeline import cfg_plan, generate
+from engine.pipeline.run import cfg_plan, generate
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Duration estimates reproduce the measured step times and grow the way the workloads do."""
 import pytest
 
-from engine.estimates import estimate_seconds, gen_tokens
-from engine.variants import VariantInfo
+from engine.serving.estimates import estimate_seconds, gen_tokens
+from engine.model.variants import VariantInfo
 
 
 def test_gen_tokens_matches_the_benchmark_shapes():

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import engine
-from engine.fast_path import FastGenTower, FastPathOptions
-from engine.outputs import frames_to_uint8
-from engine.pipeline import EagerGenTower, generate
+from engine.pipeline.fast_path import FastGenTower, FastPathOptions
+from engine.pipeline.outputs import frames_to_uint8
+from engine.pipeline.run import EagerGenTower, generate
 
 
 @pytest.fixture(scope="module", params=["nano", "edge"])
@@ -28,7 +28,7 @@ def test_fast_tower_matches_the_exact_engine(model, kernels, batched, fused, mon
     model.fast_path = None
     exact = generate(model, REQUEST)
     towers = []
-    import engine.pipeline as pipeline
+    import engine.pipeline.run as pipeline
 
     original = pipeline.make_gen_tower
 
@@ -55,7 +55,7 @@ def test_fast_tower_matches_the_exact_engine(model, kernels, batched, fused, mon
     finally:
         model.fast_path = None
     assert isinstance(towers[0], FastGenTower)
-    # The fast path hands uint8 frames (engine.decode); the exact path float32 that the output stage rounds.
+    # The fast path hands uint8 frames (engine.pipeline.decode); the exact path float32 that the output stage rounds.
     assert fast.frames.dtype == np.uint8 and exact.frames.dtype == np.float32
     assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1
     conv = next(p for p in model.vae.parameters() if p.dim() == 5)
@@ -80,7 +80,7 @@ def test_fast_tower_matches_the_exact_engine(model, kernels, batched, fused, mon
 
 
 def test_eager_tower_is_the_default_off_the_gpu(model, monkeypatch):
-    import engine.pipeline as pipeline
+    import engine.pipeline.run as pipeline
 
     towers = []
     original = pipeline.make_gen_tower

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import engine
-from engine import variants
-from engine.defaults import validate_request
-from engine.loader import CheckpointError, filter_scheduler_config, load_model
+from engine.model import variants
+from engine.pipeline.request import validate_request
+from engine.model.loader import CheckpointError, filter_scheduler_config, load_model
 
 EXPECTED = {
     # name: (family, is_edge, is_distilled, modes)
@@ -158,7 +158,7 @@ def test_invalid_requests_are_refused_with_their_message(tiny_family, name, mode
 def test_step_limit_follows_what_the_scheduler_can_run():
     from diffusers import UniPCMultistepScheduler
 
-    from engine.defaults import max_distinct_steps
+    from engine.model.defaults import max_distinct_steps
 
     assert max_distinct_steps(10.0) == 100 and max_distinct_steps(3.0) == 200
     info = _real_table_info("nano")

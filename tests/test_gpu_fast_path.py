@@ -26,8 +26,8 @@ def model(request):
 @pytest.mark.parametrize("shape", [(640, 640, 1), (832, 480, 17)], ids=["t2i", "t2v"])
 def test_fast_step_matches_diffusers(model, shape):
     from bench.models import step_inputs
-    from engine.fast_path import FastGenTower, FastPathOptions
-    from engine.pipeline import EagerGenTower, make_gen_tower
+    from engine.pipeline.fast_path import FastGenTower, FastPathOptions
+    from engine.pipeline.run import EagerGenTower, make_gen_tower
 
     width, height, frames = shape
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=(301, 517))

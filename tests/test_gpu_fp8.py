@@ -3,7 +3,7 @@
 For one denoising step with both CFG branches: the relative L2 error of the velocity against an fp32
 forward of the same weights (diffusers' transformer, upcast copy), for
 - diffusers' own bf16 forward (the yardstick), and
-- our fast tower with FP8 GEMMs (`engine.fp8`);
+- our fast tower with FP8 GEMMs (`engine.pipeline.fp8`);
 FP8 passes when its error is at most 3x the yardstick's. Both numbers are printed.
 
 Skipped without CUDA or torchao. `python -m pytest -q -s -m gpu tests/test_gpu_fp8.py`
@@ -31,8 +31,8 @@ def _rel(ours, reference) -> float:
 def test_fp8_velocity_within_three_times_bf16_error(family, shape):
     pytest.importorskip("torchao")
     from bench.models import as_loaded_model, build_transformer, step_inputs
-    from engine.fast_path import FastPathOptions
-    from engine.pipeline import make_gen_tower
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.run import make_gen_tower
 
     width, height, frames = shape
     transformer = build_transformer(family)

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_scheduler_tables_bitwise_on_cuda(kind):
     from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
-    from engine.scheduler_tables import sampler_for
+    from engine.pipeline.scheduler_tables import sampler_for
 
     def make():
         if kind == "unipc":
@@ -50,7 +50,7 @@ def test_scheduler_tables_bitwise_on_cuda(kind):
 @pytest.fixture(scope="module")
 def edge():
     from bench.models import as_loaded_model, build_transformer, build_vae
-    from engine.tiny import build_tokenizer
+    from engine.model.tiny import build_tokenizer
 
     model = as_loaded_model(build_transformer("edge"), "edge", vae=build_vae(), tokenizer=build_tokenizer())
     yield model
@@ -60,8 +60,8 @@ def edge():
 
 
 def _generate(model, request, whole: bool):
-    from engine.fast_path import FastPathOptions
-    from engine.pipeline import generate
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.run import generate
 
     model.fast_path = FastPathOptions.from_env(model.device).__class__(
         **{**FastPathOptions.from_env(model.device).__dict__, "whole_step": whole})
@@ -92,8 +92,8 @@ def test_whole_step_graphs_equal_the_eager_fast_loop(edge):
 def test_uint8_decode_equals_the_exact_decode_on_cuda(edge):
     from diffusers.video_processor import VideoProcessor
 
-    from engine.decode import decode_uint8
-    from engine.outputs import frames_to_uint8
+    from engine.pipeline.decode import decode_uint8
+    from engine.pipeline.outputs import frames_to_uint8
 
     vae = edge.vae
     torch.manual_seed(0)

@@ -177,7 +177,7 @@ def fake_spaces(calls: list) -> types.ModuleType:
 
 
 def test_gpu_wrapper_is_a_no_op_off_zerogpu_and_sized_from_the_request_on_it(tiny_family, monkeypatch):
-    from engine.registry import ModelEntry, ModelRegistry
+    from engine.serving.registry import ModelEntry, ModelRegistry
 
     registry = ModelRegistry([ModelEntry(n, str(p)) for n, p in tiny_family.items()])
     duration = zerogpu.job_duration(registry)
@@ -193,10 +193,10 @@ def test_gpu_wrapper_is_a_no_op_off_zerogpu_and_sized_from_the_request_on_it(tin
     assert wrapped("nano", {"mode": "t2i", "prompt": "x"}) == "ran nano"
     assert calls == [zerogpu.DURATION_MIN_S]  # tiny canvases: the floor
     # The reservation is the estimate with a margin, between the floor and the ceiling.
-    import engine.estimates
+    import engine.serving.estimates
 
     for estimate, reserved in ((100.0, 165), (1000.0, zerogpu.DURATION_MAX_S)):
-        monkeypatch.setattr(engine.estimates, "estimate_seconds", lambda info, request, e=estimate: e)
+        monkeypatch.setattr(engine.serving.estimates, "estimate_seconds", lambda info, request, e=estimate: e)
         assert duration("edge", {"mode": "t2v", "prompt": "x"}) == reserved
 
 

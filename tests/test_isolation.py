@@ -133,7 +133,7 @@ def test_publish_hands_out_cache_copies_of_result_files_only(studio, tmp_path):
 def test_no_api_response_contains_the_outputs_root(studio, monkeypatch):
     import errno
 
-    from engine import outputs as output_files
+    from engine.pipeline import outputs as output_files
 
     base, _, outputs = studio
     roots = {str(outputs), str(outputs.resolve())}
@@ -215,7 +215,7 @@ def test_no_ui_response_contains_the_outputs_root(studio):
 
 
 def test_an_unexpected_job_error_leaves_a_logged_traceback(studio, monkeypatch, caplog):
-    from engine import pipeline
+    from engine.pipeline import run as pipeline
 
     base, _, _ = studio
 

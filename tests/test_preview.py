@@ -1,4 +1,4 @@
-"""Live previews while denoising (engine.preview): when they are sent, what they show, and that they
+"""Live previews while denoising (engine.pipeline.preview): when they are sent, what they show, and that they
 change nothing about the result. CPU, tiny checkpoints."""
 from types import SimpleNamespace
 
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import engine
-from engine.events import Preview
-from engine.pipeline import _previewing
-from engine.preview import PREVIEWS_PER_RUN, Previewer, preview_image, preview_steps
+from engine.serving.events import Preview
+from engine.pipeline.run import _previewing
+from engine.pipeline.preview import PREVIEWS_PER_RUN, Previewer, preview_image, preview_steps
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_the_preview_shows_the_clean_estimate_not_the_noisy_sample(nano):
         def show(self, step, x0):
             seen[step] = x0.clone()
 
-    import engine.pipeline as pipeline
+    import engine.pipeline.run as pipeline
 
     original = pipeline.previewer
     pipeline.previewer = lambda model, steps, emit, enabled: Recorder(model.vae, steps, emit) if enabled else None

@@ -141,7 +141,7 @@ def test_catalogue_is_large_and_app_still_serves(client):
 
 
 def test_oversized_upload_in_bytes(client, upload_files, monkeypatch):
-    from engine import media
+    from engine.pipeline import media
 
     monkeypatch.setattr(media, "MAX_UPLOAD_BYTES", 100)
     with pytest.raises(AppError, match="at most 0 MiB|MiB"):
@@ -171,7 +171,7 @@ def test_drill_cancel_mid_denoise(client, studio):
 
 
 def test_drill_out_of_memory_in_a_step(client, monkeypatch):
-    from engine import pipeline
+    from engine.pipeline import run as pipeline
 
     original = pipeline.gen_tokens
     state = {"raised": False}
@@ -196,7 +196,7 @@ def test_drill_corrupt_model_keeps_the_others_serving(client):
 
 
 def test_drill_disk_full_writes_no_partial_result(client, studio, monkeypatch):
-    from engine import outputs as output_files
+    from engine.pipeline import outputs as output_files
 
     def full_disk(path, frame):
         path.write_bytes(b"half a png")

@@ -10,8 +10,8 @@ from cosmos3_ui import batch as B
 from cosmos3_ui.compare import EACH_DEFAULT, CompareSettings, plan_compare, run_compare
 from cosmos3_ui.review import ReviewDesk
 from cosmos3_ui.service import StudioError, StudioService
-from engine.queue import JobFailed, JobQueue
-from engine.registry import ModelEntry, ModelRegistry
+from engine.serving.queue import JobFailed, JobQueue
+from engine.serving.registry import ModelEntry, ModelRegistry
 from cosmos3_ui.review.store import ReviewStore
 
 
@@ -120,7 +120,7 @@ def test_the_ui_with_its_review_tabs_imports_neither_torch_nor_kernels():
     from pathlib import Path
 
     code = ("import sys, cosmos3_ui, cosmos3_ui.review_tabs, cosmos3_ui.batch, cosmos3_ui.zerogpu; "
-            "print(sorted(m for m in ('torch', 'kernels', 'engine.pipeline') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'kernels', 'engine.pipeline.run') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from engine.batch import parse_batch, run_batch
-from engine.queue import JobQueue
-from engine.registry import ModelEntry, ModelRegistry
+from engine.serving.batch import parse_batch, run_batch
+from engine.serving.queue import JobQueue
+from engine.serving.registry import ModelEntry, ModelRegistry
 from cosmos3_ui.review.store import DEFAULT_CRITERIA, ReviewStore, parse_criteria
 
 RID = "20261129-101500-0123456789ab"
@@ -110,7 +110,7 @@ def test_a_batch_longer_than_the_queue_runs_and_can_be_cancelled(tiny_family, tm
         assert [l.status for l in lines] == ["done"] * 4  # four lines through a queue that holds one
 
         # Cancel the batch while its first line is at step 5 of 100.
-        from engine import pipeline
+        from engine.pipeline import run as pipeline
 
         stop, steps = threading.Event(), []
         original = pipeline.gen_tokens

@@ -2,7 +2,7 @@
 test repeats this on the H200).
 
 Each case runs a whole schedule twice from the same start with the same random velocities: once
-through the diffusers scheduler, once through `engine.scheduler_tables`, and requires
+through the diffusers scheduler, once through `engine.pipeline.scheduler_tables`, and requires
 `torch.equal` at every step. A wrong coefficient, a missed corrector, a history that rolls at the
 wrong time or a lower-order step taken at the wrong index each changes bits and fails.
 """
@@ -11,7 +11,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
-from engine.scheduler_tables import sampler_for, unipc_orders
+from engine.pipeline.scheduler_tables import sampler_for, unipc_orders
 
 UNIPC = dict(num_train_timesteps=1000, solver_order=2, prediction_type="flow_prediction", use_flow_sigmas=True,
              final_sigmas_type="zero", lower_order_final=True)

@@ -25,9 +25,9 @@ from cosmos3_ui.requests import (
     video_request,
 )
 from cosmos3_ui.service import ActiveJobs, JobStatus, StudioError, apply_event, field_of
-from engine.action import ACTION_DOMAINS, CHUNK_RANGE, SUPPORTED_DOMAINS
-from engine.events import Cancelled, Failed, Finished, Progress, Queued, Started
-from engine.registry import ModelEntry, ModelRegistry
+from engine.model.action import ACTION_DOMAINS, CHUNK_RANGE, SUPPORTED_DOMAINS
+from engine.serving.events import Cancelled, Failed, Finished, Progress, Queued, Started
+from engine.serving.registry import ModelEntry, ModelRegistry
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 

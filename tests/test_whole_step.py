@@ -1,4 +1,4 @@
-"""The whole-step path (`engine.whole_step`) gives the eager fast path's results bit for bit (CPU).
+"""The whole-step path (`engine.pipeline.whole_step`) gives the eager fast path's results bit for bit (CPU).
 
 On the CPU the step runs eagerly from its static buffers (no graph), which is exactly the sequence a
 capture records; the GPU test (tests/test_gpu_fast_path.py) compares graph replays on the H200.
@@ -10,10 +10,10 @@ import pytest
 from PIL import Image
 
 import engine
-from engine import whole_step
-from engine.events import JobCancelled
-from engine.fast_path import FastPathOptions
-from engine.pipeline import generate
+from engine.pipeline import whole_step
+from engine.serving.events import JobCancelled
+from engine.pipeline.fast_path import FastPathOptions
+from engine.pipeline.run import generate
 
 FAST = FastPathOptions(enabled=True, batched_cfg=True, cuda_graphs=False, kernels="torch", fused_projections=True)
 
@@ -104,7 +104,7 @@ def test_cancel_between_steps(models):
 
 
 def test_fp8_asked_for_off_the_gpu_fails_with_the_reason(models):
-    from engine.fp8 import FP8Unavailable
+    from engine.pipeline.fp8 import FP8Unavailable
 
     model = models["nano"]
     model.fast_path = FastPathOptions(**{**FAST.__dict__, "fp8": True})
@@ -118,8 +118,8 @@ def test_fp8_asked_for_off_the_gpu_fails_with_the_reason(models):
 
 
 def test_warm_up_covers_every_whitelisted_size_of_the_default_modes(models):
-    from engine.defaults import sampling_defaults
-    from engine.warmup import WARM_PROMPTS, warm_requests
+    from engine.model.defaults import sampling_defaults
+    from engine.serving.warmup import WARM_PROMPTS, warm_requests
 
     for model in models.values():
         requests = warm_requests(model.info)
@@ -135,10 +135,10 @@ def test_warm_up_covers_every_whitelisted_size_of_the_default_modes(models):
 
 
 def test_the_queue_warms_a_model_after_loading_it_when_asked(tiny_family, tmp_path, monkeypatch):
-    from engine import queue as job_queue
-    from engine import warmup
-    from engine.events import Finished, Progress
-    from engine.registry import ModelEntry, ModelRegistry
+    from engine.serving import queue as job_queue
+    from engine.serving import warmup
+    from engine.serving.events import Finished, Progress
+    from engine.serving.registry import ModelEntry, ModelRegistry
 
     warmed = []
     monkeypatch.setenv("COSMOS3_WARMUP", "t2i")

@@ -1,6 +1,6 @@
 """OpenAI-style request bodies -> the engine's request dicts, and errors that name their field.
 
-A body takes the engine's request keys (`engine.defaults.REQUEST_KEYS`) plus the dialect's own:
+A body takes the engine's request keys (`engine.model.defaults.REQUEST_KEYS`) plus the dialect's own:
 `model`, `prompt`, `size` ("WxH"), `n` (images; only 1), `response_format` (images: "b64_json" or
 "url") and `seconds` (videos). Anything else is refused by name. Conditioning inputs (`image`,
 `video`) come inline as base64 or a `data:` URL, never as a path on the server.
@@ -14,7 +14,8 @@ import re
 import secrets
 from pathlib import Path
 
-from ..defaults import REQUEST_KEYS, sampling_defaults
+from ..model.defaults import sampling_defaults
+from ..pipeline.request import REQUEST_KEYS
 
 IMAGE_KEYS = ("model", "prompt", "size", "n", "response_format")
 VIDEO_KEYS = ("model", "prompt", "size", "seconds")

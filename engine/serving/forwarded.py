@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from ..defaults import validate_request
-from ..events import TERMINAL_EVENTS, Cancelled, Finished, JobCancelled, JobEvent, Queued, Started
+from ..pipeline.request import validate_request
+from .events import TERMINAL_EVENTS, Cancelled, Finished, JobCancelled, JobEvent, Queued, Started
 
 
 class ForwardedHandle:
@@ -61,7 +61,7 @@ class ForwardedHandle:
         return self._cancel.is_set()
 
     def result(self, timeout: float | None = None):
-        from ..queue import JobFailed
+        from .queue import JobFailed
 
         if not self._done.wait(timeout):
             raise TimeoutError(f"Job {self.id} did not finish within {timeout} s.")
@@ -111,7 +111,7 @@ class ForwardingBook:
 
     def open(self, model_name: str, request: dict, session_id: str | None, output_group: str | None):
         """Validate like `engine.JobQueue.submit` and return a new handle (not yet forwarded)."""
-        from ..queue import QueueFull
+        from .queue import QueueFull
 
         if not isinstance(request, dict):
             raise ValueError(f"The request must be a JSON object, got {type(request).__name__}.")

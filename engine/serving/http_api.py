@@ -29,7 +29,7 @@ from fastapi import APIRouter, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse
 
-from ..registry import ModelRegistry
+from .registry import ModelRegistry
 from .api_jobs import TERMINAL_STATES, ApiJob, JobBook, new_job_id
 from .api_keys import ApiKey, KeyRing, LimitExceeded, Unauthorized
 from .api_requests import ApiError, field_of, image_request, video_request
@@ -117,7 +117,7 @@ class HttpApi:
 
     def _submit(self, key: ApiKey, kind: str, model: str, request: dict, uploads: list[Path]) -> ApiJob:
         """Count the job against the key, queue it (validated by the engine), and follow it."""
-        from ..queue import QueueFull
+        from .queue import QueueFull
 
         job = ApiJob(id=new_job_id(kind), kind=kind, owner=key.name, model=model, request=request, cleanup=uploads)
         try:

@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..events import TERMINAL_EVENTS, Cancelled, Failed, Finished, Queued
-from ..registry import ModelEntry, ModelRegistry
+from .events import TERMINAL_EVENTS, Cancelled, Failed, Finished, Queued
+from .registry import ModelEntry, ModelRegistry
 from .forwarded import ForwardingBook
 
 APP_NAME = "cosmos3-engine"
@@ -86,8 +86,8 @@ class EngineReplica:
     def __init__(self, entries: list[tuple[str, str, str]], outputs_root: str):
         from ray import serve
 
-        from .. import pipeline  # noqa: F401 - the denoising stack, before this replica reports ready
-        from ..queue import JobQueue
+        from ..pipeline import run  # noqa: F401 - the denoising stack, before this replica reports ready
+        from .queue import JobQueue
 
         registry = ModelRegistry([ModelEntry(*entry) for entry in entries])
         self.queue = JobQueue(registry, outputs_root, max_size=1)

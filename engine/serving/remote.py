@@ -22,10 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..defaults import sampling_defaults, validate_request
-from ..events import Cancelled, Failed, Finished, Progress, Queued
-from ..registry import ModelEntry
-from ..variants import REQUEST_MODES, TinyLimits, VariantInfo
+from ..model.defaults import sampling_defaults
+from ..pipeline.request import validate_request
+from .events import Cancelled, Failed, Finished, Progress, Queued
+from .registry import ModelEntry
+from ..model.variants import REQUEST_MODES, TinyLimits, VariantInfo
 from .forwarded import ForwardingBook
 
 log = logging.getLogger("engine.serving")
@@ -219,8 +220,8 @@ class RemoteJobQueue:
 
     def _result(self, handle, summary: dict, files: dict):
         """A GenerationResult for the downloaded files (no frame array: the files are the output)."""
-        from ..outputs import new_request_id
-        from ..pipeline import GenerationResult
+        from ..pipeline.outputs import new_request_id
+        from ..pipeline.run import GenerationResult
 
         request_id = summary.get("request_id") or new_request_id()
         folder = self.outputs_root / Path(*[p for p in (handle.output_group, request_id) if p])

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .defaults import validate_request
+from ..model.loader import CheckpointError, LoadedModel, component_parameter_count, load_model, resolve_source
+from ..pipeline.outputs import OutputError, new_request_id
+from ..pipeline.request import validate_request
 from .events import (TERMINAL_EVENTS, Cancelled, Failed, Finished, JobCancelled, JobEvent, Progress, Queued,
                      SafetyRefusal, Started)
-from .loader import CheckpointError, LoadedModel, component_parameter_count, load_model, resolve_source
-from .outputs import OutputError, new_request_id
 from .registry import ModelRegistry
 from . import warmup
 
-log = logging.getLogger("engine.queue")
+log = logging.getLogger("engine.serving.queue")
 _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")
 
 
@@ -120,14 +120,14 @@ class JobQueue:
     def __init__(self, registry: ModelRegistry, outputs_root: str | Path, *, max_size: int = 16,
                  memory_budget_bytes: int | None = None, loader: Callable[..., LoadedModel] = load_model,
                  safety_checker=None):
-        """`safety_checker` (e.g. `engine.loader.make_safety_checker()`): one guardrail shared by every
+        """`safety_checker` (e.g. `engine.model.loader.make_safety_checker()`): one guardrail shared by every
         model this queue loads, applied to each prompt and each generated video."""
         if max_size < 1:
             raise ValueError(f"max_size must be at least 1, got {max_size}.")
         # The denoising stack (torch, diffusers) is imported here, on the thread that builds the queue,
         # before any job is accepted: diffusers resolves its names lazily, and a request validated on a
         # handler thread while the worker was still importing it failed with an ImportError (issue 19).
-        from . import pipeline  # noqa: F401
+        from ..pipeline import run  # noqa: F401
         self.registry = registry
         self.outputs_root = Path(outputs_root)
         self.max_size = max_size
@@ -240,7 +240,7 @@ class JobQueue:
         The worker calls it for every job; with `use_gpu_call` it is called inside that wrapper
         instead (ZeroGPU), with only plain, picklable arguments.
         """
-        from .pipeline import generate
+        from ..pipeline.run import generate
 
         model = self._model(model_name, on_progress)
         return generate(model, request, on_progress=on_progress, cancel=cancel, outputs_root=Path(outputs_root),
@@ -349,7 +349,7 @@ class JobQueue:
         model = self._loader(root)
         if self._safety_checker is not None:
             model.safety_checker = self._safety_checker
-        if warmup.modes_from_env() and torch_cuda_available():  # no cold first request (engine.warmup)
+        if warmup.modes_from_env() and torch_cuda_available():  # no cold first request (engine.serving.warmup)
             self._warm_up(model, name, on_progress)
         self._models[name] = model
         return model

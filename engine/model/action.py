@@ -117,14 +117,9 @@ def action_caption(description: str, view_point: str | None, num_frames: int, fp
     caption["duration"] = f"{duration}s"
     caption["fps"] = float(fps)
     caption["resolution"] = {"H": int(height), "W": int(width)}
-    # The reference's candidate order, not engine.captions.ASPECT_RATIOS': `min` breaks ties by order,
+    # The reference's candidate order, not engine.pipeline.captions.ASPECT_RATIOS': `min` breaks ties by order,
     # and the action caption must be the one the model was trained on.
     caption["aspect_ratio"] = min(
         ("1,1", "4,3", "3,4", "16,9", "9,16"), key=lambda r: abs(int(r.split(",")[0]) / int(r.split(",")[1]) - ratio)
     )
     return json.dumps(caption)
-
-
-# Reading uploaded action files lives with the other media readers; re-exported here beside the
-# domain table it checks against.
-from .media import load_actions_file  # noqa: E402,F401

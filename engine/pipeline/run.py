@@ -4,10 +4,10 @@
 
 Each stage is a function over plain data. The numerics follow diffusers' Cosmos3OmniPipeline
 (0.42.1) step for step, with four deliberate differences, each tested both ways:
-- the text tower runs once per request and branch (`engine.transformer.prefill`), not every step;
-- JSON captions get metadata injected instead of sentence templates (`engine.prompts`);
+- the text tower runs once per request and branch (`engine.pipeline.transformer.prefill`), not every step;
+- JSON captions get metadata injected instead of sentence templates (`engine.pipeline.prompts`);
 - an optional guidance interval runs CFG only for timesteps inside it (T2I default [400, 1000]);
-- an action request without `fps` takes its domain's typical rate (`engine.action`), not 24.
+- an action request without `fps` takes its domain's typical rate (`engine.model.action`), not 24.
 Plain T2V also skips the reference's VAE encode of an all-zero video, which only served for a shape,
 and I2V / V2V encode only the frames that condition (the Wan VAE is causal in time, so those latent
 frames are the same).
@@ -34,18 +34,18 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
 from diffusers.utils.torch_utils import randn_tensor
 from diffusers.video_processor import VideoProcessor
 
+from ..model.action import ACTION_DOMAINS, RESOLUTION_TIERS
+from ..model.loader import LoadedModel
+from ..serving.events import JobCancelled, Progress, SafetyRefusal
 from . import outputs as output_files
 from . import whole_step
-from .preview import Previewer, previewer
-from .action import ACTION_DOMAINS, RESOLUTION_TIERS
-from .defaults import validate_request
 from .decode import decode_uint8
-from .events import JobCancelled, Progress, SafetyRefusal
 from .fast_path import FastGenTower, FastPathOptions, vae_channels_last
 from .fp8 import BF16_LABEL, FP8_LABEL
-from .loader import LoadedModel
 from .media import load_image, load_video
+from .preview import Previewer, previewer
 from .prompts import build_prompt_texts, tokenize
+from .request import validate_request
 from .transformer import GenRotary, KVCache, allocate_cache, gen_forward, prefill
 
 VAE_SPATIAL = 16
@@ -54,7 +54,7 @@ VAE_TEMPORAL = 4
 
 @dataclass
 class GenerationResult:
-    frames: np.ndarray  # [T, H, W, 3]: float32 in [0, 1] (exact path) or uint8 (fast path, engine.decode)
+    frames: np.ndarray  # [T, H, W, 3]: float32 in [0, 1] (exact path) or uint8 (fast path, engine.pipeline.decode)
     actions: np.ndarray | None
     audio: np.ndarray | None  # [channels, samples]
     audio_sample_rate: int | None
@@ -66,7 +66,7 @@ class GenerationResult:
     outputs: dict[str, Path] = field(default_factory=dict)
     output_dir: Path | None = None
     request_id: str | None = None
-    precision: str = BF16_LABEL  # or engine.fp8.FP8_LABEL: shown wherever the result is
+    precision: str = BF16_LABEL  # or engine.pipeline.fp8.FP8_LABEL: shown wherever the result is
 
     def summary(self) -> dict:
         """JSON-ready description (the `/generate` result and the sidecar's core)."""
@@ -315,7 +315,7 @@ def safety_check_frames(model: LoadedModel, frames: np.ndarray) -> np.ndarray:
     is_uint8 = frames.dtype == np.uint8
     # The checker sees what diffusers hands it (`_apply_video_safety_check`, np output): truncation, not the
     # output stage's rounding, so a borderline frame is judged the same way here and there. The fast path's
-    # frames are already uint8 (engine.decode, rounded as written): those bytes are what it checks.
+    # frames are already uint8 (engine.pipeline.decode, rounded as written): those bytes are what it checks.
     pixels = frames if is_uint8 else (np.clip(frames, 0.0, 1.0) * 255).astype(np.uint8)
     checked = model.safety_checker.check_video_safety(pixels)
     if checked is None:
@@ -529,9 +529,9 @@ def denoise_stage(model: LoadedModel, request: dict, latents: Latents, layout: G
                   report: Callable[[int, int], None], cancel: threading.Event | None,
                   preview: Previewer | None = None) -> Latents:
     """The loop; `plan[i]` says whether step i runs the unconditional branch (see `cfg_plan`).
-    With `preview`, a cheap image of the x0 estimate goes out at its planned steps (engine.preview)."""
+    With `preview`, a cheap image of the x0 estimate goes out at its planned steps (engine.pipeline.preview)."""
     whole = whole_step.prepare(model, request, latents, layout, tower, schedulers, cond, generator)
-    if whole is not None:  # the fast path's step as one graph (engine.whole_step)
+    if whole is not None:  # the fast path's step as one graph (engine.pipeline.whole_step)
         if preview is not None:
             report = _previewing(report, preview, whole)
         latents.vision = whole_step.denoise(whole, plan, report, cancel)
@@ -596,7 +596,7 @@ def decode_stage(model: LoadedModel, latents: Latents) -> tuple[np.ndarray, np.n
     if vae_channels_last(model):
         z = z.contiguous(memory_format=torch.channels_last_3d)
     options = FastPathOptions.for_model(model)
-    if options.enabled and options.uint8_frames:  # GPU postprocess, uint8 to the host (engine.decode)
+    if options.enabled and options.uint8_frames:  # GPU postprocess, uint8 to the host (engine.pipeline.decode)
         frames = decode_uint8(vae, z)
     else:
         decoded = vae.decode(z).sample.float()

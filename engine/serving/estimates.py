@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .variants import VariantInfo
+from ..model.variants import VariantInfo
 
 # (gen tokens, seconds per step with both CFG branches), engine fast path, H200, 2026-11-29.
 _STEP_SECONDS = {

@@ -9,7 +9,7 @@ unpatchified, clamped, denormalised and rounded to uint8 on the GPU as soon as i
 one uint8 buffer copied to the host once (a quarter of the float32 bytes, no host arithmetic).
 
 The uint8 frames are bit for bit what the exact path's float32 frames become in the output stage
-(`engine.outputs`): the same float32 operations in the same order (tests/test_decode.py).
+(`engine.pipeline.outputs`): the same float32 operations in the same order (tests/test_decode.py).
 """
 from __future__ import annotations
 

@@ -1,17 +1,14 @@
-"""The one table of sampling defaults and limits, and request validation.
+"""Request validation: a request dict checked against the checkpoint's limits, with defaults filled in.
 
-`sampling_defaults` and `validate_request` are the only readers of `FAMILY_TABLE`; the UI's
-control updates, `/models`, the engine and the tests all go through them. Values come from
-cosmos3.md section 6 (with the project's choices marked there).
+It lives in the pipeline (not beside the table in `engine.model.defaults`) because it parses captions,
+which is pipeline knowledge; the table it reads stays on the model floor.
 """
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass
 from typing import Any
 
-from .action import (
+from ..model.action import (
     ACTION_DOMAINS,
     ACTION_KINDS,
     CHUNK_RANGE,
@@ -20,144 +17,20 @@ from .action import (
     SUPPORTED_DOMAINS,
     VIEW_POINTS,
 )
+from ..model.defaults import (
+    DEFAULT_ACTION_TIER,
+    FLOW_SHIFT_MAX,
+    FPS_MAX,
+    GUIDANCE_MAX,
+    PROMPT_MAX_CHARS,
+    SEED_MAX,
+    STEPS_MAX,
+    distinct_timesteps,
+    max_distinct_steps,
+    sampling_defaults,
+)
+from ..model.variants import REQUEST_MODES, VariantInfo
 from .prompts import parse_caption
-from .variants import REQUEST_MODES, VariantInfo
-
-DEFAULT_FPS = 24.0
-SEED_MAX = 2**63 - 1
-STEPS_MAX = 200
-GUIDANCE_MAX = 30.0
-FLOW_SHIFT_MAX = 50.0
-FPS_MAX = 120.0
-PROMPT_MAX_CHARS = 50_000
-DEFAULT_ACTION_TIER = 480
-DEFAULT_ACTION_CHUNK = 16
-VIDEO_MODES = ("t2v", "i2v", "v2v")
-
-Size = tuple[int, int]  # (width, height)
-
-
-@dataclass(frozen=True)
-class ModeDefaults:
-    width: int
-    height: int
-    num_frames: int
-    steps: int
-    guidance_scale: float
-    guidance_interval: tuple[float, float] | None
-    flow_shift: float
-
-
-@dataclass(frozen=True)
-class FamilyLimits:
-    image_sizes: tuple[Size, ...]
-    video_sizes: tuple[Size, ...]
-    frame_range: tuple[int, int]
-    image: ModeDefaults
-    video: ModeDefaults
-    action: ModeDefaults
-
-
-_NANO_SUPER_SIZES: tuple[Size, ...] = ((1280, 720), (720, 1280), (832, 480), (480, 832), (1024, 1024), (640, 640))
-# Edge was trained at 256p/480p only; larger grids push M-RoPE past its trained range.
-_EDGE_SIZES: tuple[Size, ...] = (
-    (832, 480), (480, 832), (640, 480), (480, 640), (480, 480), (640, 640), (448, 256), (256, 448), (256, 256),
-)
-_ACTION_DEFAULTS = ModeDefaults(832, 480, DEFAULT_ACTION_CHUNK + 1, 30, 1.0, None, 10.0)
-# T2I guidance only where it helps: timesteps in [400, 1000] (project choice, cosmos3.md section 6).
-_T2I_INTERVAL = (400.0, 1000.0)
-
-_NANO_SUPER = FamilyLimits(
-    image_sizes=_NANO_SUPER_SIZES,
-    video_sizes=_NANO_SUPER_SIZES,
-    frame_range=(17, 189),
-    image=ModeDefaults(1024, 1024, 1, 50, 4.0, _T2I_INTERVAL, 3.0),
-    video=ModeDefaults(1280, 720, 121, 35, 6.0, None, 10.0),
-    action=_ACTION_DEFAULTS,
-)
-
-FAMILY_TABLE: dict[str, FamilyLimits] = {
-    "nano": _NANO_SUPER,
-    "super": _NANO_SUPER,
-    # An unknown architecture gets the widest validated table rather than a guess of its own.
-    "custom": _NANO_SUPER,
-    "edge": FamilyLimits(
-        image_sizes=_EDGE_SIZES,
-        video_sizes=_EDGE_SIZES,
-        frame_range=(49, 149),
-        image=ModeDefaults(640, 640, 1, 50, 7.0, _T2I_INTERVAL, 3.0),
-        video=ModeDefaults(832, 480, 121, 50, 5.0, None, 3.0),
-        action=_ACTION_DEFAULTS,
-    ),
-}
-
-
-def _limits(info: VariantInfo) -> FamilyLimits:
-    table = FAMILY_TABLE[info.family]
-    if info.tiny is None:
-        return table
-    tiny = info.tiny
-    image_w, image_h = tiny.image_sizes[0]
-    video_w, video_h = tiny.video_sizes[0]
-    return FamilyLimits(
-        image_sizes=tiny.image_sizes,
-        video_sizes=tiny.video_sizes,
-        frame_range=tiny.frame_range,
-        image=ModeDefaults(image_w, image_h, 1, table.image.steps, table.image.guidance_scale,
-                           table.image.guidance_interval, table.image.flow_shift),
-        video=ModeDefaults(video_w, video_h, tiny.default_frames, table.video.steps, table.video.guidance_scale,
-                           table.video.guidance_interval, table.video.flow_shift),
-        action=table.action,
-    )
-
-
-def _mode_key(mode: str) -> str:
-    if mode == "t2i":
-        return "image"
-    if mode in VIDEO_MODES or mode == "sound":
-        return "video"
-    if mode == "action":
-        return "action"
-    raise ValueError(f"Unknown mode {mode!r}; allowed: {list(REQUEST_MODES)}.")
-
-
-def sampling_defaults(info: VariantInfo, mode: str) -> dict[str, Any]:
-    """Defaults and limits for `mode` on this checkpoint, as one JSON-ready dict."""
-    limits = _limits(info)
-    key = _mode_key(mode)
-    defaults: ModeDefaults = getattr(limits, key)
-    if key == "image":
-        sizes = limits.image_sizes
-        frame_range = (1, 1)
-    elif key == "video":
-        sizes = limits.video_sizes
-        frame_range = limits.frame_range
-    else:
-        sizes = tuple((w, h) for (h, w) in RESOLUTION_TIERS[DEFAULT_ACTION_TIER].values())
-        frame_range = (CHUNK_RANGE[0] + 1, CHUNK_RANGE[1] + 1)
-    steps, guidance, interval, shift = defaults.steps, defaults.guidance_scale, defaults.guidance_interval, defaults.flow_shift
-    if info.is_distilled:
-        # Few-step checkpoints: the sigmas are the schedule, guidance is baked into the weights.
-        steps, guidance, interval, shift = len(info.distilled_sigmas), 1.0, None, 1.0
-    return {
-        "width": defaults.width,
-        "height": defaults.height,
-        "num_frames": defaults.num_frames,
-        "fps": DEFAULT_FPS,
-        "steps": steps,
-        "guidance_scale": guidance,
-        "guidance_interval": list(interval) if interval else None,
-        "flow_shift": shift,
-        "resolutions": [[w, h] for (w, h) in sizes],
-        "frame_range": list(frame_range),
-        "steps_locked": info.is_distilled,
-        "guidance_locked": info.is_distilled,
-    }
-
-
-# ----------------------------------------------------------------------------------------------
-# Validation
-# ----------------------------------------------------------------------------------------------
 
 REQUEST_KEYS = (
     "mode", "prompt", "negative_prompt", "width", "height", "num_frames", "fps", "steps", "guidance_scale",
@@ -190,29 +63,6 @@ def _float(params: dict, key: str, lo: float, hi: float, *, lo_open: bool = Fals
         bracket = "(" if lo_open else "["
         raise ValueError(f"{key} must be in {bracket}{lo:g}, {hi:g}], got {value:g}.")
     return value
-
-
-@functools.lru_cache(maxsize=512)
-def _distinct_timesteps(flow_shift: float, steps: int) -> bool:
-    """Whether UniPC's flow schedule gives `steps` distinct integer timesteps at this shift.
-
-    Why: at high shifts the schedule crowds near t = 1000 and integer timesteps repeat, and UniPC's
-    multistep update then fails mid-run (shift 10 breaks past 100 steps). Refusing up front beats
-    losing a long run at step 101.
-    """
-    from diffusers import UniPCMultistepScheduler
-
-    scheduler = UniPCMultistepScheduler(num_train_timesteps=1000, solver_order=2, prediction_type="flow_prediction",
-                                        use_flow_sigmas=True, flow_shift=flow_shift, final_sigmas_type="zero")
-    scheduler.set_timesteps(steps)
-    return len(set(scheduler.timesteps.tolist())) == steps
-
-
-def max_distinct_steps(flow_shift: float) -> int:
-    steps = STEPS_MAX
-    while steps > 1 and not _distinct_timesteps(flow_shift, steps):
-        steps -= 1
-    return steps
 
 
 def _size_list(sizes) -> str:
@@ -406,7 +256,7 @@ def validate_request(info: VariantInfo, mode: str, params: dict) -> dict:
     if not isinstance(out["sound"], bool):
         raise ValueError(f"sound must be true or false, got {out['sound']!r}.")
 
-    if not info.is_distilled and not _distinct_timesteps(out["flow_shift"], out["steps"]):
+    if not info.is_distilled and not distinct_timesteps(out["flow_shift"], out["steps"]):
         raise ValueError(
             f"With flow_shift {out['flow_shift']:g}, {out['steps']} steps repeat timesteps near t = 1000 and the "
             f"scheduler cannot run them; at most {max_distinct_steps(out['flow_shift'])} steps are allowed at this shift."

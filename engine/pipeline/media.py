@@ -94,7 +94,7 @@ def load_video(source, max_frames: int = MAX_VIDEO_FRAMES) -> list:
 
 def load_actions_file(path, domain: str) -> list[list[float]]:
     """Actions `[T, D]` from a JSON (list of rows, or {"actions": rows}), CSV or NPY file."""
-    from .defaults import validate_action_array
+    from .request import validate_action_array
 
     file = _checked_file(path, "actions", ACTION_SUFFIXES)
     suffix = file.suffix.lower()

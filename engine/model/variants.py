@@ -2,7 +2,7 @@
 
 Everything here is read from the checkpoint's own config files, never from its name or its
 weights, and read once per checkpoint folder (`inspect_checkpoint` is cached by resolved path).
-The family table (sizes, frames, per-mode defaults) lives in `engine.defaults`.
+The family table (sizes, frames, per-mode defaults) lives in `engine.model.defaults`.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ REQUEST_MODES = ("t2i", "t2v", "i2v", "v2v", "action")
 
 EDGE_BACKBONE = "cosmos3_edge_nemotron_dense"
 
-# Checkpoints made by `engine.tiny` carry this file at their root. It names the real family the
+# Checkpoints made by `engine.model.tiny` carry this file at their root. It names the real family the
 # tiny model stands in for and declares small canvases and frame ranges so that CPU tests stay
 # fast. Real checkpoints never carry it and always get the family table.
 TINY_MARKER = "cosmos3_studio_tiny.json"
@@ -239,7 +239,7 @@ def inspect_checkpoint(path: str | os.PathLike) -> VariantInfo:
     """Inspect a local diffusers-format Cosmos3 checkpoint folder, reading only its config files.
 
     The result is cached per resolved folder, so a request never re-reads checkpoint files. Hub
-    repo ids are resolved to a local snapshot by `engine.loader.resolve_source` first.
+    repo ids are resolved to a local snapshot by `engine.model.loader.resolve_source` first.
     """
     return _inspect_cached(str(Path(path).expanduser().resolve()))
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..model.action import action_caption
+from ..model.variants import VariantInfo
 from . import captions
-from .action import action_caption
-from .variants import VariantInfo
 
 SYSTEM_PROMPT_IMAGE = "You are a helpful assistant who will generate images from a give prompt."
 SYSTEM_PROMPT_VIDEO = "You are a helpful assistant who will generate videos from a give prompt."

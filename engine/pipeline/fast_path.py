@@ -9,19 +9,19 @@
 - **fused projections**: one GEMM for q|k|v and one for gate|up per layer; the original Linear
   weights become views of the fused tensors, so no weight is stored twice;
 - **VAE channels-last-3d**: the decoder's 3-D convolutions in cuDNN's channels-last layout;
-- **uint8 frames** (`engine.decode`): the decode's postprocess and 8-bit rounding on the GPU, one uint8
+- **uint8 frames** (`engine.pipeline.decode`): the decode's postprocess and 8-bit rounding on the GPU, one uint8
   copy to the host instead of float32 frames;
 - **CUDA graphs**: the tower's step is captured once per request shape and replayed every step, where
   the step is short enough for launch overhead to matter;
-- **whole step** (`engine.whole_step`): the gen tokens, tower, velocity, CFG combine and the sampler
-  update (`engine.scheduler_tables`) run from static device buffers, captured as one graph where CUDA
+- **whole step** (`engine.pipeline.whole_step`): the gen tokens, tower, velocity, CFG combine and the sampler
+  update (`engine.pipeline.scheduler_tables`) run from static device buffers, captured as one graph where CUDA
   graphs apply, and kept across requests of the same shape.
 
 Off the GPU the engine runs the exact eager tower (`engine.pipeline.EagerGenTower`). Switches:
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_FUSED_PROJECTIONS=0`, `COSMOS3_VAE_CHANNELS_LAST=0`,
 `COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, and the one pass that is off by default and
-approximate, `COSMOS3_FP8=1` (`engine.fp8`); `bench/bench_engine.py` ablates them.
+approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`); `bench/bench_engine.py` ablates them.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class FastPathOptions:
     vae_channels_last: bool = True
     whole_step: bool = True
     uint8_frames: bool = True
-    fp8: bool = False  # approximate: off unless asked for (engine.fp8)
+    fp8: bool = False  # approximate: off unless asked for (engine.pipeline.fp8)
 
     @classmethod
     def from_env(cls, device: torch.device) -> "FastPathOptions":
@@ -153,7 +153,7 @@ class FastGenTower:
         self.sin = torch.stack([b.rotary.sin.squeeze(1) for b in branches])
         self.fused = fused_projections(model) if options.fused_projections else None
         self.fp8 = None
-        if options.fp8:  # FP8 GEMMs (engine.fp8) read their own fused, quantised weights
+        if options.fp8:  # FP8 GEMMs (engine.pipeline.fp8) read their own fused, quantised weights
             from .fp8 import fp8_weights
 
             self.fp8 = self.fused = fp8_weights(model)

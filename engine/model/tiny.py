@@ -1,13 +1,13 @@
 """The tiny Cosmos3 family: random-weight checkpoints with the real diffusers file layout.
 
-`python -m engine.tiny OUT_DIR` writes six folders (nano, nano-distilled, super, super-distilled,
+`python -m engine.model.tiny OUT_DIR` writes six folders (nano, nano-distilled, super, super-distilled,
 edge, edge-distilled). Each loads with `Cosmos3OmniPipeline.from_pretrained` and is shaped like the
 released model in everything the code reads: 48 latent channels, transformer patch 2, a Wan2.2
 layout VAE (z 48, 16x spatial, 4x temporal, its own patch 2), Edge's relu2 / Nemotron norms and
 und-K norm for gen, distilled FlowMatchEuler schedulers with a 4-sigma `t_list`, action heads on
 Nano and Edge, sound on Nano. Only the widths and depths are small.
 
-The root file `cosmos3_studio_tiny.json` (see `engine.variants.TINY_MARKER`) names the family the
+The root file `cosmos3_studio_tiny.json` (see `engine.model.variants.TINY_MARKER`) names the family the
 tiny model stands in for and declares its small canvases, so CPU tests stay fast.
 """
 from __future__ import annotations
@@ -304,7 +304,7 @@ def _mkdir(path: Path) -> Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.tiny", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m engine.model.tiny", description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", help="folder to write the six tiny checkpoints into")
     args = parser.parse_args(argv)
     for name, path in write_family(args.out_dir).items():

@@ -171,9 +171,9 @@ class LoadedModel:
     # kept per model so they persist across requests.
     fast_path: Any = None
     dispatchers: dict = field(default_factory=dict)
-    fused: Any = None  # engine.fast_path.FusedProjections, built on first fast-path use
+    fused: Any = None  # engine.pipeline.fast_path.FusedProjections, built on first fast-path use
     vae_channels_last: bool = False
-    fp8_weights: Any = None  # engine.fp8.FP8Weights, built when a request first asks for FP8
+    fp8_weights: Any = None  # engine.pipeline.fp8.FP8Weights, built when a request first asks for FP8
 
     def make_scheduler(self, **overrides):
         config = dict(self.scheduler_config)

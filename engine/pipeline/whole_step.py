@@ -4,7 +4,7 @@
 velocity unpatchify, the CFG combine and diffusers' scheduler step eagerly, with a host read of the
 timestep and Python-side scheduler state: about 9 ms a step on Edge T2I around an 11 ms tower.
 Here every per-step input lives in a static device buffer (the sample, the timestep, the guidance
-scale, the sampler's coefficient row and history from `engine.scheduler_tables`), so the step is
+scale, the sampler's coefficient row and history from `engine.pipeline.scheduler_tables`), so the step is
 the same kernel sequence every time and one capture per (shape, branch count) replays for every
 step. Between replays the host only copies the step's coefficient row (device to device), checks
 cancel, and reports progress once the previous step's event has fired, so at most one step is in
@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from .events import JobCancelled
+from ..serving.events import JobCancelled
 from .fast_path import GRAPH_MAX_GEN_TOKENS, FastGenTower, FastPathOptions
 from .scheduler_tables import SamplerState, sampler_for
 

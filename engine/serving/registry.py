@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .defaults import sampling_defaults
-from .loader import looks_like_repo_id, resolve_source
-from .variants import REQUEST_MODES, VariantInfo, inspect_checkpoint
+from ..model.defaults import sampling_defaults
+from ..model.loader import looks_like_repo_id, resolve_source
+from ..model.variants import REQUEST_MODES, VariantInfo, inspect_checkpoint
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable
 
-from .defaults import sampling_defaults
+from ..model.defaults import sampling_defaults
 
 # Long enough that both CFG layouts run (inside and outside a guidance interval: at shift 3 the last
 # ~20% of steps fall below t = 400) and each is captured (eager first, captured on its second step).
@@ -53,7 +53,7 @@ def warm_up(model, modes=("t2i", "t2v"), report: Callable[[int, int], None] | No
             cancel: threading.Event | None = None) -> list[dict]:
     """Run `warm_requests` through `generate`; `report(done, total)` after each. Returns, per request,
     {"mode", "width", "height", "prompt_chars", "seconds"}."""
-    from .pipeline import generate
+    from ..pipeline.run import generate
 
     requests = warm_requests(model.info, modes)
     done = []

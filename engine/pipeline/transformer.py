@@ -5,7 +5,7 @@ the same at every denoising step. `prefill` runs it once per request and CFG bra
 layer's K-for-gen and V into the branch's prefix rows of a packed per-layer buffer (the layout in
 `kernels.packed_kv`: every branch's rows are `[prefix | gen]`). `gen_forward` then runs only the gen
 tower per step and writes the step's gen K/V into the gen rows, so no step concatenates or copies
-the prefix. The fast path (`engine.fast_path`) reads the same buffers.
+the prefix. The fast path (`engine.pipeline.fast_path`) reads the same buffers.
 
 Both functions mirror `Cosmos3PackedMoTAttention` / `Cosmos3VLTextMoTDecoderLayer` op for op, so
 on the same inputs they agree with the full diffusers forward (tests/test_engine_parity.py).
