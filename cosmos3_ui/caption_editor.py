@@ -19,6 +19,7 @@ from .assets import PROSE_EXAMPLES, example_captions
 from .requests import PROMPT_STYLES, STYLE_JSON, STYLE_PROSE
 
 PRIVATE = "private"
+QUICK_PROSE = "Quick prose example (one sentence)"
 
 
 def _table_value(rows: list[list[str]], columns: tuple[str, ...]) -> list[list[str]]:
@@ -88,7 +89,7 @@ class CaptionEditor:
                 self.style = gr.Radio(list(PROMPT_STYLES), value=STYLE_JSON, label="Prompt style", scale=3,
                                       elem_id=f"{elem_prefix}-style")
                 self.example = gr.Dropdown(
-                    list(self.examples), value=first, label="Example caption", scale=2, interactive=True,
+                    [*self.examples, QUICK_PROSE], value=first, label="Example", scale=2, interactive=True,
                     elem_id=f"{elem_prefix}-example",
                 )
             with gr.Column(visible=True) as self.json_group:
@@ -242,21 +243,27 @@ class CaptionEditor:
             is_json = style == STYLE_JSON
             message = describe_problem(text, kind)[1] if is_json else ""
             return {self.json_group: gr.update(visible=is_json), self.prose: gr.update(visible=not is_json),
-                    self.example: gr.update(interactive=is_json), self.message: message}
+                    self.message: message}
 
         self.style.input(on_style, inputs=[self.style, self.code],
-                         outputs=[self.json_group, self.prose, self.example, self.message],
+                         outputs=[self.json_group, self.prose, self.message],
                          queue=False, api_visibility=PRIVATE)
 
         def on_example(title):
+            if title == QUICK_PROSE:  # one sentence, no JSON: the quickest way to a first result
+                return {self.style: STYLE_PROSE, self.prose: gr.update(value=PROSE_EXAMPLES[kind], visible=True),
+                        self.json_group: gr.update(visible=False), self.message: ""}
             text = self.examples.get(title)
             if text is None:
                 return {self.message: error_html(f"Unknown example {title!r}.")}
             caption = json.loads(text)
-            return {self.code: text, self.message: "", **self.choice_updates(caption), **self.form_updates(caption)}
+            return {self.code: text, self.message: "", self.style: STYLE_JSON, self.prose: gr.update(visible=False),
+                    self.json_group: gr.update(visible=True), **self.choice_updates(caption),
+                    **self.form_updates(caption)}
 
         self.example.input(on_example, inputs=self.example,
-                           outputs=[self.code, self.message, *choices, *self.form_components],
+                           outputs=[self.code, self.message, self.style, self.prose, self.json_group, *choices,
+                                    *self.form_components],
                            queue=False, api_visibility=PRIVATE)
 
     def _wire_unknown_keys(self) -> None:

@@ -232,6 +232,11 @@ def domain_choices() -> list[tuple[str, str]]:
     return out
 
 
+def channel_names(domain: str) -> list[str]:
+    """What each action channel of `domain` means, from the domain table (x, y, z, rot1..6, gripper...)."""
+    return list(ACTION_DOMAINS[domain].channels) if domain in ACTION_DOMAINS else []
+
+
 def unsupported_domains_note() -> str:
     names = [f"{d.name} ({d.note})" for d in ACTION_DOMAINS.values() if not d.supported]
     return "Not offered (no fixed action width): " + ", ".join(names) + "." if names else ""

@@ -107,6 +107,34 @@ def action_ui_state(tab: ActionTab, v: dict) -> dict:
                        "instruction": v[tab.instruction]}}
 
 
+def _uploads(tab) -> dict:
+    """{history key: component} of the uploads a tab's run may use."""
+    if isinstance(tab, GenTab):
+        return {k: c for k, c in (("input_image", tab.image), ("input_video", tab.video)) if c is not None}
+    return {"input_image": tab.image, "input_video": tab.video, "input_actions": tab.actions_file}
+
+
+def kept_inputs(tab, v: dict, result) -> dict:
+    """Copies of the run's uploads in its result folder (`inputs/`), so History can bring them back."""
+    import shutil
+    from pathlib import Path
+
+    if result.output_dir is None:
+        return {}
+    out = {}
+    for key, component in _uploads(tab).items():
+        value = v.get(component)
+        path = value if isinstance(value, str) else getattr(value, "name", None)
+        if not path or not Path(path).is_file():
+            continue
+        folder = Path(result.output_dir) / "inputs"
+        folder.mkdir(exist_ok=True)
+        target = folder / Path(path).name
+        shutil.copyfile(path, target)
+        out[key] = str(target)
+    return out
+
+
 def text_only(request: dict) -> dict:
     """The request a text preview validates: uploads dropped, so the preview never reads a file."""
     out = dict(request)
@@ -178,7 +206,8 @@ def action_result_updates(tab: ActionTab, actions_path, domain: str, params: dic
     if not actions_path:
         return {tab.plot: None, tab.actions_download: None}
     array = actions_from_file(actions_path)
-    plot = actions_plot(array, domain=domain, fps=params.get("fps")) if array is not None else None
+    plot = (actions_plot(array, domain=domain, fps=params.get("fps"), names=C.channel_names(domain))
+            if array is not None else None)
     return {tab.plot: plot, tab.actions_download: publish(actions_path)}
 
 
@@ -515,7 +544,9 @@ def _restore_result(tab, entry: dict, model: str) -> dict:
     out[box.prompt_view] = summary.get("prompt_text", "")
     out[box.negative_view] = summary.get("negative_prompt_text", "")
     note = "Restored the settings of this result with its seed (Random seed is off)."
-    if params.get("image") or params.get("video"):
+    for key, component in _uploads(tab).items():
+        out[component] = publish(H.file_path(entry, key))
+    if (params.get("image") or params.get("video")) and not any(H.file_path(entry, k) for k in _uploads(tab)):
         note += " Upload the conditioning file again to rerun it."
     out[box.status] = status_html(note, "info")
     return out
@@ -557,6 +588,8 @@ def restore_outputs(page: Page, model: dict) -> list:
         keys |= {c for c in (tab.frames, tab.fps, tab.sound) if c is not None}
     a = page.action
     keys |= {a.kind, a.domain, a.view_point, a.chunk_size, a.tier, a.fps, a.instruction, a.plot, a.actions_download}
+    for tab in page.all_tabs():
+        keys |= set(_uploads(tab).values())
     for tab in page.all_tabs():
         s, box = tab.sampling, tab.result
         keys |= {s.steps, s.guidance, s.flow_shift, s.seed, s.randomize, box.output, box.used_seed, box.downloads,

@@ -58,10 +58,12 @@ class Handlers:
             gr.Warning(str(exc))
             yield {**F.error_updates(tab, exc), **hide}
 
-    def finish(self, tab, model: str, result, ui: dict, history: list) -> dict:
-        """The updates a finished run shows: its result and the new history entry."""
+    def finish(self, tab, model: str, result, ui: dict, history: list, v: dict) -> dict:
+        """The updates a finished run shows: its result and the new history entry (which keeps the
+        run's uploads beside its result, so History restores them too)."""
         entry = H.make_entry(model=model, tab="action" if isinstance(tab, ActionTab) else tab.mode,
                              result=result, ui=ui)
+        entry = H.with_inputs(entry, F.kept_inputs(tab, v, result))
         out = F.result_updates(tab, result, model)
         out.update(F.history_updates(self.page, H.add(history, entry)))
         return out
@@ -121,7 +123,7 @@ class Handlers:
             model = v[page.model]
             async for update in self.run(tab, v, lambda: F.gen_request(tab, v), request, progress):
                 if isinstance(update, tuple):
-                    out = self.finish(tab, model, update[1], F.gen_ui_state(tab, v), v[page.history.state])
+                    out = self.finish(tab, model, update[1], F.gen_ui_state(tab, v), v[page.history.state], v)
                     yield {**out, **F.synced_caption(tab, v)}
                 else:
                     yield update
@@ -167,7 +169,7 @@ class Handlers:
             async for update in self.run(a, v, lambda: F.action_tab_request(a, v), request, progress):
                 if isinstance(update, tuple):
                     result = update[1]
-                    out = self.finish(a, model, result, F.action_ui_state(a, v), v[page.history.state])
+                    out = self.finish(a, model, result, F.action_ui_state(a, v), v[page.history.state], v)
                     actions = F.named_outputs(result, model).get("actions")
                     out.update(F.action_result_updates(a, actions, v[a.domain], result.params))
                     yield out

@@ -37,6 +37,12 @@ def make_entry(*, model: str, tab: str, result, ui: dict) -> dict:
     }
 
 
+def with_inputs(entry: dict, inputs: dict) -> dict:
+    """The entry with the run's kept uploads ({"input_image": path, ...}, copies in the result folder)."""
+    kept = {key: relative(path) for key, path in inputs.items() if relative(path)}
+    return dict(entry, files={**entry["files"], **kept}) if kept else entry
+
+
 def file_path(entry: dict, key: str) -> str | None:
     """The server path of an entry's file ("image", "video", "actions", "sidecar"), if it is a result file."""
     name = (entry.get("files") or {}).get(key)

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 
 
-def actions_plot(actions, *, domain: str = "", fps: float | None = None, names: list[str] | None = None) -> np.ndarray:
-    """[H, W, 3] uint8 image of `actions` ([steps, channels]) as lines over time, each channel named
+def actions_figure(actions, *, domain: str = "", fps: float | None = None, names: list[str] | None = None):
+    """A matplotlib Figure of `actions` ([steps, channels]) as lines over time, each channel named
     (`names`, from the domain table) in a legend beside the plot, never over the curves."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -18,6 +18,7 @@ def actions_plot(actions, *, domain: str = "", fps: float | None = None, names: 
         data = data[:, None]
     steps, channels = data.shape
     figure = Figure(figsize=(8.0, 3.2), dpi=100)
+    FigureCanvasAgg(figure)  # draws off-screen; no global pyplot state
     axes = figure.add_subplot(1, 1, 1)
     x = np.arange(steps) / fps if fps else np.arange(steps)
     for channel in range(channels):
@@ -28,14 +29,18 @@ def actions_plot(actions, *, domain: str = "", fps: float | None = None, names: 
     title = f"{steps} steps x {channels} channels"
     axes.set_title(f"{domain}: {title}" if domain else title, fontsize=10)
     axes.grid(True, alpha=0.3)
-    canvas = FigureCanvasAgg(figure)  # draws off-screen; no global pyplot state
     if channels <= 30:
         axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, ncol=1 if channels <= 12 else 2,
                     frameon=False, borderaxespad=0.0)
     figure.tight_layout()
-    canvas.draw()
-    image = np.asarray(canvas.buffer_rgba())[..., :3].copy()
-    return image
+    return figure
+
+
+def actions_plot(actions, *, domain: str = "", fps: float | None = None, names: list[str] | None = None) -> np.ndarray:
+    """[H, W, 3] uint8 image of `actions_figure`."""
+    figure = actions_figure(actions, domain=domain, fps=fps, names=names)
+    figure.canvas.draw()
+    return np.asarray(figure.canvas.buffer_rgba())[..., :3].copy()
 
 
 def actions_from_file(path: str | Path) -> np.ndarray | None:

@@ -20,6 +20,7 @@ from engine.pipeline import captions
 from . import batch as B
 from . import controls as C
 from . import history as H
+from .assets import PROSE_EXAMPLES
 from .common import GPU_POOL, PRIVATE, UI_SEED_MAX, status_html
 from .files import publish
 from .compare import (
@@ -76,7 +77,7 @@ class CompareTab:
                                                    label=f"Models (2 to {self.slot_count})", elem_id="compare-models")
                     self.mode = gr.Radio([("Text to image", "t2i"), ("Text to video", "t2v")], value="t2i",
                                          label="Mode", elem_id="compare-mode")
-                    self.prompt = gr.Textbox("", label="Prompt (prose, or one JSON caption object)", lines=4,
+                    self.prompt = gr.Textbox(PROSE_EXAMPLES["image"], label="Prompt (prose, or one JSON caption object)", lines=4,
                                              max_lines=14, elem_id="compare-prompt")
                     self.negative = gr.Textbox("", label="Negative prompt (optional; distilled models ignore it)",
                                                lines=2, elem_id="compare-negative")

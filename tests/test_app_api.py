@@ -190,3 +190,22 @@ def test_full_queue_answers_clearly_and_cancel_frees_it(studio_url):
     while studio.service.active.count() and time.time() < deadline:
         time.sleep(0.1)
     assert studio.service.active.count() == 0  # the running job was stopped, not left to finish
+
+
+def test_the_readme_scripting_example_runs_as_written(studio_url, monkeypatch):
+    """README's `/generate` example, run verbatim (only the URL is this test's server) against the tiny
+    family that `python app.py` embeds: it used to ask for 121 frames, which the tiny models refuse."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Scripting API", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "http://127.0.0.1:7860/" in code and "/generate" in code
+    monkeypatch.chdir(root)  # the example names a file of the repository
+    scope: dict = {}
+    exec(compile(code.replace("http://127.0.0.1:7860/", studio_url[0]), "README.md", "exec"), scope)  # noqa: S102
+    media, result = scope["media"], scope["result"]
+    assert media and Path(media).is_file() and result["params"]["mode"] == "i2v"
+    assert any(m["name"] == "nano" for m in scope["models"])

@@ -268,7 +268,19 @@ def test_a_running_job_is_cancelled_then_a_policy_run_shows_actions(page, studio
     page.wait_for_selector("#action-output video")
     page.wait_for_selector("#action-plot img")
     assert "actions.json" in page.locator("#action-json").inner_text().replace("\n", "")
+    assert "actions" not in page.locator("#action-files").inner_text()  # each file listed once
     page.screenshot(path=str(tmp_path / "policy.png"), full_page=True)
+    # After a reload the upload is gone; History brings the result back with its first frame.
+    page.reload()
+    page.wait_for_selector("#model-picker")
+    gallery = page.locator("#history-gallery .thumbnail-item")
+    deadline = time.time() + 15
+    while time.time() < deadline and gallery.count() < 1:
+        time.sleep(0.1)
+    gallery.first.click()
+    wait_for_text(page, "#history", "Restored")
+    page.wait_for_selector("#action-image img", timeout=15_000)
+    assert "Upload the conditioning file again" not in page.locator("#action-status").inner_text()
 
 
 def test_closing_the_tab_cancels_its_running_job(browser, studio, tmp_path):

@@ -1,5 +1,6 @@
 """The UI's decisions without a server: control specs from the engine's table, request building,
 history checks, and the caption editor's messages."""
+import copy
 import json
 import zipfile
 from pathlib import Path
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from cosmos3_ui import controls as C
+from cosmos3_ui import forms as F
 from cosmos3_ui import history as H
 from cosmos3_ui.caption_editor import describe_problem
 from cosmos3_ui.requests import (
@@ -331,3 +333,66 @@ def test_actions_plot_is_an_image():
     assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3 and image.std() > 0
     assert actions_from_file(ASSETS / "media" / "umi_push_right.json").shape == (16, 10)
     assert actions_from_file(ASSETS / "captions" / "negative_video.json") is None
+
+
+def test_the_actions_plot_names_channels_from_the_domain_table_and_keeps_the_legend_off_the_curves():
+    from cosmos3_ui.plots import actions_figure, actions_plot
+
+    figure = actions_figure(np.random.default_rng(0).random((16, 10)), domain="umi", fps=20.0,
+                            names=C.channel_names("umi"))
+    axes = figure.axes[0]
+    legend = axes.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["x", "y", "z", "rot1", "rot2", "rot3", "rot4", "rot5",
+                                                          "rot6", "gripper"]
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    assert not legend.get_window_extent(renderer).overlaps(axes.get_window_extent(renderer))
+    assert actions_plot(np.zeros((4, 2)), names=C.channel_names("pusht")).dtype == np.uint8
+    for name in SUPPORTED_DOMAINS:
+        assert len(C.channel_names(name)) == ACTION_DOMAINS[name].raw_dim
+
+
+@pytest.fixture(scope="module")
+def page(tiny_family, tmp_path_factory):
+    """The Studio's page for the tiny family, built (not launched): its components for form tests."""
+    from types import SimpleNamespace
+
+    from cosmos3_ui.layout import Studio
+    from cosmos3_ui.service import StudioService
+
+    registry = ModelRegistry([ModelEntry(n, str(p), "tiny random weights") for n, p in tiny_family.items()])
+    queue = SimpleNamespace(submit=lambda model_name, request, session_id=None: None)
+    studio = Studio(StudioService(registry, queue, tmp_path_factory.mktemp("page-outputs")))
+    yield studio.page
+    studio.close()
+
+
+def _values(page, changes: dict) -> dict:
+    """The switch's inputs at their built values, with `changes` ({component: value})."""
+    values = {c: c.value for c in F.switch_inputs(page)}
+    values.update(changes)
+    return values
+
+
+def test_a_model_switch_keeps_what_still_holds_and_says_what_it_reset(page, models):
+    t2i, t2v = page.t2i, page.t2v
+    edge = copy.deepcopy(models["edge"])
+    edge["defaults"]["t2i"].update(resolutions=[[96, 64]], width=96, height=64)  # 64x64 is not offered there
+    v = _values(page, {page.shown_model: "nano", t2i.sampling.steps: 7, t2i.sampling.guidance: 2.5,
+                       t2i.resolution: "64x64", t2v.frames: 9, t2v.sampling.steps: 99999})
+    out = F.switch_updates(page, models["nano"], edge, v, "t2i")
+    assert out[t2i.sampling.steps]["value"] == 7 and out[t2i.sampling.guidance]["value"] == 2.5
+    assert out[t2i.resolution]["value"] == "96x64" and out[t2v.frames]["value"] == 9
+    note = out[page.switch_note]
+    assert "Switched from nano to edge" in note and "resolution 64x64" in note and "does not offer it" in note
+    assert "steps 99999" in note  # a value the new model cannot run is reset, and said so
+    distilled = F.switch_updates(page, models["nano"], models["nano-distilled"], v, "t2i")
+    assert distilled[t2i.sampling.steps]["value"] == 4 and "fixed by the distilled" in distilled[page.switch_note]
+    back = F.switch_updates(page, models["nano-distilled"], models["nano"], v, "t2i")
+    assert "back to this model's defaults" in back[page.switch_note]
+
+
+def test_the_variant_panel_says_each_flag_once(models):
+    head = C.variant_markdown(models["edge"]).split("\n\n")[0]
+    assert head.count("Edge") == 1 and "tiny random weights" in head
+    assert C.variant_markdown(models["edge"]).count("tiny random weights") == 1

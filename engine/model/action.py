@@ -12,6 +12,32 @@ ACTION_KINDS = ("policy", "forward_dynamics", "inverse_dynamics")
 MODEL_ACTION_WIDTH = 64
 
 
+# What each channel of a domain's action row means. Rows are composed of 9-D poses (position, then
+# the rotation as the first two columns of its matrix, "6D rotation"), 1-D grippers and 15-D
+# fingertips (five tips, xyz each); cosmos3.md section 7.
+_ROTATION = ("rot1", "rot2", "rot3", "rot4", "rot5", "rot6")
+
+
+def _pose(prefix: str = "") -> tuple[str, ...]:
+    return tuple(f"{prefix}{name}" for name in ("x", "y", "z", *_ROTATION))
+
+
+def _fingertips(prefix: str) -> tuple[str, ...]:
+    return tuple(f"{prefix}{finger}_{axis}" for finger in ("thumb", "index", "middle", "ring", "pinky")
+                 for axis in "xyz")
+
+
+_ARM = (*_pose(), "gripper")
+_TWO_ARMS = (*_pose("L "), "L gripper", *_pose("R "), "R gripper")
+_CHANNELS = {
+    "av": _pose("ego "), "camera_pose": _pose("cam "),
+    "hand_pose": (*_pose("ego "), *_pose("L wrist "), *_fingertips("L "), *_pose("R wrist "), *_fingertips("R ")),
+    "pusht": ("x", "y"), "robomind-franka-dual": _TWO_ARMS,
+    "agibotworld": (*_pose("ego "), *_TWO_ARMS), "agibot_gear_gripper": (*_pose("ego "), *_TWO_ARMS),
+    "agibot_gear_gripper_ext": (*_pose("ego "), *_TWO_ARMS),
+}
+
+
 @dataclass(frozen=True)
 class ActionDomain:
     name: str
@@ -24,6 +50,15 @@ class ActionDomain:
     @property
     def supported(self) -> bool:
         return self.raw_dim is not None
+
+    @property
+    def channels(self) -> tuple[str, ...]:
+        """Each action channel's name (x, y, z, rot1..rot6, gripper, ...); generic where the layout is
+        not known (galbot's humanoid stack)."""
+        named = _CHANNELS.get(self.name, _ARM if self.raw_dim == len(_ARM) else ())
+        if self.raw_dim is not None and len(named) == self.raw_dim:
+            return named
+        return tuple(f"a{i}" for i in range(self.raw_dim or 0))
 
 
 # Typical clip shapes are known for AV, Bridge, DROID and UMI; the others take a 16-step chunk at
