@@ -226,7 +226,7 @@ def parse_request_json(text: Any) -> dict:
         return dict(text)
     if not isinstance(text, str) or not text.strip():
         raise StudioError("request_json is empty; send a JSON object such as {\"mode\": \"t2i\", \"prompt\": \"...\"}.")
-    if len(text) > 2 * captions.MAX_CAPTION_CHARS + 100_000:
+    if len(text) > 2 * captions.PROMPT_MAX_CHARS + 100_000:
         raise StudioError(f"request_json is {len(text)} characters long; that is more than any valid request.")
     try:
         value = json.loads(text)

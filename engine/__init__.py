@@ -14,7 +14,7 @@ diffusers) is imported on first use of a name that needs it, so a UI can start i
 from importlib import import_module
 
 from .model.action import ACTION_DOMAINS, ACTION_KINDS, RESOLUTION_TIERS, VIEW_POINTS
-from .model.defaults import FAMILY_TABLE, sampling_defaults
+from .model.defaults import FAMILY_TABLE, Limits, sampling_defaults, sampling_limits
 from .model.variants import ALL_MODES, REQUEST_MODES, CheckpointError, VariantInfo, inspect_checkpoint
 from .pipeline.prompts import preview_prompt_texts
 from .pipeline.request import validate_request
@@ -36,7 +36,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "ACTION_DOMAINS", "ACTION_KINDS", "ALL_MODES", "FAMILY_TABLE", "REQUEST_MODES", "RESOLUTION_TIERS",
+    "ACTION_DOMAINS", "ACTION_KINDS", "ALL_MODES", "FAMILY_TABLE", "Limits", "REQUEST_MODES", "RESOLUTION_TIERS",
     "VIEW_POINTS", "CheckpointError", "JobCancelled", "ModelEntry", "ModelRegistry", "VariantInfo",
-    "inspect_checkpoint", "preview_prompt_texts", "sampling_defaults", "validate_request", *_LAZY,
+    "inspect_checkpoint", "preview_prompt_texts", "sampling_defaults", "sampling_limits", "validate_request", *_LAZY,
 ]

@@ -86,7 +86,7 @@ def test_parse_refuses_deep_nesting_and_huge_text():
     with pytest.raises(C.CaptionParseError, match="characters long|nested too deeply"):
         C.parse_caption(very_deep)
     with pytest.raises(C.CaptionParseError, match="at most"):
-        C.parse_caption('{"context": "' + "x" * (C.MAX_CAPTION_CHARS + 1) + '"}')
+        C.parse_caption('{"context": "' + "x" * (C.PROMPT_MAX_CHARS + 1) + '"}')
 
 
 # ---------------------------------------------------------------------------------------------

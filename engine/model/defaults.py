@@ -1,8 +1,8 @@
 """The one table of sampling defaults and limits.
 
-`sampling_defaults` (and `engine.pipeline.request.validate_request` through it) are the only readers of
-`FAMILY_TABLE`; the UI's
-control updates, `/models`, the engine and the tests all go through them. Values come from
+`sampling_defaults` (the defaults of a mode, as JSON) and `sampling_limits` (every limit of a mode, as a
+frozen `Limits`) are the only readers of `FAMILY_TABLE`; request validation, the UI's controls,
+`/models` and the tests all go through them, so no limit is written down twice. Values come from
 cosmos3.md section 6 (with the project's choices marked there).
 """
 from __future__ import annotations
@@ -20,7 +20,9 @@ STEPS_MAX = 200
 GUIDANCE_MAX = 30.0
 FLOW_SHIFT_MAX = 50.0
 FPS_MAX = 120.0
-PROMPT_MAX_CHARS = 50_000
+PROMPT_MAX_CHARS = 50_000  # prompt, negative prompt and a JSON caption alike
+TIMESTEP_MAX = 1000.0  # guidance_interval is given in the scheduler's timestep units, 0..1000
+FRAME_STEP = 4  # video frame counts are 4k+1: the VAE compresses time 4x
 DEFAULT_ACTION_TIER = 480
 DEFAULT_ACTION_CHUNK = 16
 VIDEO_MODES = ("t2v", "i2v", "v2v")
@@ -56,13 +58,13 @@ _EDGE_SIZES: tuple[Size, ...] = (
 )
 _ACTION_DEFAULTS = ModeDefaults(832, 480, DEFAULT_ACTION_CHUNK + 1, 30, 1.0, None, 10.0)
 # T2I guidance only where it helps: timesteps in [400, 1000] (project choice, cosmos3.md section 6).
-_T2I_INTERVAL = (400.0, 1000.0)
+T2I_GUIDANCE_INTERVAL = (400.0, TIMESTEP_MAX)
 
 _NANO_SUPER = FamilyLimits(
     image_sizes=_NANO_SUPER_SIZES,
     video_sizes=_NANO_SUPER_SIZES,
     frame_range=(17, 189),
-    image=ModeDefaults(1024, 1024, 1, 50, 4.0, _T2I_INTERVAL, 3.0),
+    image=ModeDefaults(1024, 1024, 1, 50, 4.0, T2I_GUIDANCE_INTERVAL, 3.0),
     video=ModeDefaults(1280, 720, 121, 35, 6.0, None, 10.0),
     action=_ACTION_DEFAULTS,
 )
@@ -76,7 +78,7 @@ FAMILY_TABLE: dict[str, FamilyLimits] = {
         image_sizes=_EDGE_SIZES,
         video_sizes=_EDGE_SIZES,
         frame_range=(49, 149),
-        image=ModeDefaults(640, 640, 1, 50, 7.0, _T2I_INTERVAL, 3.0),
+        image=ModeDefaults(640, 640, 1, 50, 7.0, T2I_GUIDANCE_INTERVAL, 3.0),
         video=ModeDefaults(832, 480, 121, 50, 5.0, None, 3.0),
         action=_ACTION_DEFAULTS,
     ),
@@ -112,20 +114,50 @@ def _mode_key(mode: str) -> str:
     raise ValueError(f"Unknown mode {mode!r}; allowed: {list(REQUEST_MODES)}.")
 
 
-def sampling_defaults(info: VariantInfo, mode: str) -> dict[str, Any]:
-    """Defaults and limits for `mode` on this checkpoint, as one JSON-ready dict."""
-    limits = _limits(info)
+@dataclass(frozen=True)
+class Limits:
+    """Every limit of one mode on one checkpoint: what validation enforces and what the UI draws.
+
+    Ranges are (lo, hi), both ends allowed unless the field's comment says the low end is open.
+    """
+
+    steps: tuple[int, int]
+    guidance_scale: tuple[float, float]
+    flow_shift: tuple[float, float]  # low end open: 0 is refused
+    fps: tuple[float, float]  # low end open: 0 is refused
+    guidance_interval: tuple[float, float]  # timesteps; a request's [lo, hi] needs lo < hi inside this
+    seed: tuple[int, int]  # -1 asks for a random seed
+    prompt_chars: int  # per text field (prompt, negative prompt)
+    resolutions: tuple[Size, ...]  # (width, height)
+    frame_range: tuple[int, int]
+    frame_step: int  # num_frames = lo + k * frame_step (1 for images)
+    steps_locked: bool  # distilled: steps, guidance and shift are fixed by the checkpoint
+    guidance_locked: bool
+
+
+def sampling_limits(info: VariantInfo, mode: str) -> Limits:
+    """Every limit of `mode` on this checkpoint (see `Limits`); the defaults are `sampling_defaults`."""
+    table = _limits(info)
     key = _mode_key(mode)
-    defaults: ModeDefaults = getattr(limits, key)
     if key == "image":
-        sizes = limits.image_sizes
-        frame_range = (1, 1)
+        sizes, frame_range, frame_step = table.image_sizes, (1, 1), 1
     elif key == "video":
-        sizes = limits.video_sizes
-        frame_range = limits.frame_range
+        sizes, frame_range, frame_step = table.video_sizes, table.frame_range, FRAME_STEP
     else:
         sizes = tuple((w, h) for (h, w) in RESOLUTION_TIERS[DEFAULT_ACTION_TIER].values())
-        frame_range = (CHUNK_RANGE[0] + 1, CHUNK_RANGE[1] + 1)
+        frame_range, frame_step = (CHUNK_RANGE[0] + 1, CHUNK_RANGE[1] + 1), FRAME_STEP
+    return Limits(
+        steps=(1, STEPS_MAX), guidance_scale=(0.0, GUIDANCE_MAX), flow_shift=(0.0, FLOW_SHIFT_MAX),
+        fps=(0.0, FPS_MAX), guidance_interval=(0.0, TIMESTEP_MAX), seed=(-1, SEED_MAX),
+        prompt_chars=PROMPT_MAX_CHARS, resolutions=tuple(sizes), frame_range=frame_range, frame_step=frame_step,
+        steps_locked=info.is_distilled, guidance_locked=info.is_distilled,
+    )
+
+
+def sampling_defaults(info: VariantInfo, mode: str) -> dict[str, Any]:
+    """Defaults for `mode` on this checkpoint, with the limits the UI needs, as one JSON-ready dict."""
+    defaults: ModeDefaults = getattr(_limits(info), _mode_key(mode))
+    limits = sampling_limits(info, mode)
     steps, guidance, interval, shift = defaults.steps, defaults.guidance_scale, defaults.guidance_interval, defaults.flow_shift
     if info.is_distilled:
         # Few-step checkpoints: the sigmas are the schedule, guidance is baked into the weights.
@@ -139,10 +171,10 @@ def sampling_defaults(info: VariantInfo, mode: str) -> dict[str, Any]:
         "guidance_scale": guidance,
         "guidance_interval": list(interval) if interval else None,
         "flow_shift": shift,
-        "resolutions": [[w, h] for (w, h) in sizes],
-        "frame_range": list(frame_range),
-        "steps_locked": info.is_distilled,
-        "guidance_locked": info.is_distilled,
+        "resolutions": [[w, h] for (w, h) in limits.resolutions],
+        "frame_range": list(limits.frame_range),
+        "steps_locked": limits.steps_locked,
+        "guidance_locked": limits.guidance_locked,
     }
 
 

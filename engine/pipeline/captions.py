@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ..model.defaults import PROMPT_MAX_CHARS
+
 KINDS = ("image", "video")
 
 # Kinds of values a field takes. "text" is a string; "count" a non-negative integer or a string
@@ -37,7 +39,6 @@ TEXT_OR_OBJECT = "text_or_object"
 ASPECT_RATIOS = ("16,9", "1,1", "9,16", "4,3", "3,4")
 DURATION_RANGE_S = (2, 10)  # what the model was trained on; outside it is a warning, not an error
 
-MAX_CAPTION_CHARS = 50_000
 MAX_CAPTION_DEPTH = 12
 
 _TIME_RANGE = re.compile(r"^\d+:[0-5]\d-\d+:[0-5]\d$")
@@ -240,9 +241,9 @@ def parse_caption(text: str) -> dict:
     """Parse a JSON caption; raise CaptionParseError with the line and column of the problem."""
     if not isinstance(text, str):
         raise CaptionParseError(f"a caption must be text, got {type(text).__name__}", 1, 1)
-    if len(text) > MAX_CAPTION_CHARS:
+    if len(text) > PROMPT_MAX_CHARS:
         raise CaptionParseError(
-            f"the caption is {len(text)} characters long; at most {MAX_CAPTION_CHARS} are allowed", 1, 1, text
+            f"the caption is {len(text)} characters long; at most {PROMPT_MAX_CHARS} are allowed", 1, 1, text
         )
     if not text.strip():
         raise CaptionParseError("the caption is empty; write a JSON object such as {\"subjects\": [...]}", 1, 1, text)

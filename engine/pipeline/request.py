@@ -19,15 +19,11 @@ from ..model.action import (
 )
 from ..model.defaults import (
     DEFAULT_ACTION_TIER,
-    FLOW_SHIFT_MAX,
-    FPS_MAX,
-    GUIDANCE_MAX,
-    PROMPT_MAX_CHARS,
-    SEED_MAX,
-    STEPS_MAX,
+    Limits,
     distinct_timesteps,
     max_distinct_steps,
     sampling_defaults,
+    sampling_limits,
 )
 from ..model.variants import REQUEST_MODES, VariantInfo
 from .prompts import parse_caption
@@ -69,10 +65,10 @@ def _size_list(sizes) -> str:
     return ", ".join(f"{w}x{h}" for w, h in sizes)
 
 
-def _validate_canvas(params: dict, defaults: dict) -> None:
+def _validate_canvas(params: dict, limits: Limits) -> None:
     width = _int(params, "width", 16, 4096)
     height = _int(params, "height", 16, 4096)
-    allowed = [tuple(s) for s in defaults["resolutions"]]
+    allowed = list(limits.resolutions)
     if (width, height) in allowed:
         return
     if width % 16 or height % 16:
@@ -83,8 +79,8 @@ def _validate_canvas(params: dict, defaults: dict) -> None:
     raise ValueError(f"Size {width}x{height} is not allowed for this model. Allowed sizes (WxH): {_size_list(allowed)}.")
 
 
-def _validate_frames(params: dict, mode: str, defaults: dict) -> None:
-    lo, hi = defaults["frame_range"]
+def _validate_frames(params: dict, mode: str, limits: Limits) -> None:
+    lo, hi = limits.frame_range
     value = params["num_frames"]
     if mode == "t2i":
         if value != 1 or isinstance(value, bool):
@@ -92,29 +88,31 @@ def _validate_frames(params: dict, mode: str, defaults: dict) -> None:
         params["num_frames"] = 1
         return
     frames = _int(params, "num_frames", 1, 100_000)
-    if (frames - 1) % 4:
-        below = max(lo, frames - (frames - 1) % 4)
+    step = limits.frame_step
+    if (frames - 1) % step:
+        below = max(lo, frames - (frames - 1) % step)
         raise ValueError(
             f"num_frames must be 4k+1 (the VAE compresses time 4x), got {frames}; "
-            f"allowed: {lo}..{hi} in steps of 4, e.g. {below} or {min(hi, below + 4)}."
+            f"allowed: {lo}..{hi} in steps of {step}, e.g. {below} or {min(hi, below + step)}."
         )
     if not lo <= frames <= hi:
         raise ValueError(f"num_frames must be in {lo}..{hi} (4k+1) for this model, got {frames}.")
     params["num_frames"] = frames
 
 
-def _validate_interval(value) -> list[float] | None:
+def _validate_interval(value, limits: Limits) -> list[float] | None:
     if value is None:
         return None
+    low, high = limits.guidance_interval
     if (
         not isinstance(value, (list, tuple))
         or len(value) != 2
         or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in value)
     ):
-        raise ValueError(f"guidance_interval must be null or [lo, hi] with 0 <= lo < hi <= 1000, got {value!r}.")
+        raise ValueError(f"guidance_interval must be null or [lo, hi] with {low:g} <= lo < hi <= {high:g}, got {value!r}.")
     lo, hi = float(value[0]), float(value[1])
-    if not 0.0 <= lo < hi <= 1000.0:
-        raise ValueError(f"guidance_interval must satisfy 0 <= lo < hi <= 1000, got [{lo:g}, {hi:g}].")
+    if not low <= lo < hi <= high:
+        raise ValueError(f"guidance_interval must satisfy {low:g} <= lo < hi <= {high:g}, got [{lo:g}, {hi:g}].")
     return [lo, hi]
 
 
@@ -223,6 +221,7 @@ def validate_request(info: VariantInfo, mode: str, params: dict) -> dict:
         raise ValueError(f"The request says mode {params['mode']!r} but was submitted as {mode!r}.")
 
     defaults = sampling_defaults(info, mode)
+    limits = sampling_limits(info, mode)
     out: dict[str, Any] = {k: defaults[k] for k in ("width", "height", "num_frames", "fps", "steps",
                                                      "guidance_scale", "guidance_interval", "flow_shift")}
     out.update({"mode": mode, "prompt": "", "negative_prompt": "", "seed": -1, "image": None, "video": None,
@@ -237,8 +236,8 @@ def validate_request(info: VariantInfo, mode: str, params: dict) -> dict:
     if not isinstance(negative, str):
         raise ValueError(f"negative_prompt must be a string, got {type(negative).__name__}.")
     for key, text in (("prompt", prompt), ("negative_prompt", negative)):
-        if len(text) > PROMPT_MAX_CHARS:
-            raise ValueError(f"{key} is {len(text)} characters long; at most {PROMPT_MAX_CHARS} are allowed.")
+        if len(text) > limits.prompt_chars:
+            raise ValueError(f"{key} is {len(text)} characters long; at most {limits.prompt_chars} are allowed.")
         if "\x00" in text:
             raise ValueError(f"{key} contains a NUL character.")
     if mode != "action" and not prompt.strip():
@@ -247,12 +246,12 @@ def validate_request(info: VariantInfo, mode: str, params: dict) -> dict:
     parse_caption(prompt, "prompt")
     parse_caption(negative, "negative_prompt")
 
-    out["seed"] = _int(out, "seed", -1, SEED_MAX)
-    out["fps"] = _float(out, "fps", 0.0, FPS_MAX, lo_open=True)
-    out["steps"] = _int(out, "steps", 1, STEPS_MAX)
-    out["guidance_scale"] = _float(out, "guidance_scale", 0.0, GUIDANCE_MAX)
-    out["flow_shift"] = _float(out, "flow_shift", 0.0, FLOW_SHIFT_MAX, lo_open=True)
-    out["guidance_interval"] = _validate_interval(out["guidance_interval"])
+    out["seed"] = _int(out, "seed", *limits.seed)
+    out["fps"] = _float(out, "fps", *limits.fps, lo_open=True)
+    out["steps"] = _int(out, "steps", *limits.steps)
+    out["guidance_scale"] = _float(out, "guidance_scale", *limits.guidance_scale)
+    out["flow_shift"] = _float(out, "flow_shift", *limits.flow_shift, lo_open=True)
+    out["guidance_interval"] = _validate_interval(out["guidance_interval"], limits)
     if not isinstance(out["sound"], bool):
         raise ValueError(f"sound must be true or false, got {out['sound']!r}.")
 
@@ -290,8 +289,8 @@ def validate_request(info: VariantInfo, mode: str, params: dict) -> dict:
 
     if out["action"] is not None:
         raise ValueError(f"action is only used in mode 'action', not {mode!r}.")
-    _validate_canvas(out, defaults)
-    _validate_frames(out, mode, defaults)
+    _validate_canvas(out, limits)
+    _validate_frames(out, mode, limits)
     if mode == "i2v" and out["image"] is None:
         raise ValueError("image-to-video needs a conditioning image (request key 'image').")
     if mode != "i2v" and out["image"] is not None:
