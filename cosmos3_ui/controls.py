@@ -8,8 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.model.action import ACTION_DOMAINS, ACTION_KINDS, CHUNK_RANGE, RESOLUTION_TIERS, SUPPORTED_DOMAINS, VIEW_POINTS
-from engine.model.defaults import FLOW_SHIFT_MAX, FPS_MAX, GUIDANCE_MAX, STEPS_MAX, max_distinct_steps
+from engine.model.action import (
+    ACTION_DOMAINS,
+    ACTION_KINDS,
+    CHUNK_RANGE,
+    MODEL_ACTION_WIDTH,
+    RESOLUTION_TIERS,
+    SUPPORTED_DOMAINS,
+    VIEW_POINTS,
+)
+from engine.model.defaults import DEFAULT_FPS, FRAME_STEP, T2I_GUIDANCE_INTERVAL, Limits, max_distinct_steps
 
 from .common import UI_SEED_MAX
 
@@ -104,6 +112,7 @@ class SamplingControls:
     sound_available: bool = False
     sound_reason: str | None = None
     limits_note: str = ""
+    limits: Limits | None = None  # the engine's limits for this mode (None: a model described without them)
 
 
 def sampling_controls(model: dict, mode: str) -> SamplingControls:
@@ -114,8 +123,9 @@ def sampling_controls(model: dict, mode: str) -> SamplingControls:
         # Unavailable mode: keep the controls readable but empty and disabled.
         return SamplingControls(
             mode=mode, available=False, reason=reason, resolution_choices=[], resolution=None, frames_range=None,
-            frames=1, fps=24.0, steps=1, guidance_scale=1.0, guidance_interval=None, show_interval=False,
+            frames=1, fps=DEFAULT_FPS, steps=1, guidance_scale=1.0, guidance_interval=None, show_interval=False,
             flow_shift=1.0, locked=True, lock_note="", negative_enabled=False,
+            limits=(model.get("limits") or {}).get(mode),
         )
     locked = bool(defaults["steps_locked"] or defaults["guidance_locked"])
     lock_note = ""
@@ -150,24 +160,32 @@ def sampling_controls(model: dict, mode: str) -> SamplingControls:
         sound_available=mode == "t2v" and sound_reason is None,
         sound_reason=None if mode != "t2v" else sound_reason,
         limits_note="; ".join(limits),
+        limits=(model.get("limits") or {}).get(mode),
     )
 
 
 # What the interval boxes show while the model has no interval of its own (distilled checkpoints).
-INTERVAL_FALLBACK = (400.0, 1000.0)
+INTERVAL_FALLBACK = T2I_GUIDANCE_INTERVAL
+
+
+def _range(spec: SamplingControls, name: str):
+    """One of the engine's ranges for this tab (`engine.Limits`); None where the model came without."""
+    return getattr(spec.limits, name) if spec.limits is not None else None
 
 
 def steps_max(spec: SamplingControls, flow_shift) -> int:
     """The most steps the model runs at this flow shift (the scheduler repeats timesteps beyond it)."""
     if spec.locked:
         return spec.steps
+    top = _range(spec, "steps")[1]
+    lo, hi = _range(spec, "flow_shift")
     try:
         shift = float(flow_shift)
     except (TypeError, ValueError):
-        return STEPS_MAX
-    if not 0.0 < shift <= FLOW_SHIFT_MAX:
-        return STEPS_MAX
-    return max_distinct_steps(shift)
+        return top
+    if not lo < shift <= hi:
+        return top
+    return min(top, max_distinct_steps(shift))
 
 
 @dataclass(frozen=True)
@@ -187,34 +205,41 @@ class LimitNotes:
 def steps_note(spec: SamplingControls, flow_shift=None) -> str:
     """Steps' allowed range at this flow shift; without a shift, the range before the shift's limit
     (so building the page needs no scheduler, which imports the denoising stack)."""
-    if spec.locked:
-        return "Fixed by the distilled checkpoint."
+    if spec.locked or spec.limits is None:
+        return "Fixed by the distilled checkpoint." if spec.locked else ""
+    lo, top = _range(spec, "steps")
     if flow_shift is None:
-        return f"1 to {STEPS_MAX}; fewer at high flow shifts."
-    top = steps_max(spec, flow_shift)
+        return f"{lo} to {top}; fewer at high flow shifts."
+    most = steps_max(spec, flow_shift)
     try:
-        at = f" at flow shift {float(flow_shift):g}" if top < STEPS_MAX else ""
+        at = f" at flow shift {float(flow_shift):g}" if most < top else ""
     except (TypeError, ValueError):
         at = ""
-    return f"1 to {top}{at}."
+    return f"{lo} to {most}{at}."
 
 
 def limit_notes(spec: SamplingControls, flow_shift=None) -> LimitNotes:
+    if spec.limits is None:  # an unavailable tab of a model described without limits: nothing to say
+        return LimitNotes(*([""] * 8))
     steps = steps_note(spec, flow_shift)
     if spec.locked:
-        fixed = "Fixed by the distilled checkpoint."
-        guidance = shift = fixed
+        guidance = shift = "Fixed by the distilled checkpoint."
     else:
-        guidance = f"0 to {GUIDANCE_MAX:g}; 1 turns guidance off."
-        shift = f"Above 0, at most {FLOW_SHIFT_MAX:g}; higher shifts allow fewer steps."
+        lo, hi = _range(spec, "guidance_scale")
+        guidance = f"{lo:g} to {hi:g}; 1 turns guidance off."
+        shift = f"Above {_range(spec, 'flow_shift')[0]:g}, at most {_range(spec, 'flow_shift')[1]:g}; " \
+                "higher shifts allow fewer steps."
     frames = ""
     if spec.frames_range:
         lo, hi = spec.frames_range
-        frames = f"{lo} to {hi}, of the form 4k+1."
+        frames = f"{lo} to {hi}, of the form {lo} + {spec.limits.frame_step}k."
+    t_lo, t_hi = _range(spec, "guidance_interval")
+    fps_lo, fps_hi = _range(spec, "fps")
+    seed_top = min(UI_SEED_MAX, _range(spec, "seed")[1])
     return LimitNotes(
-        steps=steps, guidance=guidance, flow_shift=shift, fps=f"Above 0, at most {FPS_MAX:g}.", frames=frames,
-        interval="Timesteps: 0 <= start < end <= 1000.", seed=f"0 to {UI_SEED_MAX}.",
-        chunk=f"{CHUNK_RANGE[0]} to {CHUNK_RANGE[1]}, a multiple of 4; the video has chunk + 1 frames.",
+        steps=steps, guidance=guidance, flow_shift=shift, fps=f"Above {fps_lo:g}, at most {fps_hi:g}.",
+        frames=frames, interval=f"Timesteps: {t_lo:g} <= start < end <= {t_hi:g}.", seed=f"0 to {seed_top}.",
+        chunk=f"{CHUNK_RANGE[0]} to {CHUNK_RANGE[1]}, a multiple of {FRAME_STEP}; the video has chunk + 1 frames.",
     )
 
 
@@ -265,11 +290,12 @@ class DomainControls:
 def domain_controls(domain: str) -> DomainControls:
     d = ACTION_DOMAINS[domain]
     chunk = min(max(d.typical_chunk, CHUNK_RANGE[0]), CHUNK_RANGE[1])
-    chunk -= chunk % 4
+    chunk -= chunk % FRAME_STEP
     return DomainControls(
         chunk_size=chunk, fps=float(d.typical_fps), raw_dim=int(d.raw_dim),
         note=(f"Domain id {d.domain_id}: {d.raw_dim} values per step ({d.note}); typical chunk {d.typical_chunk} "
-              f"at {d.typical_fps:g} fps. Wider than 64 is refused; narrower is zero-padded by the engine."),
+              f"at {d.typical_fps:g} fps. Wider than {MODEL_ACTION_WIDTH} is refused; narrower is zero-padded "
+              "by the engine."),
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.model.defaults import DEFAULT_FPS
 from engine.pipeline import captions
 from engine.pipeline.media import ACTION_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES
 
@@ -89,12 +90,12 @@ class Sampling:
 
     resolution: str | None = None
     frames: Any = 1
-    fps: Any = 24.0
-    steps: Any = 30
+    fps: Any = DEFAULT_FPS
+    steps: Any = 1
     guidance_scale: Any = 1.0
     use_interval: bool = False
-    interval_lo: Any = 400.0
-    interval_hi: Any = 1000.0
+    interval_lo: Any = None  # read only with use_interval
+    interval_hi: Any = None
     flow_shift: Any = 1.0
     seed: Any = 0
     randomize: bool = True

@@ -86,9 +86,9 @@ class CompareTab:
                                             info="A fixed size applies only to the models that offer it.",
                                             elem_id="compare-size")
                     self.frames = gr.Number(0, label="Frames (0: each model's default)", precision=0, minimum=0,
-                                            maximum=1000, visible=False, elem_id="compare-frames")
+                                            visible=False, elem_id="compare-frames")
                     self.steps = gr.Number(0, label="Steps (0: each model's default; distilled models keep theirs)",
-                                           precision=0, minimum=0, maximum=200, elem_id="compare-steps")
+                                           precision=0, minimum=0, elem_id="compare-steps")
                     with gr.Row(equal_height=True):
                         self.seed = gr.Number(0, label="Seed (the same for every model)", precision=0, minimum=0,
                                               maximum=UI_SEED_MAX, interactive=False, scale=3, elem_id="compare-seed")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.serving.events import Cancelled, Failed, Finished, Progress, Queued, Started
+from engine.model.defaults import sampling_limits
 from engine.serving.registry import ModelRegistry
 
 from .files import redact, serve_results_from
@@ -229,7 +230,11 @@ class StudioService:
             raise StudioError(f"Unknown model {name!r}; registered models: {self.registry.names()}.", "model")
         with self._lock:
             if name not in self._described:
-                self._described[name] = self.registry.describe(name)
+                described = self.registry.describe(name)
+                # The engine's limits per tab mode (frozen `engine.Limits`): what the controls offer.
+                info = self.registry.info(name)
+                described["limits"] = {mode: sampling_limits(info, mode) for mode in ("t2i", "t2v", "action")}
+                self._described[name] = described
             return self._described[name]
 
     def describe_all(self) -> list[dict]:

@@ -35,9 +35,15 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
 @pytest.fixture(scope="module")
-def models(tiny_family):
+def models(tiny_family, tmp_path_factory):
+    from types import SimpleNamespace
+
+    from cosmos3_ui.service import StudioService
+
     registry = ModelRegistry([ModelEntry(n, str(p), "tiny random weights") for n, p in tiny_family.items()])
-    return {m["name"]: m for m in registry.describe_all()}
+    queue = SimpleNamespace(submit=lambda model_name, request, session_id=None: None)
+    service = StudioService(registry, queue, tmp_path_factory.mktemp("models-outputs"))
+    return {m["name"]: m for m in service.describe_all()}  # the engine's limits included
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,3 +402,29 @@ def test_the_variant_panel_says_each_flag_once(models):
     head = C.variant_markdown(models["edge"]).split("\n\n")[0]
     assert head.count("Edge") == 1 and "tiny random weights" in head
     assert C.variant_markdown(models["edge"]).count("tiny random weights") == 1
+
+
+def test_no_limit_is_a_literal_in_the_ui():
+    """Limits come from the engine (`engine.sampling_limits` and the tables beside it): no number control
+    carries a literal bound, and the modules that turn limits into controls and requests hold none of
+    the engine's limit values."""
+    import ast
+
+    from engine.model import action as A
+    from engine.model import defaults as D
+
+    root = Path(__file__).resolve().parents[1] / "cosmos3_ui"
+    bounds = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                for kw in node.keywords:
+                    if kw.arg in ("minimum", "maximum") and isinstance(kw.value, ast.Constant) and kw.value.value:
+                        bounds.append(f"{path.name}:{node.lineno} {kw.arg}={kw.value.value}")
+    assert bounds == []
+    limits = {D.STEPS_MAX, D.GUIDANCE_MAX, D.FLOW_SHIFT_MAX, D.FPS_MAX, D.PROMPT_MAX_CHARS, D.TIMESTEP_MAX,
+              D.T2I_GUIDANCE_INTERVAL[0], D.DEFAULT_FPS, A.CHUNK_RANGE[1], A.MODEL_ACTION_WIDTH}
+    found = [f"{name}:{node.lineno} {node.value}" for name in ("controls.py", "forms.py", "requests.py", "handlers.py")
+             for node in ast.walk(ast.parse((root / name).read_text(encoding="utf-8")))
+             if isinstance(node, ast.Constant) and type(node.value) in (int, float) and node.value in limits]
+    assert found == []
