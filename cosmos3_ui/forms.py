@@ -178,6 +178,7 @@ def result_updates(tab, result, model: str) -> dict:
     took = result.timings.get("total")
     return {
         box.live: gr.update(value=None, visible=False),
+        box.progress: "",
         box.status: status_html(f"Done in {took:.1f} s · seed {result.seed}" if took else f"Done · seed {result.seed}",
                                 "ok"),
         box.output: publish(media),
@@ -192,7 +193,7 @@ def result_updates(tab, result, model: str) -> dict:
 def result_outputs(tab) -> list:
     """Every component `result_updates` and `preview_updates` may touch."""
     box = tab.result
-    return [box.status, box.live, box.output, box.used_seed, box.downloads, box.result_json, box.prompt_view,
+    return [box.status, box.progress, box.live, box.output, box.used_seed, box.downloads, box.result_json, box.prompt_view,
             box.negative_view]
 
 

@@ -34,7 +34,7 @@ class Handlers:
         say why there is none. Refusals go next to the inputs they concern; the inputs stay as they are.
         """
         box = tab.result
-        hide = {box.live: gr.update(visible=False, value=None)}
+        hide = {box.live: gr.update(visible=False, value=None), box.progress: ""}
         yield {**F.clear_errors(tab), **hide}
         shown = ""
         try:
@@ -47,7 +47,7 @@ class Handlers:
                 update: dict = {}
                 line = self.jobs.status_line(watched.status)
                 if line != shown:
-                    shown = update[box.status] = line
+                    shown = update[box.progress] = line
                 if watched.preview is not None:
                     update.update(F.preview_updates(tab, watched.preview))
                 if update:
@@ -76,7 +76,8 @@ class Handlers:
             concurrency_id=GPU_POOL, concurrency_limit=1, trigger_mode="once", api_visibility=PRIVATE,
             show_progress="full", show_progress_on=[box.output], api_name=f"ui_{name}_generate",
         )
-        box.cancel.click(self.jobs.cancel_handler(box.status), outputs=[box.status], cancels=[event], queue=False,
+        box.cancel.click(self.jobs.cancel_handler(box.status, box.progress), outputs=[box.status, box.progress],
+                         cancels=[event], queue=False,
                          api_visibility=PRIVATE, api_name=f"ui_{name}_cancel")
 
     def wire_preview(self, tab, build: Callable[[dict], dict], inputs: list, outputs: list, note: str,

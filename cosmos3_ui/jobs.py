@@ -111,14 +111,17 @@ class JobFollower:
             text += f" · about {eta:.0f} s" if eta else ""
         return status_html(text, "info")
 
-    def cancel_handler(self, status: gr.HTML):
-        """A click handler for a Cancel button that stops this session's job and says so in `status`."""
+    def cancel_handler(self, status: gr.HTML, progress: gr.HTML | None = None):
+        """A click handler for a Cancel button that stops this session's job and says so in `status`
+        (clearing the `progress` line, when there is one)."""
+        cleared = {progress: ""} if progress is not None else {}
+
         def cancel(request: gr.Request):
             job = self.service.active.cancel(session_of(request))
             if job is None:
                 return {status: status_html("No job of yours was running; a waiting one, if any, was removed "
-                                            "from the queue.", "info")}
-            return {status: status_html(cancel_outcome(job), "warn")}
+                                            "from the queue.", "info"), **cleared}
+            return {status: status_html(cancel_outcome(job), "warn"), **cleared}
 
         return cancel
 

@@ -70,12 +70,15 @@ def run_buttons(prefix: str) -> tuple:
         cancel = gr.Button("Cancel", variant="stop", scale=1, elem_id=f"{prefix}-cancel")
         live_preview = gr.Checkbox(True, label="Live preview", scale=1, min_width=120,
                                    elem_id=f"{prefix}-live-preview")
+    # Progress and outcome are separate lines, so a progress message still in flight when Cancel
+    # answers can never cover how the run ended.
+    progress = gr.HTML("", elem_id=f"{prefix}-progress", js_on_load=None)
     status = gr.HTML("", elem_id=f"{prefix}-status", js_on_load=None)
-    return generate, cancel, live_preview, status
+    return generate, cancel, live_preview, progress, status
 
 
 def outputs_column(prefix: str, media: str, buttons) -> ResultBox:
-    generate, cancel, live_preview, status = buttons
+    generate, cancel, live_preview, progress, status = buttons
     live = gr.Image(label="Preview while denoising", type="numpy", interactive=False, visible=False, height=240,
                     elem_id=f"{prefix}-live")
     if media == "image":
@@ -95,7 +98,7 @@ def outputs_column(prefix: str, media: str, buttons) -> ResultBox:
                                    buttons=["copy"], elem_id=f"{prefix}-negative-text")
     with gr.Accordion("Parameters and timings", open=False):
         result_json = gr.JSON(label="Result", elem_id=f"{prefix}-result-json")
-    return ResultBox(status, generate, cancel, live_preview, live, output, used_seed, downloads, result_json, preview,
+    return ResultBox(status, progress, generate, cancel, live_preview, live, output, used_seed, downloads, result_json, preview,
                      prompt_view, negative_view)
 
 

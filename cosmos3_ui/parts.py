@@ -49,7 +49,8 @@ class SamplingBox:
 
 @dataclass
 class ResultBox:
-    status: gr.HTML  # beside Generate: queue position, progress and ETA, then how the run ended
+    status: gr.HTML  # beside Generate: how the run ended (or why it did not start)
+    progress: gr.HTML  # beside Generate while a job runs: queue position, stage, step and ETA
     generate: gr.Button
     cancel: gr.Button
     live_preview: gr.Checkbox  # previews while denoising, on or off

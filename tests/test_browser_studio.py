@@ -381,7 +381,8 @@ def test_a_t2i_run_shows_a_preview_before_its_result(page):
         new MutationObserver(() => {
             if (document.querySelector('#t2i-live img')) note('preview');
             const status = document.querySelector('#t2i-status');
-            if (status && status.innerText.includes('Denoising')) note('progress');
+            const line = document.querySelector('#t2i-progress');
+            if (line && line.innerText.includes('Denoising')) note('progress');
             if (status && status.innerText.includes('Done')) note('done');
         }).observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true});
     }""")
