@@ -408,6 +408,20 @@ def test_downloads_are_named_by_model_mode_seed_and_request_id(page, studio):
         assert name.replace(".", "") in files.replace(".", "").replace(" ", ""), (name, files)
     removes = page.locator("#t2i-files button[aria-label='Remove this file']")
     assert all(not removes.nth(i).is_visible() for i in range(removes.count()))
+    # The next run clears the last one's status line before anything else.
+    page.evaluate("""() => {
+        window.statuses = [];
+        new MutationObserver(() => {
+            const text = document.querySelector('#t2i-status').innerText.trim();
+            if (window.statuses[window.statuses.length - 1] !== text) window.statuses.push(text);
+        }).observe(document.querySelector('#t2i-status'), {subtree: true, childList: true, characterData: true});
+    }""")
+    page.locator("#t2i-generate").click()
+    deadline = time.time() + 90
+    while time.time() < deadline and not any(t.startswith("Done") for t in page.evaluate("window.statuses")):
+        time.sleep(0.1)
+    statuses = page.evaluate("window.statuses")
+    assert statuses[0] == "" and statuses[-1].startswith("Done"), statuses
 
 
 def test_unknown_caption_keys_are_named_and_can_be_dropped(page):
