@@ -23,9 +23,11 @@ from pathlib import Path
 TINY_NAMES = ("nano", "nano-distilled", "super", "super-distilled", "edge", "edge-distilled")
 
 # Bump when the layout or shapes change so that cached copies are rebuilt.
-TINY_VERSION = 3  # 3: distilled checkpoints carry modular_model_index.json
+TINY_VERSION = 4  # 3: distilled checkpoints carry modular_model_index.json; 4: reasoner towers at the root
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|pad|>"]
+# The last two are the reasoner's image and video placeholders (engine/model/tiny_reasoner.py).
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|pad|>",
+                  "<|image_pad|>", "<|video_pad|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -96,7 +98,8 @@ def build_tokenizer():
         tokenizer_object=tokenizer,
         eos_token="<|endoftext|>",
         pad_token="<|pad|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"],
+        additional_special_tokens=["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                                   "<|image_pad|>", "<|video_pad|>"],
         chat_template=CHAT_TEMPLATE,
     )
 
@@ -242,6 +245,10 @@ def write_checkpoint(name: str, out: Path) -> Path:
         transformer, transformer_config = _build_transformer(family, vocab_size=len(tokenizer))
         transformer.save_pretrained(staging / "transformer", safe_serialization=True)
         _write_json(staging / "transformer" / "config.json", transformer_config)
+        # The reasoner tower at the root, as released folders carry it (Transformers loads it from there).
+        from .model.tiny_reasoner import write_reasoner
+
+        write_reasoner(staging, family, transformer_config, transformer.state_dict(), tokenizer)
 
         _build_vae().save_pretrained(staging / "vae", safe_serialization=True)
         _write_json(staging / "scheduler" / "scheduler_config.json", _scheduler_config(family, distilled))

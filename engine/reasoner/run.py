@@ -1,0 +1,167 @@
+"""`reason(model, request)`: one reasoner request, read top to bottom as named stages.
+
+validate -> media (read the upload, sample video frames) -> ask (task prompt, streamed decode) ->
+read (enhance and describe: the caption, repaired or retried; critique: the scores) -> result.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..events import Progress
+from .caption import MAX_ATTEMPTS, CaptionProblem, EnhanceError, caption_from_answer, feedback
+from .events import ReasonerText
+from .request import ReasonRequest, validate_reason_request
+from .tasks import (CRITIQUE_SYSTEM, caption_system_prompt, critique_text, describe_text, enhance_text,
+                    read_scores)
+
+
+@dataclass
+class ReasonResult:
+    task: str
+    text: str  # the model's final answer, as it wrote it
+    caption: dict | None = None  # enhance and describe: the parsed, schema-valid caption
+    caption_kind: str | None = None
+    scores: dict[str, int | None] = field(default_factory=dict)  # critique: criterion -> 1..5 or None
+    repairs: list[str] = field(default_factory=list)  # what was fixed in the answer to get the caption
+    attempts: int = 1
+    seed: int = 0
+    tokens: int = 0
+    prompt_tokens: int = 0
+    first_token_s: float | None = None
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+
+@dataclass(frozen=True)
+class Media:
+    image: Any = None  # PIL image
+    video: Any = None  # inputs.VideoClip
+
+
+def media_stage(request: ReasonRequest, video_config: dict) -> Media:
+    from ..media import load_image
+    from .inputs import sample_video
+
+    if request.image is not None:
+        try:
+            return Media(image=load_image(request.image))
+        except ValueError as exc:
+            raise _field_error("image", exc) from exc
+    if request.video is not None:
+        try:
+            frames, fps = _read_video(request.video, request.video_fps)
+        except ValueError as exc:
+            raise _field_error("video", exc) from exc
+        return Media(video=sample_video(frames, fps, video_config))
+    return Media()
+
+
+def _field_error(name: str, exc: Exception):
+    from .request import ReasonRequestError
+
+    return ReasonRequestError(name, str(exc))
+
+
+def _read_video(source, fps_hint: float | None) -> tuple[list, float]:
+    """Frames and their rate: a file's own rate, else the request's `video_fps`, else 24."""
+    from ..media import load_video
+
+    frames = load_video(source)
+    fps = fps_hint
+    if fps is None and (isinstance(source, str) or hasattr(source, "__fspath__")):
+        import av
+
+        try:
+            with av.open(str(source)) as container:
+                rate = container.streams.video[0].average_rate
+                fps = float(rate) if rate else None
+        except (av.FFmpegError, IndexError, OSError):
+            fps = None
+    return frames, float(fps or 24.0)
+
+
+class _Asker:
+    """Runs one chat turn on the backend, streaming text and progress events."""
+
+    def __init__(self, backend, request: ReasonRequest, seed: int, on_progress, cancel):
+        self.backend, self.request, self.seed = backend, request, seed
+        self.on_progress, self.cancel = on_progress, cancel
+        self.started = time.perf_counter()
+        self.tokens = self.prompt_tokens = 0
+        self.first_token_s: float | None = None
+
+    def _emit(self, text: str, count: int) -> None:
+        if self.on_progress is None:
+            return
+        elapsed = time.perf_counter() - self.started
+        self.on_progress(ReasonerText(text=text, tokens=count))
+        total = self.request.max_new_tokens
+        rate = count / elapsed if elapsed > 0 else None
+        self.on_progress(Progress(stage="reason", step=count, total=total, elapsed_s=elapsed,
+                                  eta_s=(total - count) / rate if rate else None))
+
+    def __call__(self, system: str | None, text: str, media: Media) -> str:
+        out = self.backend.chat(system, text, image=media.image, video=media.video,
+                                max_new_tokens=self.request.max_new_tokens, temperature=self.request.temperature,
+                                seed=self.seed, on_text=self._emit, cancel=self.cancel)
+        self.tokens += len(out.token_ids)
+        self.prompt_tokens = out.prompt_tokens
+        if self.first_token_s is None:
+            self.first_token_s = out.first_token_s
+        return out.text
+
+
+def caption_stage(ask: _Asker, request: ReasonRequest, media: Media, first_text: str) -> tuple[dict, str, list, int]:
+    """Ask for a caption; repair what can be repaired, retry with feedback, at most MAX_ATTEMPTS asks."""
+    system = caption_system_prompt(request.caption_kind)
+    problems: list[CaptionProblem] = []
+    text = first_text
+    answer = ""
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        if attempt > 1 and ask.on_progress is not None:
+            ask.on_progress(ReasonerText(text="", tokens=0, restart=True))
+        answer = ask(system, text, media)
+        try:
+            caption, repairs = caption_from_answer(answer, request.caption_kind)
+        except CaptionProblem as problem:
+            problems.append(problem)
+            text = first_text + "\n\n" + feedback(problem, answer)
+            continue
+        return caption, answer, repairs, attempt
+    raise EnhanceError(request.caption_kind, problems, answer)
+
+
+def reason(model, request: dict | ReasonRequest, on_progress: Callable | None = None,
+           cancel: threading.Event | None = None, backend=None) -> ReasonResult:
+    """Run a reasoner request on a loaded checkpoint (`engine.load_model`). `backend` replaces the
+    checkpoint's Transformers reasoner (tests script one)."""
+    from .runtime import reasoner_for
+
+    req = request if isinstance(request, ReasonRequest) else validate_reason_request(request)
+    if backend is None:
+        if on_progress is not None:
+            on_progress(Progress(stage="load", step=0, total=1, elapsed_s=0.0, eta_s=None))
+        backend = reasoner_for(model)
+    media = media_stage(req, backend.video_config())
+    seed = req.seed if req.seed >= 0 else random.SystemRandom().randrange(2**31)
+    ask = _Asker(backend, req, seed, on_progress, cancel)
+    result = ReasonResult(task=req.task, text="", seed=seed)
+    if req.task == "critique":
+        result.text = ask(CRITIQUE_SYSTEM, critique_text(req.prompt, req.criteria, media.video is not None), media)
+        result.scores = read_scores(result.text, req.criteria)
+    else:
+        first = (enhance_text(req.prompt, media.image is not None) if req.task == "enhance"
+                 else describe_text(req.prompt, media.video is not None))
+        result.caption, result.text, result.repairs, result.attempts = caption_stage(ask, req, media, first)
+        result.caption_kind = req.caption_kind
+    result.tokens, result.prompt_tokens = ask.tokens, ask.prompt_tokens
+    result.first_token_s = ask.first_token_s
+    result.seconds = time.perf_counter() - ask.started
+    return result

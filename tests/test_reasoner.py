@@ -1,0 +1,298 @@
+"""The reasoner tower (issue 13): tiny checkpoints in both libraries, greedy parity with Transformers'
+own `generate`, enhance's repairs and retries against a scripted reasoner, cancel within one token."""
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import engine
+from engine.events import JobCancelled, Progress
+from engine.reasoner import ReasonerText, ReasonRequestError, reason, validate_reason_request
+from engine.reasoner.caption import MAX_ATTEMPTS, EnhanceError
+from engine.reasoner.inputs import build_inputs, load_preprocessor, messages_for, sample_video
+from engine.reasoner.runtime import ChatOutput, choose_policy, reasoner_for, reasoner_status
+from engine.reasoner.tasks import CRITIQUE_SYSTEM, critique_text, read_scores
+
+FAMILIES = {"edge": "Cosmos3EdgeForConditionalGeneration", "nano": "Cosmos3OmniForConditionalGeneration",
+            "super": "Cosmos3OmniForConditionalGeneration"}
+RNG = np.random.default_rng(5)
+IMAGE = (RNG.random((48, 64, 3)) * 255).astype(np.uint8)
+VIDEO = (RNG.random((12, 48, 64, 3)) * 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_family):
+    return {name: engine.load_model(tiny_family[name]) for name in ("edge", "nano")}
+
+
+# -- the tiny checkpoints -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["edge", "nano", "super"])
+def test_tiny_checkpoint_loads_reasoner_in_transformers_and_generator_in_diffusers(tiny_family, name):
+    from diffusers import Cosmos3OmniPipeline
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    root = tiny_family[name]
+    model, info = AutoModelForImageTextToText.from_pretrained(root, output_loading_info=True)
+    assert type(model).__name__ == FAMILIES[name]
+    assert model.config.model_type == ("cosmos3_edge" if name == "edge" else "cosmos3_omni")
+    assert not info["missing_keys"] and not info["mismatched_keys"]
+    # The reasoner's language model is the generator's und tower: one weight set, read by both libraries.
+    generator = load_file(str(next((root / "transformer").glob("*.safetensors"))))
+    reasoner = model.model.language_model
+    assert torch.equal(reasoner.layers[0].self_attn.q_proj.weight, generator["layers.0.self_attn.to_q.weight"])
+    assert torch.equal(reasoner.embed_tokens.weight, generator["embed_tokens.weight"])
+    assert torch.equal(model.lm_head.weight, generator["lm_head.weight"])
+    pipe = Cosmos3OmniPipeline.from_pretrained(root, enable_safety_checker=False)
+    assert torch.equal(pipe.transformer.state_dict()["layers.0.self_attn.to_q.weight"],
+                       generator["layers.0.self_attn.to_q.weight"])
+    assert reasoner_status(root)[0]
+
+
+def test_a_checkpoint_without_reasoner_says_why(tmp_path):
+    ok, why = reasoner_status(tmp_path)
+    assert not ok and "config.json" in why
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    ok, why = reasoner_status(tmp_path)
+    assert not ok and "'llama'" in why and "cosmos3_edge" in why
+
+
+# -- greedy parity with Transformers' own generate -------------------------------------------------------
+
+
+def _media(kind, video_config):
+    from engine.media import load_image, load_video
+
+    if kind == "image":
+        return {"image": load_image(IMAGE)}
+    if kind == "video":
+        return {"video": sample_video(load_video(VIDEO), 6.0, video_config)}
+    return {}
+
+
+@pytest.mark.parametrize("name", ["edge", "nano"])
+@pytest.mark.parametrize("kind", ["text", "image", "video"])
+def test_greedy_decode_equals_transformers_generate(tiny_family, loaded, name, kind):
+    from transformers import AutoModelForImageTextToText
+
+    root = tiny_family[name]
+    reasoner = reasoner_for(loaded[name])
+    media = _media(kind, reasoner.video_config())
+    streamed = []
+    out = reasoner.chat("Be brief.", "What is shown?", max_new_tokens=12, temperature=0.0, seed=3,
+                        on_text=lambda text, count: streamed.append(count), **media)
+
+    reference = AutoModelForImageTextToText.from_pretrained(root).eval()
+    pre = load_preprocessor(root, reasoner.kind)
+    inputs = build_inputs(pre, messages_for("Be brief.", "What is shown?", **media), **media)
+    if kind != "text":
+        placeholder = "<|image_pad|>" if kind == "image" else "<|video_pad|>"
+        grid = inputs["image_grid_thw" if kind == "image" else "video_grid_thw"]
+        expected = int(grid.prod(dim=-1).sum()) // 4
+        assert int((inputs["input_ids"] == pre.tokenizer.convert_tokens_to_ids(placeholder)).sum()) == expected
+    with torch.no_grad():
+        ids = reference.generate(**inputs, max_new_tokens=12, do_sample=False)
+    expected_ids = ids[0, inputs["input_ids"].shape[1]:].tolist()
+    assert out.token_ids == expected_ids
+    assert streamed == list(range(1, len(expected_ids) + 1))  # one event per token
+
+
+def test_reason_critique_streams_the_same_tokens_as_transformers(tiny_family, loaded):
+    from transformers import AutoModelForImageTextToText
+
+    events = []
+    result = reason(loaded["edge"], {"task": "critique", "prompt": "a red kite", "image": IMAGE,
+                                     "max_new_tokens": 10, "temperature": 0}, on_progress=events.append)
+    reference = AutoModelForImageTextToText.from_pretrained(tiny_family["edge"]).eval()
+    pre = load_preprocessor(tiny_family["edge"], "edge")
+    image = _media("image", {})["image"]
+    text = critique_text("a red kite", ("prompt_adherence", "physics_plausibility"), False)
+    inputs = build_inputs(pre, messages_for(CRITIQUE_SYSTEM, text, image=image), image=image)
+    with torch.no_grad():
+        ids = reference.generate(**inputs, max_new_tokens=10, do_sample=False)
+    assert result.text == pre.tokenizer.decode(ids[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "".join(e.text for e in events if isinstance(e, ReasonerText)) == result.text
+    progress = [e for e in events if isinstance(e, Progress) and e.stage == "reason"]
+    assert [p.step for p in progress] == list(range(1, result.tokens + 1))
+    assert set(result.scores) == {"prompt_adherence", "physics_plausibility"}
+
+
+def test_sampling_is_reproducible_by_seed(loaded):
+    reasoner = reasoner_for(loaded["nano"])
+    runs = [reasoner.chat(None, "A kite.", max_new_tokens=8, temperature=1.0, seed=s).token_ids for s in (4, 4, 5)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_both_input_routes_agree_where_torchvision_exists(tiny_family):
+    pytest.importorskip("torchvision")
+    from engine.reasoner.inputs import Preprocessor, load_preprocessor
+
+    for name, kind in (("edge", "edge"), ("nano", "omni")):
+        full = load_preprocessor(tiny_family[name], kind)
+        assert full.processor is not None
+        parts = Preprocessor(kind, full.tokenizer, full.image_processor, None, full.video_config)
+        for media in ({"image": _media("image", {})["image"]},
+                      {"video": sample_video(_media("video", full.video_config)["video"].frames, 6.0,
+                                             full.video_config)}):
+            a = build_inputs(full, messages_for(None, "Describe.", **media), **media)
+            b = build_inputs(parts, messages_for(None, "Describe.", **media), **media)
+            assert a["input_ids"].tolist() == b["input_ids"].tolist()
+            key = "pixel_values" if "image" in media else "pixel_values_videos"
+            assert torch.allclose(a[key], b[key], atol=2e-2)
+
+
+# -- cancel ----------------------------------------------------------------------------------------------
+
+
+def test_cancel_stops_within_one_token(loaded):
+    reasoner = reasoner_for(loaded["edge"])
+    cancel = threading.Event()
+    seen = []
+
+    def on_text(text, count):
+        seen.append(count)
+        if count == 3:
+            cancel.set()
+
+    with pytest.raises(JobCancelled):
+        reasoner.chat(None, "Tell a long story.", max_new_tokens=64, temperature=0.0, seed=0, on_text=on_text,
+                      cancel=cancel)
+    assert seen == [1, 2, 3]
+    # The reasoner keeps serving after a cancelled job.
+    assert len(reasoner.chat(None, "Again.", max_new_tokens=2, temperature=0.0, seed=0).token_ids) == 2
+
+
+# -- validation ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("params, field, quoted", [
+    ({"task": "summarise"}, "task", "'summarise'"),
+    ({"task": "enhance", "prompt": "  "}, "prompt", "empty"),
+    ({"task": "describe"}, "image", "neither"),
+    ({"task": "enhance", "prompt": "x", "max_new_tokens": 0}, "max_new_tokens", "1..4096"),
+    ({"task": "enhance", "prompt": "x", "temperature": "hot"}, "temperature", "'hot'"),
+    ({"task": "enhance", "prompt": "x", "seed": 1.5}, "seed", "1.5"),
+    ({"task": "enhance", "prompt": "x", "mode": "t2v", "caption_kind": "audio"}, "caption_kind", "'audio'"),
+    ({"task": "enhance", "prompt": "x", "steps": 3}, "steps", "allowed"),
+    ({"task": "enhance", "prompt": "x", "video": VIDEO}, "video", "first frame"),
+])
+def test_bad_requests_name_the_field(params, field, quoted):
+    with pytest.raises(ReasonRequestError) as error:
+        validate_reason_request(params)
+    assert error.value.field == field and quoted in str(error.value)
+
+
+def test_requests_take_the_task_defaults():
+    request = validate_reason_request({"task": "enhance", "prompt": "a kite", "mode": "t2i"})
+    assert request.caption_kind == "image" and request.temperature == 0.7 and request.seed == -1
+    assert validate_reason_request({"task": "describe", "video": VIDEO}).greedy
+
+
+# -- enhance against a scripted reasoner ----------------------------------------------------------------
+
+
+class Scripted:
+    """Answers from a list, streamed in a few pieces, like the real backend."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.asked = []
+
+    def video_config(self):
+        return {"fps": 2, "min_frames": 2, "max_frames": 8, "temporal_patch_size": 1}
+
+    def chat(self, system, text, *, image, video, max_new_tokens, temperature, seed, on_text=None, cancel=None):
+        self.asked.append({"system": system, "text": text, "image": image is not None})
+        answer = self.answers.pop(0)
+        pieces = [answer[i:i + 16] for i in range(0, len(answer), 16)]
+        for count, piece in enumerate(pieces, 1):
+            if on_text:
+                on_text(piece, count)
+        return ChatOutput(answer, list(range(len(pieces))), 20, 0.01, 0.02)
+
+
+GOOD_VIDEO = {"subjects": [{"description": "a red kite", "action": "climbs"}], "background_setting": "a beach",
+              "lighting": {"conditions": "noon sun"}, "cinematography": {"camera_motion": "tilt up"},
+              "actions": [{"time": "0:00-0:04", "description": "The kite climbs."}]}
+
+
+def _enhance(backend, mode="t2v", **extra):
+    return reason(None, {"task": "enhance", "prompt": "a kite on a beach", "mode": mode, **extra}, backend=backend)
+
+
+def test_enhance_takes_a_valid_answer_as_it_is():
+    backend = Scripted(json.dumps(GOOD_VIDEO))
+    result = _enhance(backend)
+    assert result.caption == GOOD_VIDEO and result.attempts == 1 and result.repairs == []
+    assert "actions" in backend.asked[0]["system"] and "a kite on a beach" in backend.asked[0]["text"]
+
+
+def test_enhance_repairs_fences_prose_trailing_commas_and_truncation():
+    fenced = "Here is your caption:\n```json\n" + json.dumps(GOOD_VIDEO)[:-1] + ",}\n```\nEnjoy!"
+    result = _enhance(Scripted(fenced))
+    assert result.caption == GOOD_VIDEO and result.attempts == 1
+    assert any("code fence" in r for r in result.repairs) and any("trailing commas" in r for r in result.repairs)
+    cut = json.dumps(GOOD_VIDEO)[:-6]  # the token budget ran out inside the last string
+    result = _enhance(Scripted(cut))
+    assert result.caption["actions"][0]["description"] == "The kite climb"
+    assert any("cut off" in r for r in result.repairs)
+
+
+def test_enhance_repairs_wrong_types_with_one_obvious_fix():
+    wrong = dict(GOOD_VIDEO, subjects={"description": "a red kite", "age": 3, "clothing": ["red", "silk"]},
+                 background_setting=7, context=None)
+    result = _enhance(Scripted(json.dumps(wrong)))
+    assert result.caption["subjects"] == [{"description": "a red kite", "age": 3, "clothing": "red; silk"}]
+    assert result.caption["background_setting"] == "7" and "context" not in result.caption
+    assert result.attempts == 1 and len(result.repairs) == 4
+
+
+def test_enhance_retries_with_the_problem_then_succeeds():
+    backend = Scripted("I cannot write JSON today.", json.dumps(dict(GOOD_VIDEO, lighting="bright")),
+                       json.dumps(GOOD_VIDEO))
+    result = _enhance(backend)
+    assert result.caption == GOOD_VIDEO and result.attempts == 3
+    assert "no JSON object" in backend.asked[1]["text"]
+    assert "lighting: must be an object" in backend.asked[2]["text"]
+
+
+def test_enhance_gives_a_precise_error_after_the_last_attempt():
+    missing = {k: v for k, v in GOOD_VIDEO.items() if k != "actions"}
+    backend = Scripted(*[json.dumps(missing)] * MAX_ATTEMPTS)
+    with pytest.raises(EnhanceError) as error:
+        _enhance(backend)
+    assert f"in {MAX_ATTEMPTS} attempts" in str(error.value) and "missing fields: actions" in str(error.value)
+    assert len(backend.asked) == MAX_ATTEMPTS
+    # The same caption is complete for an image (no actions there), and a first frame is passed on.
+    image_caption = {k: v for k, v in missing.items()}
+    image_caption["subjects"] = [{"description": "a red kite"}]
+    backend = Scripted(json.dumps(image_caption))
+    result = _enhance(backend, mode="t2i", image=IMAGE)
+    assert result.caption_kind == "image" and backend.asked[0]["image"]
+    with pytest.raises(EnhanceError) as error:
+        _enhance(Scripted('{"subjects": [{"age": 3}], "lighting": 5}', "[1, 2]", "{\"subjects\": "), mode="t2i")
+    message = str(error.value)
+    assert "attempt 1: wrong field types: lighting: must be an object" in message
+    assert "attempt 2: the answer holds no JSON object" in message
+    assert "attempt 3: the answer is not valid JSON" in message
+
+
+def test_describe_and_critique_read_their_answers():
+    result = reason(None, {"task": "describe", "video": VIDEO, "video_fps": 6}, backend=Scripted(json.dumps(GOOD_VIDEO)))
+    assert result.caption == GOOD_VIDEO and result.caption_kind == "video"
+    answer = "A kite rises over sand.\nprompt_adherence: 4 - the kite is red\nPhysics plausibility: 2 - it hovers"
+    result = reason(None, {"task": "critique", "prompt": "a kite", "image": IMAGE}, backend=Scripted(answer))
+    assert result.scores == {"prompt_adherence": 4, "physics_plausibility": 2} and result.text == answer
+    assert read_scores("prompt_adherence: great", ("prompt_adherence",)) == {"prompt_adherence": None}
+
+
+def test_memory_policy_follows_the_room_left():
+    gib = 2**30
+    assert choose_policy(None, 30 * gib, 18 * gib, 0) == "resident"
+    assert choose_policy(141 * gib, 31 * gib, 18 * gib, 64 * gib) == "resident"
+    assert choose_policy(80 * gib, 31 * gib, 36 * gib, 64 * gib) == "offloaded"
+    assert choose_policy(80 * gib, 31 * gib, 36 * gib, 8 * gib) == "on_demand"
