@@ -296,3 +296,38 @@ def test_memory_policy_follows_the_room_left():
     assert choose_policy(141 * gib, 31 * gib, 18 * gib, 64 * gib) == "resident"
     assert choose_policy(80 * gib, 31 * gib, 36 * gib, 64 * gib) == "offloaded"
     assert choose_policy(80 * gib, 31 * gib, 36 * gib, 8 * gib) == "on_demand"
+
+
+# -- through the job queue -------------------------------------------------------------------------------
+
+
+def test_reason_jobs_share_the_queue_and_cancel_within_one_token(tiny_family, tmp_path):
+    from engine.events import Cancelled, Finished, Started
+    from engine.queue import JobQueue
+    from engine.registry import ModelEntry, ModelRegistry
+
+    jobs = JobQueue(ModelRegistry([ModelEntry("edge", str(tiny_family["edge"]))]), tmp_path / "out")
+    try:
+        with pytest.raises(ReasonRequestError) as error:
+            jobs.submit("edge", {"task": "critique", "prompt": "a kite"})
+        assert error.value.field == "image"
+        handle = jobs.submit("edge", {"task": "critique", "prompt": "a kite", "image": IMAGE, "max_new_tokens": 6})
+        events = list(handle.events(timeout=120))
+        assert isinstance(events[1], Started) and isinstance(events[-1], Finished)
+        result = events[-1].result
+        assert result.tokens == 6 and "".join(e.text for e in events if isinstance(e, ReasonerText)) == result.text
+
+        handle = jobs.submit("edge", {"task": "critique", "prompt": "a kite", "image": IMAGE,
+                                      "max_new_tokens": 4000, "temperature": 0})
+        counts = []
+        for event in handle.events(timeout=120):
+            if isinstance(event, ReasonerText):
+                counts.append(event.tokens)
+                if event.tokens == 5:
+                    handle.cancel()
+            last = event
+        assert isinstance(last, Cancelled) and max(counts) <= 6
+        with pytest.raises(JobCancelled):
+            handle.result(timeout=1)
+    finally:
+        jobs.close()

@@ -158,10 +158,15 @@ class JobQueue:
         if not isinstance(request, dict):
             raise ValueError(f"The request must be a JSON object, got {type(request).__name__}.")
         info = self.registry.info(model_name)
-        mode = request.get("mode")
-        if mode is None:
-            raise ValueError("The request has no 'mode'; allowed: t2i, t2v, i2v, v2v, action.")
-        validate_request(info, mode, request)
+        if "task" in request:  # a reasoner request (engine/reasoner): same queue, same events
+            from .reasoner import validate_reason_request
+
+            validate_reason_request(request)
+        else:
+            mode = request.get("mode")
+            if mode is None:
+                raise ValueError("The request has no 'mode'; allowed: t2i, t2v, i2v, v2v, action.")
+            validate_request(info, mode, request)
         with self._lock:
             if self._closed:
                 raise RuntimeError("The job queue is shut down.")
@@ -243,6 +248,10 @@ class JobQueue:
         from ..pipeline.run import generate
 
         model = self._model(model_name, on_progress)
+        if "task" in request:
+            from .reasoner import reason
+
+            return reason(model, request, on_progress=on_progress, cancel=cancel)
         return generate(model, request, on_progress=on_progress, cancel=cancel, outputs_root=Path(outputs_root),
                         model_name=model_name, previews=previews)
 
