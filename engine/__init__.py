@@ -26,6 +26,7 @@ _LAZY = {
     "GenerationResult": "pipeline.run", "generate": "pipeline.run",
     "JobFailed": "serving.queue", "JobHandle": "serving.queue", "JobQueue": "serving.queue",
     "QueueFull": "serving.queue", "load_actions_file": "pipeline.media",
+    "reason": "reasoner.run", "ReasonResult": "reasoner.run", "validate_reason_request": "reasoner.request",
 }
 
 

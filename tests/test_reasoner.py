@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import engine
-from engine.events import JobCancelled, Progress
-from engine.reasoner import ReasonerText, ReasonRequestError, reason, validate_reason_request
+from engine.serving.events import JobCancelled, Progress
+from engine.reasoner import ReasonerText, ReasonRequestError, validate_reason_request
+from engine import reason
 from engine.reasoner.caption import MAX_ATTEMPTS, EnhanceError
 from engine.reasoner.inputs import build_inputs, load_preprocessor, messages_for, sample_video
 from engine.reasoner.runtime import ChatOutput, choose_policy, reasoner_for, reasoner_status
@@ -65,7 +66,7 @@ def test_a_checkpoint_without_reasoner_says_why(tmp_path):
 
 
 def _media(kind, video_config):
-    from engine.media import load_image, load_video
+    from engine.pipeline.media import load_image, load_video
 
     if kind == "image":
         return {"image": load_image(IMAGE)}
@@ -302,9 +303,9 @@ def test_memory_policy_follows_the_room_left():
 
 
 def test_reason_jobs_share_the_queue_and_cancel_within_one_token(tiny_family, tmp_path):
-    from engine.events import Cancelled, Finished, Started
-    from engine.queue import JobQueue
-    from engine.registry import ModelEntry, ModelRegistry
+    from engine.serving.events import Cancelled, Finished, Started
+    from engine.serving.queue import JobQueue
+    from engine.serving.registry import ModelEntry, ModelRegistry
 
     jobs = JobQueue(ModelRegistry([ModelEntry("edge", str(tiny_family["edge"]))]), tmp_path / "out")
     try:

@@ -246,7 +246,7 @@ def write_checkpoint(name: str, out: Path) -> Path:
         transformer.save_pretrained(staging / "transformer", safe_serialization=True)
         _write_json(staging / "transformer" / "config.json", transformer_config)
         # The reasoner tower at the root, as released folders carry it (Transformers loads it from there).
-        from .model.tiny_reasoner import write_reasoner
+        from .tiny_reasoner import write_reasoner
 
         write_reasoner(staging, family, transformer_config, transformer.state_dict(), tokenizer)
 

@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from ..captions import LIST, TEXT, TEXT_OR_NUMBER, CaptionParseError, fields_for, parse_caption, \
+from ..pipeline.captions import LIST, TEXT, TEXT_OR_NUMBER, CaptionParseError, fields_for, parse_caption, \
     validate_caption
 
 # What an enhanced caption must have to be worth generating from (all schema fields are optional to

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..events import Progress
+from ..serving.events import Progress
 from .caption import MAX_ATTEMPTS, CaptionProblem, EnhanceError, caption_from_answer, feedback
 from .events import ReasonerText
 from .request import ReasonRequest, validate_reason_request
@@ -46,7 +46,7 @@ class Media:
 
 
 def media_stage(request: ReasonRequest, video_config: dict) -> Media:
-    from ..media import load_image
+    from ..pipeline.media import load_image
     from .inputs import sample_video
 
     if request.image is not None:
@@ -71,7 +71,7 @@ def _field_error(name: str, exc: Exception):
 
 def _read_video(source, fps_hint: float | None) -> tuple[list, float]:
     """Frames and their rate: a file's own rate, else the request's `video_fps`, else 24."""
-    from ..media import load_video
+    from ..pipeline.media import load_video
 
     frames = load_video(source)
     fps = fps_hint

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from ..captions import fields_for
+from ..pipeline.captions import fields_for
 from .caption import REQUIRED_FIELDS
 
 

@@ -159,7 +159,7 @@ class JobQueue:
             raise ValueError(f"The request must be a JSON object, got {type(request).__name__}.")
         info = self.registry.info(model_name)
         if "task" in request:  # a reasoner request (engine/reasoner): same queue, same events
-            from .reasoner import validate_reason_request
+            from ..reasoner import validate_reason_request
 
             validate_reason_request(request)
         else:
@@ -249,7 +249,7 @@ class JobQueue:
 
         model = self._model(model_name, on_progress)
         if "task" in request:
-            from .reasoner import reason
+            from ..reasoner import reason
 
             return reason(model, request, on_progress=on_progress, cancel=cancel)
         return generate(model, request, on_progress=on_progress, cancel=cancel, outputs_root=Path(outputs_root),
