@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from ..pipeline.request import validate_request
-from .events import TERMINAL_EVENTS, Cancelled, Finished, JobCancelled, JobEvent, Queued, Started
+from .events import TERMINAL_EVENTS, JobEvent, Queued, Started
+from .queue import QueueFull, drain, result_of
 
 
 class ForwardedHandle:
@@ -40,17 +41,13 @@ class ForwardedHandle:
         return 0 if self.started_at is not None or self._done.is_set() else self._position(self)
 
     def events(self, timeout: float | None = None) -> Iterator[JobEvent]:
-        while True:
-            try:
-                event = self._events.get(timeout=timeout)
-            except stdlib_queue.Empty:
-                raise TimeoutError(f"No event from job {self.id} within {timeout} s.") from None
-            yield event
-            if isinstance(event, TERMINAL_EVENTS):
-                return
+        return drain(self._events, self.id, timeout)
 
     def cancel(self) -> None:
-        """A job that has not started never starts; a running one is told to stop."""
+        """A job that has not started never starts; a running one is told to stop; a finished one is left
+        alone (the other side must not delete what it made: a remote studio's DELETE would)."""
+        if self._done.is_set():
+            return
         with self._lock:
             self._cancel.set()
             hook = self._on_cancel
@@ -61,15 +58,9 @@ class ForwardedHandle:
         return self._cancel.is_set()
 
     def result(self, timeout: float | None = None):
-        from .queue import JobFailed
-
         if not self._done.wait(timeout):
             raise TimeoutError(f"Job {self.id} did not finish within {timeout} s.")
-        if isinstance(self._outcome, Finished):
-            return self._outcome.result
-        if isinstance(self._outcome, Cancelled):
-            raise JobCancelled()
-        raise JobFailed(self._outcome)
+        return result_of(self._outcome)
 
     # -- the forwarder's side ---------------------------------------------------------------------
 
@@ -111,8 +102,6 @@ class ForwardingBook:
 
     def open(self, model_name: str, request: dict, session_id: str | None, output_group: str | None):
         """Validate like `engine.JobQueue.submit` and return a new handle (not yet forwarded)."""
-        from .queue import QueueFull
-
         if not isinstance(request, dict):
             raise ValueError(f"The request must be a JSON object, got {type(request).__name__}.")
         info = self.registry.info(model_name)

@@ -76,14 +76,7 @@ class JobHandle:
 
     def events(self, timeout: float | None = None) -> Iterator[JobEvent]:
         """Events until and including the terminal one. `timeout` bounds each wait (None: forever)."""
-        while True:
-            try:
-                event = self._job.events.get(timeout=timeout)
-            except stdlib_queue.Empty:
-                raise TimeoutError(f"No event from job {self.id} within {timeout} s.") from None
-            yield event
-            if isinstance(event, TERMINAL_EVENTS):
-                return
+        return drain(self._job.events, self.id, timeout)
 
     def cancel(self) -> None:
         """Stop the job: a waiting job never starts; a running one stops within one step."""
@@ -94,12 +87,36 @@ class JobHandle:
         """The job's `engine.pipeline.GenerationResult`, or its failure raised."""
         if not self._job.done.wait(timeout):
             raise TimeoutError(f"Job {self.id} did not finish within {timeout} s.")
-        outcome = self._job.outcome
-        if isinstance(outcome, Finished):
-            return outcome.result
-        if isinstance(outcome, Cancelled):
-            raise JobCancelled()
-        raise JobFailed(outcome)
+        return result_of(self._job.outcome)
+
+
+def drain(events: stdlib_queue.Queue, job_id: str, timeout: float | None) -> Iterator[JobEvent]:
+    """A job's events from its queue, until and including the terminal one (every job handle's `events`)."""
+    while True:
+        try:
+            event = events.get(timeout=timeout)
+        except stdlib_queue.Empty:
+            raise TimeoutError(f"No event from job {job_id} within {timeout} s.") from None
+        yield event
+        if isinstance(event, TERMINAL_EVENTS):
+            return
+
+
+def result_of(outcome: JobEvent):
+    """A finished job's result, or how it ended raised (every job handle's `result`)."""
+    if isinstance(outcome, Finished):
+        return outcome.result
+    if isinstance(outcome, Cancelled):
+        raise JobCancelled()
+    raise JobFailed(outcome)
+
+
+def typical_wait(durations: dict[str, float], position: int, model_name: str | None) -> float | None:
+    """A rough wait for `position` jobs ahead, from the last job time per model (None before any)."""
+    if not durations:
+        return None
+    typical = durations.get(model_name) or sum(durations.values()) / len(durations)
+    return position * typical
 
 
 def torch_cuda_available() -> bool:
@@ -194,10 +211,7 @@ class JobQueue:
 
     def eta_seconds(self, position: int, model_name: str | None = None) -> float | None:
         """A rough wait estimate from the durations of recent jobs."""
-        if not self._durations:
-            return None
-        typical = self._durations.get(model_name) or sum(self._durations.values()) / len(self._durations)
-        return position * typical
+        return typical_wait(self._durations, position, model_name)
 
     def _wake(self) -> None:
         with self._lock:
@@ -214,6 +228,12 @@ class JobQueue:
     def loaded_models(self) -> list[str]:
         with self._lock:
             return list(self._models)
+
+    def state(self) -> dict:
+        """What `GET /v1/queue` shows: the jobs waiting and running here, and the models loaded."""
+        with self._lock:
+            return {"backend": "local", "waiting": len(self._waiting), "running": int(self._running is not None),
+                    "max_size": self.max_size, "loaded_models": list(self._models)}
 
     # -- the worker ---------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from .events import TERMINAL_EVENTS, Cancelled, Failed, Finished, Queued
 from .registry import ModelEntry, ModelRegistry
 from .forwarded import ForwardingBook
+from .queue import typical_wait
 
 APP_NAME = "cosmos3-engine"
 DEPLOYMENT_NAME = "EngineReplica"
@@ -265,10 +266,7 @@ class RayJobQueue:
     # -- what the UI and the API read ---------------------------------------------------------------
 
     def eta_seconds(self, position: int, model_name: str | None = None) -> float | None:
-        if not self._durations:
-            return None
-        typical = self._durations.get(model_name) or sum(self._durations.values()) / len(self._durations)
-        return position * typical
+        return typical_wait(self._durations, position, model_name)
 
     def state(self) -> dict:
         """Replicas (from Ray Serve's status) and this front end's jobs, waiting and running."""
