@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="app.py", description="Cosmos3 Studio: a web app for Cosmos3 models.",
         epilog="Environment variables (a flag wins over its variable): COSMOS3_MODELS=\"name=source,...\", "
                "COSMOS3_MODEL_ROOTS (folders, separated by ':'), COSMOS3_OUTPUTS, COSMOS3_REVIEW=1, "
-               "COSMOS3_AUTH=\"user:pass,...\", COSMOS3_AUTH_FILE, COSMOS3_CRITERIA, COSMOS3_SAFETY=1, "
+               "COSMOS3_AUTH=\"user:pass,...\", COSMOS3_AUTH_FILE, COSMOS3_CRITERIA, COSMOS3_REVIEW_DB, COSMOS3_SAFETY=1, "
                "GRADIO_SERVER_NAME, GRADIO_SERVER_PORT; HF_HUB_OFFLINE and HF_HOME are read by huggingface_hub.")
     parser.add_argument("--model", action="append", type=parse_model, default=[], metavar="NAME=SOURCE",
                         help="serve a checkpoint (a folder or a Hugging Face repo id) under NAME; repeatable. "
@@ -114,14 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default $COSMOS3_STUDIO_CACHE or ~/.cache/cosmos3-studio)")
     review = parser.add_argument_group("review mode (internal reviewers; never on a public demo)")
     review.add_argument("--review", action="store_true",
-                        help="add the Review and Batch tabs and keep ratings in SQLite under the outputs folder; "
-                             "needs --auth or --auth-file")
+                        help="add the Review, Blind, Suites, Leaderboard and Batch tabs; review data is kept in "
+                             "SQLite outside the outputs folder (--review-db); needs --auth or --auth-file")
     review.add_argument("--auth", action="append", type=parse_auth, default=[], metavar="USER:PASS",
                         help="a login for the whole app; repeatable")
     review.add_argument("--auth-file", default=None, metavar="PATH", help="logins, one user:pass per line")
     review.add_argument("--criteria", default=None, metavar="A,B,C",
                         help="rating criteria, lowercase names (default prompt_adherence, visual_quality, "
                              "temporal_consistency, physics_plausibility)")
+    review.add_argument("--review-db", default=None, metavar="PATH",
+                        help="the review database (default $COSMOS3_REVIEW_DB or CACHE_DIR/reviews.sqlite3); "
+                             "refused inside the outputs folder, which is served")
     serving = parser.add_argument_group("serving beyond the browser (docs/SERVING.md)")
     serving.add_argument("--api-keys", default=None, metavar="FILE",
                          help="API keys for the /v1 HTTP API, one a line with optional limits "
@@ -170,6 +173,7 @@ def _apply_environment(args: argparse.Namespace, parser: argparse.ArgumentParser
             parser.error(f"COSMOS3_AUTH: {exc}")
     args.auth_file = args.auth_file or os.environ.get("COSMOS3_AUTH_FILE") or None
     args.criteria = args.criteria or os.environ.get("COSMOS3_CRITERIA") or None
+    args.review_db = args.review_db or os.environ.get("COSMOS3_REVIEW_DB") or None
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -196,6 +200,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                      "(or COSMOS3_AUTH / COSMOS3_AUTH_FILE), so that review mode is never open to the public")
     if args.criteria and not args.review:
         parser.error("--criteria only applies with --review")
+    if args.review_db and not args.review:
+        parser.error("--review-db only applies with --review")
+    if args.review:
+        from cosmos3_ui.review.store import DB_NAME, check_db_location
+
+        args.review_db = Path(args.review_db).expanduser().resolve() if args.review_db else args.cache_dir / DB_NAME
+        try:
+            check_db_location(args.review_db, [args.outputs])
+        except ValueError as exc:
+            parser.error(f"--review-db: {exc}")
     if args.criteria:
         from cosmos3_ui.review.store import parse_criteria
 
@@ -290,11 +304,14 @@ def create_studio(args: argparse.Namespace):
     else:
         job_queue = JobQueue(registry, args.outputs, max_size=args.queue_size, **queue_options)
         use_zero_gpu(job_queue, registry)
-    reviews = None
-    if args.review:
-        from cosmos3_ui.review.store import DEFAULT_CRITERIA, ReviewStore
+    from cosmos3_ui.review.store import DB_NAME, DEFAULT_CRITERIA, ReviewStore, adopt_legacy_db
 
-        reviews = ReviewStore(args.outputs, args.criteria or DEFAULT_CRITERIA)
+    # Earlier versions kept the review database in the outputs folder: move it out, in public mode too,
+    # so that no later run on the same folder can hand it out.
+    review_db = args.review_db or args.cache_dir / DB_NAME
+    if adopt_legacy_db(args.outputs, review_db):
+        print(f"Moved the review database out of the outputs folder to {review_db}", file=sys.stderr)
+    reviews = ReviewStore(review_db, args.criteria or DEFAULT_CRITERIA) if args.review else None
     studio = build_studio(registry, job_queue, args.outputs, queue_size=args.queue_size,
                           state_secret=state_secret(args.cache_dir), reviews=reviews,
                           auth=args.auth or None)

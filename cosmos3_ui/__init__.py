@@ -14,7 +14,8 @@ def build_studio(registry, job_queue, outputs_root, *, queue_size: int = 16, sta
                  reviews=None, auth: list[tuple[str, str]] | None = None) -> Studio:
     """The Studio for a registry and a running `engine.serving.queue.JobQueue`; call `.launch()` on it.
 
-    With `reviews` (a `cosmos3_ui.review.ReviewStore`) the Review and Batch tabs are added and every
+    With `reviews` (a `cosmos3_ui.review.ReviewStore`) the Review, Blind, Suites, Leaderboard and Batch
+    tabs are added and every
     finished result is registered for review; that needs `auth` (a list of (user, password)).
     """
     service = StudioService(registry, job_queue, outputs_root)
@@ -23,5 +24,5 @@ def build_studio(registry, job_queue, outputs_root, *, queue_size: int = 16, sta
         from .review import ReviewDesk
 
         service.reviews = reviews
-        desk = ReviewDesk(reviews)
+        desk = ReviewDesk(reviews, outputs_root)
     return Studio(service, queue_size=queue_size, state_secret=state_secret, review_desk=desk, auth=auth)

@@ -23,7 +23,8 @@ from .common import PRIVATE
 from .handlers import Handlers
 from .jobs import JobFollower
 from .parts import ActionTab, ApiBox, GenTab, HistoryBox, Page, ResultBox, SamplingBox, UploadImage
-from .review_tabs import BatchTab, CompareTab, ReviewTab
+from .review.tabs import ReviewTabs
+from .review_tabs import BatchTab, CompareTab
 from .service import StudioError, StudioService
 
 # ==============================================================================================
@@ -313,7 +314,7 @@ class Studio:
                 self.compare_tab = CompareTab(self.service, self.jobs).build()
                 self.review_tab = self.batch_tab = None
                 if self.review_desk is not None:
-                    self.review_tab = ReviewTab(self.review_desk).build()
+                    self.review_tab = ReviewTabs(self, self.review_desk).build()
                     self.batch_tab = BatchTab(self.service, self.jobs).build()
             history = history_section(self.state_secret)
             self.page = Page(model, shown_model, variant, switch_note, tabs, current_tab, t2i, t2v, action, history,

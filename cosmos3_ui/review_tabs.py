@@ -37,7 +37,6 @@ from .compare import (
 from .jobs import JobFollower, session_of
 from .parts import HistoryBox
 from .requests import STYLE_JSON, STYLE_PROSE, negative_from_text, seed_value
-from .review import SCORE_CHOICES, ReviewDesk, criterion_label
 from .service import StudioError, StudioService
 
 MAX_COMPARE_SLOTS = 6
@@ -207,118 +206,6 @@ class CompareTab:
         )
         self.cancel.click(self.jobs.cancel_handler(self.status), outputs=[self.status],
                           cancels=[event], queue=False, api_visibility=PRIVATE, api_name="ui_compare_cancel")
-
-
-# ==============================================================================================
-# Review
-# ==============================================================================================
-
-
-def _table(desk: ReviewDesk, rows: list) -> dict:
-    return {"headers": desk.columns(), "data": rows}
-
-
-class ReviewTab:
-    def __init__(self, desk: ReviewDesk):
-        self.desk = desk
-
-    def build(self) -> "ReviewTab":
-        desk = self.desk
-        with gr.Tab("Review", id="review", elem_id="tab-review") as self.tab:
-            gr.Markdown("Rate any result made here (tabs, Compare, Batch, `/generate`): pick it by its id, score "
-                        "each criterion from 1 (poor) to 5 (excellent), add notes. Saving again replaces your "
-                        "earlier rating of that result. Ratings are kept in SQLite under the outputs folder.")
-            with gr.Row(equal_height=False):
-                self.pick = gr.Dropdown(desk.choices(), value=None, label="Result (newest first)", filterable=True,
-                                        scale=5, elem_id="review-result")
-                self.refresh = gr.Button("Refresh list", size="sm", scale=0, min_width=120, elem_id="review-refresh")
-            with gr.Row(equal_height=False):
-                with gr.Column(scale=5):
-                    self.image = gr.Image(label="Result", type="filepath", interactive=False, height=320,
-                                          elem_id="review-image")
-                    self.video = gr.Video(label="Result", interactive=False, format="mp4", height=320, visible=False,
-                                          elem_id="review-video")
-                    with gr.Accordion("Parameters and timings", open=False):
-                        self.summary = gr.JSON(elem_id="review-summary")
-                with gr.Column(scale=5):
-                    self.reviewer = gr.Textbox("", label="Reviewer", max_lines=1, elem_id="review-reviewer",
-                                               info="Filled with your login name; one rating per reviewer and result.")
-                    self.scores = {c: gr.Radio(list(SCORE_CHOICES), value=None, label=criterion_label(c),
-                                               elem_id=f"review-score-{c}") for c in desk.criteria}
-                    self.notes = gr.Textbox("", label="Notes", lines=3, max_lines=12, elem_id="review-notes")
-                    self.save = gr.Button("Save rating", variant="primary", elem_id="review-save")
-                    self.status = gr.HTML("", elem_id="review-status")
-            self.table = gr.Dataframe(value=_table(desk, []), label="Ratings of this result", interactive=False,
-                                      wrap=True, elem_id="review-ratings")
-            with gr.Row(equal_height=False):
-                with gr.Column(scale=1, min_width=200):
-                    self.export_csv = gr.Button("Export all ratings (CSV)", size="sm", elem_id="review-export-csv")
-                    self.export_jsonl = gr.Button("Export all ratings (JSONL)", size="sm",
-                                                  elem_id="review-export-jsonl")
-                self.export_file = gr.File(label="Export", interactive=False, height=120, scale=3,
-                                           elem_id="review-export")
-        return self
-
-    def _view_updates(self, request_id, reviewer) -> dict:
-        try:
-            view = self.desk.view(request_id, reviewer)
-        except StudioError as exc:
-            return {self.status: status_html(str(exc), "error")}
-        if view is None:
-            return {self.image: None, self.video: gr.update(value=None, visible=False), self.summary: None,
-                    self.table: _table(self.desk, []), self.status: ""}
-        out: dict[Any, Any] = {
-            self.image: gr.update(value=None if view.is_video else publish(view.media), visible=not view.is_video),
-            self.video: gr.update(value=publish(view.media) if view.is_video else None, visible=view.is_video),
-            self.summary: view.summary,
-            self.table: _table(self.desk, view.rows),
-            self.notes: view.own_notes,
-            self.status: status_html(f"{len(view.rows)} rating(s) so far." + (" Yours is filled in below."
-                                                                          if view.own_scores or view.own_notes else ""),
-                                 "info"),
-        }
-        for criterion, radio in self.scores.items():
-            score = view.own_scores.get(criterion)
-            out[radio] = str(score) if score is not None else None
-        return out
-
-    def wire(self, blocks: gr.Blocks) -> None:
-        view_outputs = [self.image, self.video, self.summary, self.table, self.notes, self.status,
-                        *self.scores.values()]
-
-        def on_load(request: gr.Request):
-            username = getattr(request, "username", None) or ""
-            return {self.reviewer: username, self.pick: gr.update(choices=self.desk.choices())}
-
-        blocks.load(on_load, outputs=[self.reviewer, self.pick], queue=False, api_visibility=PRIVATE)
-
-        def on_refresh(current):
-            choices = self.desk.choices()
-            keep = current if current in [value for _, value in choices] else None
-            return gr.update(choices=choices, value=keep)
-
-        self.refresh.click(on_refresh, inputs=self.pick, outputs=self.pick, queue=False, api_visibility=PRIVATE)
-        self.tab.select(on_refresh, inputs=self.pick, outputs=self.pick, queue=False, api_visibility=PRIVATE)
-        self.pick.change(self._view_updates, inputs=[self.pick, self.reviewer], outputs=view_outputs, queue=False,
-                         api_visibility=PRIVATE)
-
-        criteria = list(self.scores)
-
-        def on_save(request_id, reviewer, notes, *scores):
-            try:
-                message = self.desk.rate(request_id, reviewer, dict(zip(criteria, scores)), notes)
-            except StudioError as exc:
-                return {self.status: status_html(str(exc), "error")}
-            out = self._view_updates(request_id, reviewer)
-            out[self.status] = status_html(message, "ok")
-            return out
-
-        self.save.click(on_save, inputs=[self.pick, self.reviewer, self.notes, *self.scores.values()],
-                        outputs=view_outputs, queue=False, api_visibility=PRIVATE)
-
-        for button, kind in ((self.export_csv, "csv"), (self.export_jsonl, "jsonl")):
-            button.click(lambda kind=kind: self.desk.export(kind), outputs=self.export_file, queue=False,
-                         api_visibility=PRIVATE)
 
 
 # ==============================================================================================

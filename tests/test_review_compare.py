@@ -21,7 +21,7 @@ def service(tiny_family, tmp_path_factory):
     registry = ModelRegistry([ModelEntry(name, str(path)) for name, path in tiny_family.items()])
     job_queue = JobQueue(registry, outputs, max_size=4)
     service = StudioService(registry, job_queue, outputs)
-    service.reviews = ReviewStore(outputs)
+    service.reviews = ReviewStore(tmp_path_factory.mktemp("compare-db") / "reviews.sqlite3")
     try:
         yield service
     finally:
@@ -80,14 +80,14 @@ def test_compare_refuses_fewer_than_two_models(service):
 
 
 def test_review_desk_rates_shows_and_exports(service, tmp_path):
-    desk = ReviewDesk(service.reviews)
+    desk = ReviewDesk(service.reviews, service.outputs_root)
     request_id = desk.choices()[0][1]
     message = desk.rate(request_id, "ann", {"prompt_adherence": "4", "visual_quality": None}, "kite too small")
     assert "1 of 4 criteria" in message
     view = desk.view(request_id, "ann")
     assert view.own_scores == {"prompt_adherence": 4} and view.own_notes == "kite too small"
     assert view.rows[0][:2] == ["ann", 4] and view.media.endswith("image.png")
-    with pytest.raises(StudioError, match="reviewer name"):
+    with pytest.raises(StudioError, match="signed-in user"):
         desk.rate(request_id, " ", {"prompt_adherence": "3"}, "")
     csv_rows = ReviewStore.read_csv(open(desk.export("csv")).read())
     jsonl_rows = ReviewStore.read_jsonl(open(desk.export("jsonl")).read())
@@ -119,7 +119,8 @@ def test_the_ui_with_its_review_tabs_imports_neither_torch_nor_kernels():
     import sys
     from pathlib import Path
 
-    code = ("import sys, cosmos3_ui, cosmos3_ui.review_tabs, cosmos3_ui.batch, cosmos3_ui.zerogpu; "
+    code = ("import sys, cosmos3_ui, cosmos3_ui.review_tabs, cosmos3_ui.review.tabs, cosmos3_ui.review.report, "
+            "cosmos3_ui.review.listing, cosmos3_ui.review.runs, cosmos3_ui.batch, cosmos3_ui.zerogpu; "
             "print(sorted(m for m in ('torch', 'kernels', 'engine.pipeline.run') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
                          text=True, timeout=120)

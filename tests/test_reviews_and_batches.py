@@ -14,7 +14,7 @@ RID = "20261129-101500-0123456789ab"
 
 
 def _store_with_result(tmp_path):
-    store = ReviewStore(tmp_path)
+    store = ReviewStore(tmp_path / "db" / "reviews.sqlite3")
     folder = tmp_path / RID
     folder.mkdir()
     (folder / "image.png").write_bytes(b"png")
@@ -24,7 +24,7 @@ def _store_with_result(tmp_path):
 
 
 def _rate_in_process(root, reviewer, score):
-    ReviewStore(root).rate(RID, reviewer, {"visual_quality": score}, notes=f"from {reviewer}")
+    ReviewStore(root / "db" / "reviews.sqlite3").rate(RID, reviewer, {"visual_quality": score}, notes=f"from {reviewer}")
 
 
 def test_concurrent_reviewers_are_all_stored_and_survive_a_restart(tmp_path):
@@ -36,7 +36,7 @@ def test_concurrent_reviewers_are_all_stored_and_survive_a_restart(tmp_path):
         worker.start()
     for worker in threads + processes:
         worker.join(60)
-    reopened = ReviewStore(tmp_path)  # a fresh store, as after an app restart
+    reopened = ReviewStore(tmp_path / "db" / "reviews.sqlite3")  # a fresh store, as after an app restart
     ratings = reopened.ratings(RID)
     assert sorted(r["reviewer"] for r in ratings) == sorted([f"thread-{i}" for i in range(8)] + ["proc-0", "proc-1"])
     assert all(r["files"] == ["image.png", "params.json"] for r in ratings)
@@ -75,7 +75,7 @@ def test_exports_round_trip(tmp_path):
 def test_batch_with_a_bad_line_finishes_the_good_ones(tiny_family, tmp_path):
     registry = ModelRegistry([ModelEntry(n, str(tiny_family[n])) for n in ("nano", "edge")])
     queue = JobQueue(registry, tmp_path / "out")
-    reviews = ReviewStore(tmp_path / "out")
+    reviews = ReviewStore(tmp_path / "db" / "reviews.sqlite3")
     text = "\n".join([
         json.dumps({"model": "nano", "mode": "t2i", "prompt": "a kite", "steps": 1, "seed": 3}),
         "{this is not json",

@@ -1,8 +1,10 @@
-"""Durable reviews: results and their 1-5 ratings per criterion, in SQLite under the outputs folder.
+"""Durable review data in one SQLite file: results, 1-5 ratings, blind pairwise judgements, suite runs.
 
-WAL mode and a busy timeout let several reviewers (threads or processes) write at once; every call
-opens its own connection, so nothing is shared between threads. Exports (CSV, JSONL) carry each
-rating with the paths of the result's files and parameter sidecar.
+The file lives outside every served folder (by default in the app's cache folder, never in the
+outputs folder: a later public run on the same outputs must not serve it). WAL mode and a busy
+timeout let several reviewers (threads or processes) write at once; every call opens its own
+connection, so nothing is shared between threads. `ReviewStore` owns results and ratings;
+`store.pairs` (pairwise.py) and `store.runs` (runs.py) own their own tables in the same file.
 """
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ from pathlib import Path
 
 DEFAULT_CRITERIA = ("prompt_adherence", "visual_quality", "temporal_consistency", "physics_plausibility")
 DB_NAME = "reviews.sqlite3"
+SIDE_FILES = ("-wal", "-shm", "-journal")
 REQUEST_ID = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{12}$")
 _CRITERION = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 MAX_NOTES = 5000
+MAX_REVIEWER = 100
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -41,6 +45,10 @@ CREATE TABLE IF NOT EXISTS ratings (
 """
 
 
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def parse_criteria(text: str | None) -> tuple[str, ...]:
     """`"a,b,c"` -> ("a", "b", "c"); None or empty -> the defaults."""
     if not text:
@@ -52,18 +60,59 @@ def parse_criteria(text: str | None) -> tuple[str, ...]:
     return names
 
 
-class ReviewStore:
-    def __init__(self, outputs_root: str | Path, criteria: tuple[str, ...] = DEFAULT_CRITERIA):
-        self.outputs_root = Path(outputs_root)
-        self.outputs_root.mkdir(parents=True, exist_ok=True)
-        self.path = self.outputs_root / DB_NAME
-        self.criteria = tuple(criteria)
-        with self._connect() as db:
+def check_reviewer(reviewer: str | None) -> str:
+    """The signed-in user's name, as stored; refuses an anonymous or oversized one."""
+    name = (reviewer or "").strip()
+    if not name or len(name) > MAX_REVIEWER:
+        raise ValueError(f"Review data is saved under the signed-in user's name (1-{MAX_REVIEWER} characters); "
+                         f"got {reviewer!r}. Sign in again.")
+    return name
+
+
+def check_db_location(db_path: Path, served: list[Path]) -> None:
+    """Refuse a database inside a served folder (its WAL and SHM files would be served too)."""
+    resolved = db_path.resolve()
+    for folder in served:
+        folder = Path(folder).resolve()
+        if resolved == folder or folder in resolved.parents:
+            raise ValueError(f"The review database {str(db_path)!r} is inside the served folder {str(folder)!r}; "
+                             "put it elsewhere (--review-db), so that no URL can ever return it.")
+
+
+def adopt_legacy_db(outputs_root: Path, db_path: Path) -> bool:
+    """Move a database that earlier versions kept in the outputs folder to `db_path` (once).
+
+    SQLite's backup API copies it consistently (WAL included); then the old files are removed, so a
+    later public run on the same outputs folder has nothing to serve. Returns whether one was moved.
+    """
+    legacy = Path(outputs_root) / DB_NAME
+    if not legacy.is_file():
+        return False
+    if not db_path.exists():
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        source, target = sqlite3.connect(legacy), sqlite3.connect(db_path)
+        try:
+            source.backup(target)
+        finally:
+            source.close()
+            target.close()
+    for suffix in ("", *SIDE_FILES):
+        Path(f"{legacy}{suffix}").unlink(missing_ok=True)
+    return True
+
+
+class Database:
+    """One SQLite file; each call gets its own short-lived connection."""
+
+    def __init__(self, path: str | Path, schema: str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(_SCHEMA)
+            db.executescript(schema)
 
     @contextmanager
-    def _connect(self):
+    def connect(self):
         db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         try:
             db.execute("PRAGMA busy_timeout=30000")
@@ -71,21 +120,40 @@ class ReviewStore:
         finally:
             db.close()
 
+    def add_schema(self, schema: str) -> None:
+        with self.connect() as db:
+            db.executescript(schema)
+
+
+class ReviewStore:
+    """Results registered for review and their 1-5 ratings; `pairs` and `runs` share the file."""
+
+    def __init__(self, db_path: str | Path, criteria: tuple[str, ...] = DEFAULT_CRITERIA):
+        from .pairwise import PairStore
+        from .runs import RunStore
+
+        self.path = Path(db_path)
+        self.criteria = tuple(criteria)
+        self.db = Database(self.path, _SCHEMA)
+        self.pairs = PairStore(self.db, self.criteria)
+        self.runs = RunStore(self.db)
+
+    def _connect(self):
+        return self.db.connect()
+
     def register_result(self, request_id: str, folder: str | Path, *, model: str, mode: str, origin: str) -> None:
         """Make a saved result reviewable (idempotent)."""
         self._check_id(request_id)
         with self._connect() as db:
             db.execute(
                 "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?)",
-                (request_id, model, mode, origin, str(Path(folder).resolve()), time.strftime("%Y-%m-%dT%H:%M:%S")),
+                (request_id, model, mode, origin, str(Path(folder).resolve()), now()),
             )
 
     def rate(self, request_id: str, reviewer: str, scores: dict[str, int], notes: str = "") -> None:
         """Store (or replace) one reviewer's scores and notes for one result."""
         self._check_id(request_id)
-        reviewer = (reviewer or "").strip()
-        if not reviewer or len(reviewer) > 100:
-            raise ValueError("A rating needs a reviewer name (1-100 characters).")
+        reviewer = check_reviewer(reviewer)
         unknown = sorted(set(scores) - set(self.criteria))
         if unknown:
             raise ValueError(f"Unknown criteria {unknown}; this review uses {list(self.criteria)}.")
@@ -102,7 +170,7 @@ class ReviewStore:
             db.execute(
                 "INSERT INTO ratings VALUES (?, ?, ?, ?, ?) ON CONFLICT(request_id, reviewer) DO UPDATE SET "
                 "scores = excluded.scores, notes = excluded.notes, updated = excluded.updated",
-                (request_id, reviewer, json.dumps(scores, sort_keys=True), notes, time.strftime("%Y-%m-%dT%H:%M:%S")),
+                (request_id, reviewer, json.dumps(scores, sort_keys=True), notes, now()),
             )
 
     def ratings(self, request_id: str | None = None) -> list[dict]:
@@ -160,3 +228,4 @@ class ReviewStore:
     def _check_id(request_id: str) -> None:
         if not isinstance(request_id, str) or not REQUEST_ID.match(request_id):
             raise ValueError(f"{request_id!r} is not a result id (like 20261129-101500-0123456789ab).")
+

@@ -1,0 +1,236 @@
+"""Suite runs: suite x configurations through the job queue, resumable, with automatic checks.
+
+A run is stored before it starts (its items and configurations, frozen), and every finished
+(item, configuration) is recorded as it ends, so a run cut short by a restart picks up where it
+stopped: `run_suite` skips what is recorded as done. Results land in `outputs/<run id>/<request id>/`
+and are registered for review with origin `suite:<run id>`.
+
+Checks beside the ratings, once the generations are done:
+- determinism: with `repeat` on, the first item of each configuration runs a second time; the two
+  media files must have the same SHA256;
+- PSNR and SSIM of every result against the reference configuration's result for the same item
+  (`engine.pipeline.quality`, torchmetrics). LPIPS is not computed: see its LPIPS_NEEDS.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .store import Database, check_reviewer, now
+from .suites import Configuration, SuiteItem, build_request, item_from_json, item_to_json
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    suite TEXT NOT NULL,
+    items TEXT NOT NULL,
+    configs TEXT NOT NULL,
+    reference TEXT,
+    repeat_check INTEGER NOT NULL,
+    created_by TEXT NOT NULL,
+    created TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS run_items (
+    run_id TEXT NOT NULL,
+    item_id TEXT NOT NULL,
+    config TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    request_id TEXT,
+    media TEXT,
+    sha256 TEXT,
+    message TEXT NOT NULL,
+    updated TEXT NOT NULL,
+    PRIMARY KEY (run_id, item_id, config, attempt)
+);
+CREATE TABLE IF NOT EXISTS checks (
+    run_id TEXT NOT NULL,
+    item_id TEXT NOT NULL,
+    config TEXT NOT NULL,
+    metric TEXT NOT NULL,
+    value REAL,
+    detail TEXT NOT NULL,
+    PRIMARY KEY (run_id, item_id, config, metric)
+);
+"""
+ITEM_KEYS = ("item_id", "config", "attempt", "status", "request_id", "media", "sha256", "message", "updated")
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    suite: str
+    items: tuple[SuiteItem, ...]
+    configs: tuple[Configuration, ...]
+    reference: str | None
+    repeat: bool
+    created_by: str
+    created: str
+
+    def config(self, name: str) -> Configuration:
+        return next(c for c in self.configs if c.name == name)
+
+    def tasks(self) -> list[tuple[SuiteItem, Configuration, int]]:
+        """Every (item, configuration, attempt): attempt 1 is the determinism repeat of the first item."""
+        plan = [(item, config, 0) for item in self.items for config in self.configs]
+        if self.repeat:
+            plan += [(self.items[0], config, 1) for config in self.configs]
+        return plan
+
+
+def new_run_id() -> str:
+    return "suite-" + time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(4)
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class RunStore:
+    def __init__(self, db: Database):
+        self.db = db
+        db.add_schema(_SCHEMA)
+
+    def create(self, suite: str, items: list[SuiteItem], configs: list[Configuration], *, reference: str | None,
+               repeat: bool, reviewer: str) -> Run:
+        reviewer = check_reviewer(reviewer)
+        if reference is not None and reference not in [c.name for c in configs]:
+            raise ValueError(f"The reference {reference!r} is not one of the configurations {[c.name for c in configs]}.")
+        run = Run(new_run_id(), suite, tuple(items), tuple(configs), reference, repeat, reviewer, now())
+        with self.db.connect() as db:
+            db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (run.run_id, suite, json.dumps([item_to_json(i) for i in items]),
+                        json.dumps([c.__dict__ for c in configs]), reference, int(repeat), reviewer, run.created))
+        return run
+
+    def run(self, run_id: str) -> Run:
+        with self.db.connect() as db:
+            row = db.execute("SELECT run_id, suite, items, configs, reference, repeat_check, created_by, created "
+                             "FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise ValueError(f"No suite run {run_id!r}.")
+        items = tuple(item_from_json(v) for v in json.loads(row[2]))
+        configs = tuple(Configuration(**v) for v in json.loads(row[3]))
+        return Run(row[0], row[1], items, configs, row[4], bool(row[5]), row[6], row[7])
+
+    def runs(self) -> list[Run]:
+        with self.db.connect() as db:
+            ids = [r[0] for r in db.execute("SELECT run_id FROM runs ORDER BY created, run_id").fetchall()]
+        return [self.run(i) for i in ids]
+
+    def record(self, run_id: str, item_id: str, config: str, attempt: int, status: str, *,
+               request_id: str | None = None, media: str | None = None, sha256: str | None = None,
+               message: str = "") -> None:
+        with self.db.connect() as db:
+            db.execute("INSERT OR REPLACE INTO run_items VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (run_id, item_id, config, attempt, status, request_id, media, sha256, message, now()))
+
+    def items(self, run_id: str) -> list[dict]:
+        with self.db.connect() as db:
+            rows = db.execute(f"SELECT {', '.join(ITEM_KEYS)} FROM run_items WHERE run_id = ? "
+                              "ORDER BY item_id, config, attempt", (run_id,)).fetchall()
+        return [dict(zip(ITEM_KEYS, row)) for row in rows]
+
+    def done(self, run_id: str) -> dict[tuple[str, str, int], dict]:
+        return {(r["item_id"], r["config"], r["attempt"]): r for r in self.items(run_id) if r["status"] == "done"}
+
+    def progress(self, run_id: str) -> tuple[int, int]:
+        return len(self.done(run_id)), len(self.run(run_id).tasks())
+
+    def record_check(self, run_id: str, item_id: str, config: str, metric: str, value: float | None,
+                     detail: str = "") -> None:
+        with self.db.connect() as db:
+            db.execute("INSERT OR REPLACE INTO checks VALUES (?, ?, ?, ?, ?, ?)",
+                       (run_id, item_id, config, metric, value, detail))
+
+    def checks(self, run_id: str) -> list[dict]:
+        with self.db.connect() as db:
+            rows = db.execute("SELECT item_id, config, metric, value, detail FROM checks WHERE run_id = ? "
+                              "ORDER BY item_id, config, metric", (run_id,)).fetchall()
+        return [dict(zip(("item_id", "config", "metric", "value", "detail"), row)) for row in rows]
+
+
+def media_of(result) -> str | None:
+    outputs = getattr(result, "outputs", {}) or {}
+    found = outputs.get("image") or outputs.get("video")
+    return str(found) if found else None
+
+
+def run_suite(runs: RunStore, queue, run_id: str, *, register: Callable | None = None, session_id: str | None = None,
+              on_task: Callable[[int, int], None] | None = None, cancel: threading.Event | None = None,
+              compare: Callable | None = None) -> tuple[int, int]:
+    """Run (or resume) a suite run: every task not yet done, one at a time through the queue, then the
+    checks. `register(config, result)` makes each result reviewable; `compare(reference_media, media)`
+    returns {"psnr", "ssim"} (default: `engine.pipeline.quality.compare_files`). Returns (done, total)."""
+    from engine.serving.batch import BatchLine, run_batch
+
+    run = runs.run(run_id)
+    done = runs.done(run_id)
+    pending = [(item, config, attempt) for item, config, attempt in run.tasks()
+               if (item.id, config.name, attempt) not in done]
+    total = len(run.tasks())
+    lines = [BatchLine(line=n, model=config.model, request=build_request(item, config))
+             for n, (item, config, _) in enumerate(pending, start=1)]
+    task_of = {line.line: task for line, task in zip(lines, pending)}
+
+    def on_result(line, result):
+        item, config, attempt = task_of[line.line]
+        media = media_of(result)
+        runs.record(run_id, item.id, config.name, attempt, "done", request_id=result.request_id, media=media,
+                    sha256=sha256_file(media) if media else None)
+        if register is not None:
+            register(config, result)
+
+    def on_line(line, _count, _of):
+        item, config, attempt = task_of[line.line]
+        if line.status != "done":
+            runs.record(run_id, item.id, config.name, attempt, line.status, message=line.message)
+        if on_task is not None:
+            on_task(len(runs.done(run_id)), total)
+
+    if lines:
+        run_batch(queue, lines, on_result=on_result, on_line=on_line, session_id=session_id, batch_id=run_id,
+                  cancel=cancel)
+    finished = len(runs.done(run_id))
+    if finished == total:
+        record_checks(runs, run, compare)
+    return finished, total
+
+
+def record_checks(runs: RunStore, run: Run, compare: Callable | None = None) -> None:
+    """Determinism (SHA256 of the repeat) and PSNR/SSIM against the reference, per item and config."""
+    done = runs.done(run.run_id)
+    for config in run.configs if run.repeat else ():
+        first, again = done.get((run.items[0].id, config.name, 0)), done.get((run.items[0].id, config.name, 1))
+        if first and again:
+            same = first["sha256"] == again["sha256"]
+            runs.record_check(run.run_id, run.items[0].id, config.name, "deterministic", float(same),
+                              f"sha256 {first['sha256'][:16]} vs {again['sha256'][:16]}")
+    if run.reference is None:
+        return
+    if compare is None:
+        from engine.pipeline.quality import compare_files as compare
+    for item in run.items:
+        reference = done.get((item.id, run.reference, 0))
+        for config in run.configs:
+            current = done.get((item.id, config.name, 0))
+            if config.name == run.reference or reference is None or current is None:
+                continue
+            try:
+                scores = compare(reference["media"], current["media"])
+            except ValueError as exc:  # different sizes or frame counts: say so instead of a number
+                for metric in ("psnr", "ssim"):
+                    runs.record_check(run.run_id, item.id, config.name, metric, None, str(exc))
+                continue
+            for metric in ("psnr", "ssim"):
+                runs.record_check(run.run_id, item.id, config.name, metric, scores[metric], f"vs {run.reference}")
