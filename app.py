@@ -309,8 +309,9 @@ def create_studio(args: argparse.Namespace):
     # Earlier versions kept the review database in the outputs folder: move it out, in public mode too,
     # so that no later run on the same folder can hand it out.
     review_db = args.review_db or args.cache_dir / DB_NAME
-    if adopt_legacy_db(args.outputs, review_db):
-        print(f"Moved the review database out of the outputs folder to {review_db}", file=sys.stderr)
+    moved = adopt_legacy_db(args.outputs, review_db)
+    if moved is not None:
+        print(f"Moved the review database out of the outputs folder to {moved}", file=sys.stderr)
     reviews = ReviewStore(review_db, args.criteria or DEFAULT_CRITERIA) if args.review else None
     studio = build_studio(registry, job_queue, args.outputs, queue_size=args.queue_size,
                           state_secret=state_secret(args.cache_dir), reviews=reviews,

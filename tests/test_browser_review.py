@@ -1,8 +1,14 @@
-"""Review mode in a real browser (Playwright driving Debian's Chromium) against tiny models: log in,
-compare three models with one seed, rate one result, reload, and find the rating again.
+"""Review mode in a real browser (Playwright driving Debian's Chromium) against tiny models.
+
+- Review lists results made before review mode was switched on (and says why a folder cannot be
+  reviewed); a rating is saved under the login, with no name box on the page.
+- Compare three models with one seed, rate one result, reload, and find the rating again.
+- Blind mode: neither the DOM nor any network response names the configurations; a choice is
+  recorded and shows on the leaderboard. The run's HTML report opens offline with every configuration.
 
 Screenshots go to pytest's temporary folder, never into the repository.
 """
+import json
 import re
 
 import pytest
@@ -14,19 +20,40 @@ from harness import CHROMIUM, CHROMIUM_ARGS, browser_page, chromium_available, l
 pytestmark = pytest.mark.browser
 
 MODELS = ("nano", "edge", "super-distilled")
-USER, PASSWORD = "ann", "kite-42"
+USER, PASSWORD = "alice", "kite-42"
+CONFIGS = [{"name": "cfg-sun", "model": "nano", "overrides": {"steps": 1}},
+           {"name": "cfg-moon", "model": "edge", "overrides": {"steps": 1}}]
+
+
+def make_earlier_results(tiny_family, outputs):
+    """Results made by a plain (public) run before review mode was switched on, and a broken folder."""
+    from engine.serving.queue import JobQueue
+    from engine.serving.registry import ModelEntry, ModelRegistry
+
+    queue = JobQueue(ModelRegistry([ModelEntry("nano", str(tiny_family["nano"]))]), outputs)
+    try:
+        result = queue.submit("nano", {"mode": "t2i", "prompt": "An earlier lighthouse at dusk.", "steps": 1,
+                                       "seed": 8}).result(timeout=300)
+    finally:
+        queue.close()
+    broken = outputs / "20261130-080000-00000000beef"
+    broken.mkdir()
+    (broken / "params.json").write_text("{not json")
+    return result.request_id, broken.name
 
 
 @pytest.fixture(scope="module")
 def studio(tiny_family, tmp_path_factory):
     if not chromium_available():
         pytest.skip("Chromium is missing: run scripts/ensure_chromium.sh (apt-get install chromium)")
-    argv = ["--review", "--auth", f"{USER}:{PASSWORD}", "--outputs", str(tmp_path_factory.mktemp("review-outputs")),
+    outputs = tmp_path_factory.mktemp("review-outputs")
+    earlier, broken = make_earlier_results(tiny_family, outputs)
+    argv = ["--review", "--auth", f"{USER}:{PASSWORD}", "--outputs", str(outputs),
             "--cache-dir", str(tmp_path_factory.mktemp("review-cache")), "--queue-size", "4"]
     for name in MODELS:
         argv += ["--model", f"{name}={tiny_family[name]}"]
     with launched_studio(argv) as (studio, url):
-        studio.url = url
+        studio.url, studio.earlier, studio.broken = url, earlier, broken
         yield studio
 
 
@@ -43,51 +70,147 @@ def page(studio, tmp_path):
             browser.close()
 
 
-def open_review_and_pick(page, request_id: str) -> None:
-    page.get_by_role("tab", name="Review").click()
-    page.locator("#review-result input").click()
-    page.get_by_role("option", name=re.compile(re.escape(request_id))).click()
-    page.wait_for_function("() => (document.querySelector('#review-status')?.innerText || '').includes('so far')")
-
-
-def test_compare_then_rate_a_result_and_see_it_after_a_reload(page, studio, tmp_path):
-    page.goto(studio.url)
+def log_in(page, url):
+    page.goto(url)
     page.get_by_label("username").fill(USER)
     page.get_by_label("password").fill(PASSWORD)
     page.get_by_role("button", name="Login").click()
     page.wait_for_selector("#model-picker")
 
-    # Compare: the first three models are picked by default; one seed for all.
+
+def pick(page, elem_id: str, option: str) -> None:
+    page.locator(f"#{elem_id} input").click()
+    page.get_by_role("option", name=re.compile(re.escape(option))).click()
+
+
+def wait_text(page, elem_id: str, text: str, timeout: int = 30_000) -> None:
+    page.wait_for_function(f"() => (document.querySelector('#{elem_id}')?.innerText || '').includes({text!r})",
+                           timeout=timeout)
+
+
+def open_review_and_pick(page, request_id: str) -> None:
+    page.get_by_role("tab", name="Review").click()
+    pick(page, "review-result", request_id)
+    wait_text(page, "review-status", "so far")
+
+
+def test_review_lists_earlier_results_and_rates_under_the_login(page, studio, tmp_path):
+    log_in(page, studio.url)
+    page.get_by_role("tab", name="Review").click()
+    wait_text(page, "review-signed-in", USER)
+    # The result made before review mode is in the gallery and the list; the broken folder says why.
+    page.wait_for_function(f"() => document.querySelector('#review-gallery').innerText.includes({studio.earlier!r})")
+    assert "An earlier lighthouse" in page.locator("#review-gallery").inner_text()
+    page.get_by_text("Results that cannot be reviewed").click()
+    unreviewable = page.locator("#review-unreviewable").inner_text()
+    assert studio.broken in unreviewable and "params.json cannot be read" in unreviewable
+    open_review_and_pick(page, studio.earlier)
+    # No box on the page carries a reviewer name: the login is the reviewer.
+    assert page.locator("#review-reviewer").count() == 0
+    assert page.locator(f"input[value='{USER}'], textarea").evaluate_all(
+        "els => els.filter(e => e.value === 'alice').length") == 0
+    page.locator("#review-score-visual_quality").get_by_label("3").check()
+    page.locator("#review-save").click()
+    wait_text(page, "review-status", "Saved")
+    ratings = studio.service.reviews.ratings(studio.earlier)
+    assert [(r["reviewer"], r["scores"]) for r in ratings] == [(USER, {"visual_quality": 3})]
+    page.screenshot(path=str(tmp_path / "review-list.png"), full_page=True)
+
+
+def test_compare_then_rate_a_result_and_see_it_after_a_reload(page, studio, tmp_path):
+    log_in(page, studio.url)
     page.get_by_role("tab", name="Compare").click()
     page.locator("#compare-prompt textarea").fill("A red kite over a windy beach.")
     page.locator("#compare-run").click()
-    page.wait_for_function("() => (document.querySelector('#compare-status')?.innerText || '').includes('3 of 3')",
-                           timeout=90_000)
+    wait_text(page, "compare-status", "3 of 3", timeout=120_000)
     titles = [page.locator(f"#compare-title-{i}").inner_text() for i in range(3)]
     seeds = {re.search(r"seed (\d+)", t).group(1) for t in titles}
     assert [t.split(" ·")[0] for t in titles] == list(MODELS) and len(seeds) == 1
-    page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
     compared = [r for r in studio.service.reviews.results() if r["origin"] == "compare"]
     assert len(compared) == 3
     request_id = next(r["request_id"] for r in compared if r["model"] == "edge")
 
-    # Rate the Edge result.
     open_review_and_pick(page, request_id)
-    assert page.locator("#review-reviewer input, #review-reviewer textarea").first.input_value() == USER
     page.locator("#review-score-prompt_adherence").get_by_label("4").check()
     page.locator("#review-score-visual_quality").get_by_label("2").check()
     page.locator("#review-notes textarea").fill("The kite is lost in the noise.")
     page.locator("#review-save").click()
-    page.wait_for_function("() => (document.querySelector('#review-status')?.innerText || '').includes('Saved')")
+    wait_text(page, "review-status", "Saved")
     assert studio.service.reviews.ratings(request_id)[0]["scores"] == {"prompt_adherence": 4, "visual_quality": 2}
 
-    # Reload: still logged in; the rating is shown again, and the reviewer's own choices are filled in.
     page.reload()
     page.wait_for_selector("#model-picker")
     open_review_and_pick(page, request_id)
     table = page.locator("#review-ratings").inner_text()
     assert USER in table and "The kite is lost in the noise." in table
     assert page.locator("#review-score-prompt_adherence").get_by_label("4").is_checked()
-    assert page.locator("#review-score-visual_quality").get_by_label("2").is_checked()
     assert page.locator("#review-notes textarea").input_value() == "The kite is lost in the noise."
-    page.screenshot(path=str(tmp_path / "review.png"), full_page=True)
+
+
+def test_blind_mode_names_nothing_then_the_choice_reaches_the_leaderboard_and_the_offline_report(page, studio,
+                                                                                                 tmp_path):
+    from cosmos3_ui.review.report import html_report
+    from cosmos3_ui.review.runs import run_suite
+    from cosmos3_ui.review.suites import parse_configurations, parse_suite
+
+    store = studio.service.reviews
+    suite = parse_suite(json.dumps({"id": "kite", "mode": "t2i", "prompt": "A red kite over a beach.", "seed": 2}))
+    run = store.runs.create("blind-mini", suite, parse_configurations(json.dumps(CONFIGS), list(MODELS)),
+                            reference=None, repeat=False, reviewer=USER)
+    assert run_suite(store.runs, studio.service.queue, run.run_id) == (2, 2)
+    secrets = ["cfg-sun", "cfg-moon", *[r["request_id"] for r in store.runs.items(run.run_id)]]
+
+    bodies = []
+
+    def keep(response):
+        try:
+            bodies.append(response.text())
+        except Exception:  # noqa: BLE001 - binary or streamed bodies (images) carry no names
+            pass
+
+    page.on("response", keep)
+    log_in(page, studio.url)
+    page.get_by_role("tab", name="Blind").click()
+    pick(page, "blind-run", run.run_id)
+    page.locator("#blind-draw").click()
+    wait_text(page, "blind-status", "left for you")
+    page.wait_for_function("() => [...document.querySelectorAll('#blind-image-A img, #blind-image-B img')]"
+                           ".filter(i => i.complete && i.naturalWidth > 0).length == 2")
+    dom = page.content()
+    for secret in secrets:
+        assert secret not in dom, secret
+        assert not [b for b in bodies if secret in b], secret
+    assert [u for u in re.findall(r"/gradio_api/file=[^\"' ]+", dom) if "/A.png" in u or "/B.png" in u]
+    page.screenshot(path=str(tmp_path / "blind.png"), full_page=True)
+
+    page.locator("#blind-choice-visual_quality").get_by_label("A", exact=True).check()
+    page.locator("#blind-note textarea").fill("A is sharper.")
+    page.locator("#blind-save").click()
+    wait_text(page, "blind-status", "Recorded 1 of")
+    [judgement] = store.pairs.judgements(run.run_id)
+    assert judgement["reviewer"] == USER and judgement["choices"] == {"visual_quality": "A"}
+    winner = judgement["config_a"]
+
+    page.get_by_role("tab", name="Leaderboard").click()
+    pick(page, "board-run", run.run_id)
+    pick(page, "board-criterion", "Visual quality")
+    wait_text(page, "board-table", "cfg-moon")
+    wait_text(page, "board-table", "cfg-sun")
+    page.screenshot(path=str(tmp_path / "leaderboard.png"), full_page=True)
+    table = page.locator("#board-table").inner_text()
+    loser = "cfg-sun" if winner == "cfg-moon" else "cfg-moon"
+    assert table.index(winner) < table.index(loser)  # ranked first
+    assert "1 judgement(s)" in page.locator("#board-status").inner_text()
+
+    # The report: one file, opened with every network request refused; every configuration is shown.
+    report = tmp_path / "report.html"
+    report.write_text(html_report(store, store.runs.run(run.run_id), rounds=20), encoding="utf-8")
+    refused = []
+    page.context.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
+                       else (refused.append(route.request.url), route.abort()))
+    page.goto(report.as_uri())
+    text = page.locator("body").inner_text()
+    assert "cfg-sun" in text and "cfg-moon" in text
+    loaded = page.locator(".grid img").evaluate_all("imgs => imgs.filter(i => i.complete && i.naturalWidth > 0).length")
+    assert loaded == 2 and refused == []
+    page.screenshot(path=str(tmp_path / "report.png"), full_page=True)

@@ -79,26 +79,28 @@ def check_db_location(db_path: Path, served: list[Path]) -> None:
                              "put it elsewhere (--review-db), so that no URL can ever return it.")
 
 
-def adopt_legacy_db(outputs_root: Path, db_path: Path) -> bool:
-    """Move a database that earlier versions kept in the outputs folder to `db_path` (once).
+def adopt_legacy_db(outputs_root: Path, db_path: Path) -> Path | None:
+    """Move a database that earlier versions kept in the outputs folder out of it (once).
 
-    SQLite's backup API copies it consistently (WAL included); then the old files are removed, so a
-    later public run on the same outputs folder has nothing to serve. Returns whether one was moved.
+    SQLite's backup API copies it consistently (WAL included) to `db_path`, or beside it when
+    `db_path` already exists (nothing is merged or lost); then the old files are removed, so a later
+    public run on the same outputs folder has nothing to serve. Returns where it went, or None.
     """
     legacy = Path(outputs_root) / DB_NAME
     if not legacy.is_file():
-        return False
-    if not db_path.exists():
-        db_path.parent.mkdir(parents=True, exist_ok=True)
-        source, target = sqlite3.connect(legacy), sqlite3.connect(db_path)
-        try:
-            source.backup(target)
-        finally:
-            source.close()
-            target.close()
+        return None
+    target = db_path if not db_path.exists() else db_path.with_name(
+        f"{db_path.stem}-from-outputs-{time.strftime('%Y%m%d-%H%M%S')}{db_path.suffix}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    source, copy = sqlite3.connect(legacy), sqlite3.connect(target)
+    try:
+        source.backup(copy)
+    finally:
+        source.close()
+        copy.close()
     for suffix in ("", *SIDE_FILES):
         Path(f"{legacy}{suffix}").unlink(missing_ok=True)
-    return True
+    return target
 
 
 class Database:
