@@ -7,7 +7,7 @@ the Blind tab has no configuration name anywhere in the page.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gradio as gr
 
@@ -18,10 +18,6 @@ from .blind import BlindDesk
 from .desk import SCORE_CHOICES, ReviewDesk, criterion_label, reviewer_of
 from .pairwise import CHOICES
 from .run_tabs import LeaderboardTab, SuitesTab
-
-if TYPE_CHECKING:
-    from ..layout import Studio
-
 
 def _table(desk: ReviewDesk, rows: list[list[Any]]) -> dict:
     return {"headers": desk.columns(), "data": rows}
@@ -204,8 +200,8 @@ class BlindTab:
 class ReviewTabs:
     """All of review mode's own tabs, built into the Studio's tab strip."""
 
-    def __init__(self, studio: "Studio", desk: ReviewDesk):
-        self.studio = studio
+    def __init__(self, studio, desk: ReviewDesk):
+        """`studio`: the `layout.Studio` building the page (only its `service` is used)."""
         self.desk = desk
         self.review = ReviewTab(desk)
         self.blind = BlindTab(BlindDesk(desk.store))
