@@ -11,11 +11,12 @@ import queue as stdlib_queue
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 from ..pipeline.request import validate_request
 from .events import TERMINAL_EVENTS, JobEvent, Queued, Started
-from .queue import QueueFull, drain, result_of
+from .queue import QueueFull, drain, result_of, typical_wait
 
 
 class ForwardedHandle:
@@ -147,3 +148,43 @@ class ForwardingBook:
         for job in self.live():
             if job.started_at is None:
                 job.put(Queued(position=self.position(job)))
+
+
+class ForwardingQueue:
+    """The `engine.JobQueue` interface for front ends whose jobs run elsewhere: a subclass says how one
+    job is forwarded (`_forward`, run on a thread of its own) and what else its `state` shows."""
+
+    backend = "forwarded"
+
+    def __init__(self, registry, outputs_root, *, max_size: int = 16):
+        self.registry = registry
+        self.outputs_root = Path(outputs_root)
+        self.max_size = max_size
+        self._book = ForwardingBook(registry, max_size, prefix=self.backend)
+        self._durations: dict[str, float] = {}  # model -> seconds of its last job, for wait estimates
+
+    def submit(self, model_name: str, request: dict, session_id: str | None = None,
+               output_group: str | None = None) -> ForwardedHandle:
+        handle = self._book.open(model_name, request, session_id, output_group)
+        threading.Thread(target=self._forward, args=(handle,), name=f"{self.backend}-{handle.id}", daemon=True).start()
+        return handle
+
+    def _forward(self, handle: ForwardedHandle) -> None:
+        raise NotImplementedError
+
+    def _finished(self, handle: ForwardedHandle) -> None:
+        if handle.started_at is not None:
+            self._durations[handle.model_name] = time.monotonic() - handle.started_at
+
+    def eta_seconds(self, position: int, model_name: str | None = None) -> float | None:
+        return typical_wait(self._durations, position, model_name)
+
+    def state(self) -> dict:
+        return {"backend": self.backend, **self._book.snapshot()}
+
+    def loaded_models(self) -> list[str]:
+        return []  # the models load on the other side
+
+    def close(self, timeout: float = 10.0) -> None:
+        for handle in self._book.live():
+            handle.cancel()

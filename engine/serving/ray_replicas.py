@@ -20,14 +20,12 @@ import logging
 import os
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .events import TERMINAL_EVENTS, Cancelled, Failed, Finished, Queued
 from .registry import ModelEntry, ModelRegistry
-from .forwarded import ForwardingBook
-from .queue import typical_wait
+from .forwarded import ForwardingQueue
 
 APP_NAME = "cosmos3-engine"
 DEPLOYMENT_NAME = "EngineReplica"
@@ -185,17 +183,15 @@ def deploy(config: RayConfig, registry: ModelRegistry, outputs_root: Path):
     return serve.run(deployment.bind(entries, str(outputs_root)), name=APP_NAME, route_prefix=None)
 
 
-class RayJobQueue:
+class RayJobQueue(ForwardingQueue):
     """The `engine.JobQueue` interface over Ray Serve replicas (what the UI and the API submit to)."""
+
+    backend = "ray"
 
     def __init__(self, registry: ModelRegistry, outputs_root: str | Path, handle, *, max_size: int = 16,
                  owns_cluster: bool = False):
-        self.registry = registry
-        self.outputs_root = Path(outputs_root)
-        self.max_size = max_size
+        super().__init__(registry, outputs_root, max_size=max_size)
         self._handle = handle.options(stream=True)
-        self._book = ForwardingBook(registry, max_size, prefix="ray")
-        self._durations: dict[str, float] = {}
         self._owns_cluster = owns_cluster
 
     @classmethod
@@ -203,12 +199,6 @@ class RayJobQueue:
         start_cluster(config)
         return cls(registry, outputs_root, deploy(config, registry, outputs_root), max_size=max_size,
                    owns_cluster=config.address == "local")
-
-    def submit(self, model_name: str, request: dict, session_id: str | None = None,
-               output_group: str | None = None):
-        handle = self._book.open(model_name, request, session_id, output_group)
-        threading.Thread(target=self._forward, args=(handle,), name=f"ray-{handle.id}", daemon=True).start()
-        return handle
 
     def _forward(self, handle) -> None:
         from ray.serve.exceptions import RequestCancelledError
@@ -244,7 +234,7 @@ class RayJobQueue:
             self._book.announce_positions()
             return
         if isinstance(event, Finished):
-            self._durations[handle.model_name] = time.monotonic() - handle.started_at
+            self._finished(handle)
             if folder is not None:  # the result's paths as this machine sees them
                 result = event.result
                 result.outputs = {name: folder / Path(path).name for name, path in result.outputs.items()}
@@ -265,9 +255,6 @@ class RayJobQueue:
 
     # -- what the UI and the API read ---------------------------------------------------------------
 
-    def eta_seconds(self, position: int, model_name: str | None = None) -> float | None:
-        return typical_wait(self._durations, position, model_name)
-
     def state(self) -> dict:
         """Replicas (from Ray Serve's status) and this front end's jobs, waiting and running."""
         from ray import serve
@@ -278,14 +265,10 @@ class RayJobQueue:
             replicas = {str(state): count for state, count in deployment.replica_states.items()}
         except (KeyError, AttributeError):
             pass
-        return {"backend": "ray", "replicas": replicas, **self._book.snapshot()}
-
-    def loaded_models(self) -> list[str]:
-        return []
+        return {**super().state(), "replicas": replicas}
 
     def close(self, timeout: float = 10.0) -> None:
-        for handle in self._book.live():
-            handle.cancel()
+        super().close(timeout)
         if self._owns_cluster:
             import ray
             from ray import serve

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import logging
 import re
-import threading
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from ..pipeline.request import validate_request
 from .events import Cancelled, Failed, Finished, Progress, Queued
 from .registry import ModelEntry
 from ..model.variants import REQUEST_MODES, TinyLimits, VariantInfo
-from .forwarded import ForwardingBook
+from .forwarded import ForwardingQueue
 
 log = logging.getLogger("engine.serving")
 POLL_S = 0.25
@@ -121,20 +120,10 @@ class RemoteRegistry:
         return [self.describe(name) for name in self.names()]
 
 
-class RemoteJobQueue:
+class RemoteJobQueue(ForwardingQueue):
     """The `engine.JobQueue` interface over a remote /v1 server."""
 
-    def __init__(self, registry: RemoteRegistry, outputs_root: str | Path, *, max_size: int = 16):
-        self.registry = registry
-        self.outputs_root = Path(outputs_root)
-        self.max_size = max_size
-        self._book = ForwardingBook(registry, max_size, prefix="remote")
-
-    def submit(self, model_name: str, request: dict, session_id: str | None = None,
-               output_group: str | None = None):
-        handle = self._book.open(model_name, request, session_id, output_group)
-        threading.Thread(target=self._forward, args=(handle,), name=f"remote-{handle.id}", daemon=True).start()
-        return handle
+    backend = "remote"
 
     def _forward(self, handle) -> None:
         try:
@@ -174,6 +163,7 @@ class RemoteJobQueue:
         files = {"image": ("image.png", base64.b64decode(body["data"][0]["b64_json"]))}
         if body.get("id") and self.registry.studio_peer[handle.model_name]:
             files["sidecar"] = ("params.json", self._download(f"images/{body['id']}/content", {"variant": "params"}))
+        self._finished(handle)
         handle.put(Finished(self._result(handle, body.get("result") or {}, files)))
 
     def _video(self, handle) -> None:
@@ -211,6 +201,7 @@ class RemoteJobQueue:
                                                          {"variant": "params" if name == "sidecar" else "actions"}))
         if handle.started_at is None:
             handle.started(self.registry.url)
+        self._finished(handle)
         handle.put(Finished(self._result(handle, result, files)))
 
     def _download(self, path: str, params: dict | None = None) -> bytes:
@@ -242,20 +233,8 @@ class RemoteJobQueue:
             timings=summary.get("timings") or {}, outputs={name: folder / f for name, (f, _) in files.items()},
             output_dir=folder, request_id=request_id)
 
-    # -- what the UI and the API read ---------------------------------------------------------------
-
-    def eta_seconds(self, position: int, model_name: str | None = None) -> float | None:
-        return None
-
     def state(self) -> dict:
-        return {"backend": "remote", "url": self.registry.url, **self._book.snapshot()}
-
-    def loaded_models(self) -> list[str]:
-        return []
-
-    def close(self, timeout: float = 10.0) -> None:
-        for handle in self._book.live():
-            handle.cancel()
+        return {**super().state(), "url": self.registry.url}
 
 
 def _raise_for(answer) -> None:
