@@ -137,7 +137,7 @@ class RemoteJobQueue(ForwardingQueue):
     def _body(self, handle) -> dict:
         request = {k: v for k, v in handle.request.items() if v is not None}
         if not self.registry.studio_peer[handle.model_name]:  # the plain dialect's names
-            full = validate_request(self.registry.info(handle.model_name), request["mode"], request)
+            full = dict(validate_request(self.registry.info(handle.model_name), request["mode"], request))
             generic = {"model": handle.model_name, "prompt": request["prompt"], "size": f"{full['width']}x{full['height']}"}
             if request["mode"] == "t2v":
                 generic["seconds"] = round(full["num_frames"] / full["fps"], 3)
@@ -221,8 +221,8 @@ class RemoteJobQueue(ForwardingQueue):
         for file_name, data in files.values():
             (staging / file_name).write_bytes(data)
         staging.rename(folder)
-        params = summary.get("params") or validate_request(self.registry.info(handle.model_name),
-                                                           handle.request["mode"], handle.request)
+        params = summary.get("params") or dict(validate_request(self.registry.info(handle.model_name),
+                                                                handle.request["mode"], handle.request))
         shape = summary.get("frames") or [params.get("num_frames") or 1, params.get("height"), params.get("width"), 3]
         actions = summary.get("actions")
         return GenerationResult(
