@@ -16,7 +16,7 @@ its own prefill and tables into them (`WholeStep.adopt`). A different text lengt
 cost is measured in bench/bench_engine.py, beside what a length bucket would cost).
 
 Bit for bit: each op is the one the eager loop runs, in the same order, so the graph's result equals
-the eager fast path's (tests/test_whole_step.py on the CPU, tests/test_gpu_fast_path.py on the H200).
+the eager fast path's (tests/test_whole_step.py on the CPU, tests/test_gpu_whole_step.py on the H200).
 Only vision-only requests (T2I, T2V, I2V, V2V) with a table-supported sampler take this path; sound
 and action keep the eager loop.
 """
@@ -71,7 +71,6 @@ class WholeStep:
         self.scale = torch.zeros((), device=sample.device, dtype=torch.float32)
         self.use_graphs = tower.use_graphs and sample.is_cuda
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._eager_counts: set[int] = set()
         self._pool = None
         self.timesteps: torch.Tensor | None = None  # this request's, set by `prepare`
 
@@ -136,7 +135,7 @@ class WholeStep:
         saved = [t.clone() for t in self._state()]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up on the capture's stream kind, then undo its effect
+        with torch.cuda.stream(side):  # eager warm-up (dispatch measures, kernels compile), then undone
             self._step(count)
         torch.cuda.current_stream().wait_stream(side)
         for tensor, value in zip(self._state(), saved):
@@ -149,18 +148,16 @@ class WholeStep:
         self._graphs[count] = graph
 
     def run(self, count: int) -> None:
-        """One step. The first step at a branch count runs eagerly (dispatch measures, kernels compile);
-        the next captures; later ones replay."""
+        """One step: a replay, after capturing at the first step of each branch count. The capture's
+        eager warm-up run (state restored after it) is where dispatch measures and kernels compile, so
+        no step is spent eagerly on the user's time."""
         if not self.use_graphs:
             self._step(count)
         elif count in self._graphs:
             self._graphs[count].replay()
-        elif count in self._eager_counts:
+        else:
             self._capture(count)
             self.run(count)
-        else:
-            self._eager_counts.add(count)
-            self._step(count)
 
     # -- a later request of the same shape ---------------------------------------------------
 

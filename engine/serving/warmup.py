@@ -20,7 +20,7 @@ from typing import Callable
 from ..model.defaults import sampling_defaults
 
 # Long enough that both CFG layouts run (inside and outside a guidance interval: at shift 3 the last
-# ~20% of steps fall below t = 400) and each is captured (eager first, captured on its second step).
+# ~20% of steps fall below t = 400) and each branch layout is measured and captured.
 WARM_STEPS = 12
 _SENTENCE = ("A weathered lighthouse keeper climbs the spiral stairs at dusk, lantern in hand, "
              "the sea below rough and grey, gulls wheeling past the salt-streaked windows. ")
