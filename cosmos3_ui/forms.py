@@ -176,11 +176,13 @@ def result_updates(tab, result, model: str) -> dict:
     files = publish_all(D.download_list(named, with_actions=not isinstance(tab, ActionTab)))
     media = result.outputs.get("image") or result.outputs.get("video")
     took = result.timings.get("total")
+    done = f"Done in {took:.1f} s · seed {result.seed}" if took else f"Done · seed {result.seed}"
+    if summary.get("precision", "bf16") != "bf16":  # e.g. "FP8 (faster, approximate)": say it where it is seen
+        done += f" · {summary['precision']}"
     return {
         box.live: gr.update(value=None, visible=False),
         box.progress: "",
-        box.status: status_html(f"Done in {took:.1f} s · seed {result.seed}" if took else f"Done · seed {result.seed}",
-                                "ok"),
+        box.status: status_html(done, "ok"),
         box.output: publish(media),
         box.used_seed: str(result.seed),
         box.downloads: files,
