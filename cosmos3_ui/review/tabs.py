@@ -137,7 +137,8 @@ class BlindTab:
         with gr.Tab("Blind", id="blind", elem_id="tab-blind") as self.tab:
             gr.Markdown("Two results of the same prompt and seed under two configurations, shown as **A** and **B** "
                         "in random order. Nothing on this page says which is which. Choose A, B or tie per "
-                        "criterion; the choice is saved under your login with the hidden mapping.")
+                        "criterion; the choice is saved under your login with the hidden mapping. (The Suites and "
+                        "Leaderboard tabs do show configuration names: open them after judging.)")
             with gr.Row(equal_height=False):
                 self.run = gr.Dropdown([], value=None, label="Suite run", scale=5, elem_id="blind-run")
                 self.draw = gr.Button("Draw a pair", variant="primary", scale=0, min_width=140, elem_id="blind-draw")
