@@ -174,6 +174,7 @@ class LoadedModel:
     fused: Any = None  # engine.pipeline.fast_path.FusedProjections, built on first fast-path use
     vae_channels_last: bool = False
     fp8_weights: Any = None  # engine.pipeline.fp8.FP8Weights, built when a request first asks for FP8
+    parallel: Any = None  # engine.parallel.group.GroupContext on a rank of a GPU group
 
     def make_scheduler(self, **overrides):
         config = dict(self.scheduler_config)
@@ -209,12 +210,24 @@ def _transformer_class():
 
 
 def load_model(source: str | os.PathLike, *, device: str | None = None, safety: bool = False,
-               memory_budget_bytes: int | None = None) -> LoadedModel:
-    """Load a Cosmos3 checkpoint's components. See the module docstring."""
+               memory_budget_bytes: int | None = None, gpus: int | str = 1, weights: str | None = None,
+               transformer_loader=None, weight_shards: int = 1):
+    """Load a Cosmos3 checkpoint's components. See the module docstring.
+
+    `gpus` (an int, or "auto" for every visible GPU): above 1, the model is loaded on a group of
+    worker processes, one per GPU (`engine.parallel.runtime.GroupModel`; gloo processes on a CPU
+    machine), with its weights replicated where they fit one GPU and sharded where not (`weights`
+    forces "replicated" or "sharded"). `transformer_loader`/`weight_shards` are how a rank of such a
+    group builds its shard of the transformer."""
     import torch
     import diffusers
     from transformers import AutoTokenizer
 
+    from ..parallel.runtime import GroupModel, choose_weights, resolve_gpus
+
+    count = resolve_gpus(gpus)
+    if count > 1:
+        return GroupModel(source, count, weights=weights or choose_weights(source, count, memory_budget_bytes))
     root = resolve_source(source)
     info = inspect_checkpoint(root)
     index = json.loads((root / "model_index.json").read_text(encoding="utf-8"))
@@ -228,20 +241,27 @@ def load_model(source: str | os.PathLike, *, device: str | None = None, safety: 
     if sound_class:
         parameters += component_parameter_count(root / "sound_tokenizer")
     if device.type == "cuda" or memory_budget_bytes is not None:
-        need = parameters * dtype.itemsize
+        need = parameters * dtype.itemsize // weight_shards
         budget = memory_budget_bytes if memory_budget_bytes is not None else torch.cuda.mem_get_info(device)[0]
         # Keep a tenth free for activations of the smallest request; larger ones are checked per request.
         if need > budget * 0.9:
+            from ..parallel.runtime import gpus_needed
+
+            shards = gpus_needed(need * weight_shards, budget)
             raise MemoryError(
                 f"{info.family} weights need about {need / 2**30:.1f} GiB on {device}, which has "
-                f"{budget / 2**30:.1f} GiB free. Use a GPU with more memory, or split the model over two GPUs / FP8 "
-                "(see docs/PERFORMANCE.md, Memory)."
+                f"{budget / 2**30:.1f} GiB free. Shard them over {shards} GPUs of this size: pass --gpus {shards} "
+                f"(or engine.load_model(source, gpus={shards})); see docs/PERFORMANCE.md, Multi-GPU."
             )
 
     dropped_weights = quantizer_keys(root / "transformer")
     try:
         # safetensors only: a pickled weight file is never opened.
-        transformer = _transformer_class().from_pretrained(root / "transformer", torch_dtype=dtype, use_safetensors=True)
+        if transformer_loader is not None:
+            transformer = transformer_loader(root / "transformer", dtype)
+        else:
+            transformer = _transformer_class().from_pretrained(root / "transformer", torch_dtype=dtype,
+                                                               use_safetensors=True)
         vae = diffusers.AutoencoderKLWan.from_pretrained(root / "vae", torch_dtype=dtype, use_safetensors=True)
         sound_tokenizer = None
         if sound_class:
@@ -270,7 +290,9 @@ def load_model(source: str | os.PathLike, *, device: str | None = None, safety: 
     if safety:
         safety_checker = make_safety_checker()
 
-    transformer.to(device).eval()
+    if transformer_loader is None:  # a rank's shards are built in place on its device
+        transformer.to(device)
+    transformer.eval()
     vae.to(device).eval()
     if sound_tokenizer is not None:
         sound_tokenizer.to(device).eval()

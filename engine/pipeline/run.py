@@ -43,6 +43,7 @@ from .decode import decode_uint8
 from .fast_path import FastGenTower, FastPathOptions, vae_channels_last
 from .fp8 import BF16_LABEL, FP8_LABEL
 from .media import load_image, load_video
+from ..parallel.group import GroupGenTower, group_prefill
 from .preview import Previewer, previewer
 from .prompts import build_prompt_texts, tokenize
 from .request import validate_request
@@ -158,6 +159,8 @@ class Branch:
 
 def make_gen_tower(model: LoadedModel, cache: KVCache, branches: list[Branch]):
     """The exact eager tower, or the fast path where it applies (CUDA, unless switched off)."""
+    if model.parallel is not None:
+        return GroupGenTower(model, cache)
     options = FastPathOptions.for_model(model)
     if options.enabled:
         return FastGenTower(model, cache, branches, options)
@@ -382,7 +385,10 @@ def positions(model: LoadedModel, layout: GenLayout, und_len: int, fps: float) -
 
 
 def prefill_stage(model: LoadedModel, branches: list[Branch], layout: GenLayout) -> KVCache:
-    """The text tower once per branch, its K/V written into the packed cache."""
+    """The text tower once per branch, its K/V written into the packed cache (on a GPU group: each
+    rank's head share of the branch it serves, `engine.parallel.group`)."""
+    if model.parallel is not None:
+        return group_prefill(model, branches, layout.gen_len)
     cache = allocate_cache(model.transformer, tuple(len(b.token_ids) for b in branches), layout.gen_len)
     for branch in branches:
         ids = torch.tensor(branch.token_ids, dtype=torch.long, device=model.device)
@@ -589,6 +595,8 @@ def _previewing(report: Callable[[int, int], None], preview: Previewer, whole) -
 
 
 def decode_stage(model: LoadedModel, latents: Latents) -> tuple[np.ndarray, np.ndarray | None]:
+    if model.parallel is not None and not model.parallel.is_leader:
+        return np.zeros((0, 0, 0, 3), dtype=np.float32), None  # a GPU group decodes on rank 0
     vae = model.vae
     mean = torch.tensor(vae.config.latents_mean, dtype=vae.dtype, device=latents.vision.device).view(1, -1, 1, 1, 1)
     inv_std = (1.0 / torch.tensor(vae.config.latents_std, dtype=vae.dtype)).to(latents.vision.device).view(1, -1, 1, 1, 1)
@@ -640,7 +648,11 @@ def generate(model: LoadedModel, request: dict, on_progress: Callable[[Progress]
              cancel: threading.Event | None = None, outputs_root: str | Path | None = None,
              model_name: str | None = None, previews: bool = False) -> GenerationResult:
     """Run one request. Saves files under `outputs_root` when given; a cancelled job writes nothing.
-    With `previews`, `on_progress` also gets `Preview` events while denoising."""
+    With `previews`, `on_progress` also gets `Preview` events while denoising.
+    `model` may also be a GPU group (`engine.parallel.runtime.GroupModel`), which runs it on its ranks."""
+    if getattr(model, "is_group", False):
+        return model.generate(request, on_progress=on_progress, cancel=cancel, outputs_root=outputs_root,
+                              model_name=model_name)
     request = validate_request(model.info, request.get("mode", "t2i"), request)
     safety_check_prompt(model, request["prompt"])
     seed = resolve_seed(request["seed"])

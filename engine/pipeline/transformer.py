@@ -104,8 +104,14 @@ def prefill(transformer, cache: KVCache, branch: int, input_ids: torch.Tensor, p
 
 
 @torch.no_grad()
-def gen_forward(transformer, cache: KVCache, branch: int, rotary: GenRotary, gen_hidden: torch.Tensor) -> torch.Tensor:
-    """Run the gen tower over `gen_hidden` [gen_len, hidden] for one branch; return its final-normed output."""
+def gen_forward(transformer, cache: KVCache, branch: int, rotary: GenRotary, gen_hidden: torch.Tensor,
+                exchange=None) -> torch.Tensor:
+    """Run the gen tower over `gen_hidden` [gen_len, hidden] for one branch; return its final-normed output.
+
+    With `exchange` (`engine.parallel.ulysses.SeqExchange`, sequence parallel), `gen_hidden` and
+    `rotary` hold this rank's token shard, and the cache this rank's share of the key-value heads:
+    queries, keys and values go to all tokens with a share of the heads before attention, and back after.
+    """
     und_len = cache.layout.prefix_lens[branch]
     hidden = gen_hidden
     for index, layer in enumerate(transformer.layers):
@@ -114,9 +120,14 @@ def gen_forward(transformer, cache: KVCache, branch: int, rotary: GenRotary, gen
         normed = layer.input_layernorm_moe_gen(hidden)
         q = attn.norm_added_q(attn.add_q_proj(normed).view(-1, attn.num_attention_heads, attn.head_dim))
         k = attn.norm_added_k(attn.add_k_proj(normed).view(-1, attn.num_key_value_heads, attn.head_dim))
-        keys[und_len:] = apply_rotary(k, rotary.cos, rotary.sin)
-        values[und_len:] = attn.add_v_proj(normed).view(-1, attn.num_key_value_heads, attn.head_dim)
+        k = apply_rotary(k, rotary.cos, rotary.sin)
+        v = attn.add_v_proj(normed).view(-1, attn.num_key_value_heads, attn.head_dim)
         q = apply_rotary(q, rotary.cos, rotary.sin)
-        hidden = hidden + attn.to_add_out(attend_prefix(q, keys, values))
+        if exchange is not None:
+            q, k, v = exchange.to_heads(q, k, v)
+        keys[und_len:] = k
+        values[und_len:] = v
+        out = attend_prefix(q, keys, values)
+        hidden = hidden + attn.to_add_out(exchange.to_seq(out) if exchange is not None else out)
         hidden = hidden + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(hidden))
     return transformer.norm_moe_gen(hidden)
