@@ -98,10 +98,6 @@ def _worker_main(rank: int, world: int, port: int, root: str, backend: str, weig
     import torch
     import torch.distributed as dist
 
-    from ..model.loader import load_model
-    from ..pipeline.run import generate
-    from .group import GroupContext
-
     if backend == "nccl":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
@@ -109,6 +105,10 @@ def _worker_main(rank: int, world: int, port: int, root: str, backend: str, weig
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         device = torch.device("cpu")
     try:
+        from ..model.loader import load_model
+        from ..pipeline.run import generate
+        from .group import GroupContext
+
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(minutes=10))
         context = GroupContext.create(rank, world, device, weights)
