@@ -209,6 +209,25 @@ def _transformer_class():
     return QuantizerFreeCosmos3OmniTransformer
 
 
+def _check_fits(info, device, need: int, memory_budget_bytes: int | None, weight_shards: int) -> None:
+    """Refuse weights that do not fit the device, saying how many GPUs would hold them and how."""
+    import torch
+
+    if device.type != "cuda" and memory_budget_bytes is None:
+        return
+    budget = memory_budget_bytes if memory_budget_bytes is not None else torch.cuda.mem_get_info(device)[0]
+    # Keep a tenth free for activations of the smallest request; larger ones are checked per request.
+    if need > budget * 0.9:
+        from ..parallel.runtime import gpus_needed
+
+        shards = gpus_needed(need * weight_shards, budget)
+        raise MemoryError(
+            f"{info.family} weights need about {need / 2**30:.1f} GiB on {device}, which has "
+            f"{budget / 2**30:.1f} GiB free. Shard them over {shards} GPUs of this size: pass --gpus {shards} "
+            f"(or engine.load_model(source, gpus={shards})); see docs/PERFORMANCE.md, Multi-GPU."
+        )
+
+
 def load_model(source: str | os.PathLike, *, device: str | None = None, safety: bool = False,
                memory_budget_bytes: int | None = None, gpus: int | str = 1, weights: str | None = None,
                transformer_loader=None, weight_shards: int = 1):
@@ -240,19 +259,7 @@ def load_model(source: str | os.PathLike, *, device: str | None = None, safety: 
     sound_class = _component_class(root, "sound_tokenizer", index)
     if sound_class:
         parameters += component_parameter_count(root / "sound_tokenizer")
-    if device.type == "cuda" or memory_budget_bytes is not None:
-        need = parameters * dtype.itemsize // weight_shards
-        budget = memory_budget_bytes if memory_budget_bytes is not None else torch.cuda.mem_get_info(device)[0]
-        # Keep a tenth free for activations of the smallest request; larger ones are checked per request.
-        if need > budget * 0.9:
-            from ..parallel.runtime import gpus_needed
-
-            shards = gpus_needed(need * weight_shards, budget)
-            raise MemoryError(
-                f"{info.family} weights need about {need / 2**30:.1f} GiB on {device}, which has "
-                f"{budget / 2**30:.1f} GiB free. Shard them over {shards} GPUs of this size: pass --gpus {shards} "
-                f"(or engine.load_model(source, gpus={shards})); see docs/PERFORMANCE.md, Multi-GPU."
-            )
+    _check_fits(info, device, parameters * dtype.itemsize // weight_shards, memory_budget_bytes, weight_shards)
 
     dropped_weights = quantizer_keys(root / "transformer")
     try:
