@@ -231,13 +231,9 @@ def _check_fits(info, device, need: int, memory_budget_bytes: int | None, weight
 def load_model(source: str | os.PathLike, *, device: str | None = None, safety: bool = False,
                memory_budget_bytes: int | None = None, gpus: int | str = 1, weights: str | None = None,
                transformer_loader=None, weight_shards: int = 1):
-    """Load a Cosmos3 checkpoint's components. See the module docstring.
-
-    `gpus` (an int, or "auto" for every visible GPU): above 1, the model is loaded on a group of
-    worker processes, one per GPU (`engine.parallel.runtime.GroupModel`; gloo processes on a CPU
-    machine), with its weights replicated where they fit one GPU and sharded where not (`weights`
-    forces "replicated" or "sharded"). `transformer_loader`/`weight_shards` are how a rank of such a
-    group builds its shard of the transformer."""
+    """Load a Cosmos3 checkpoint's components. See the module docstring. `gpus` (int or "auto") > 1:
+    a group of worker processes, one per GPU (`engine.parallel.runtime.GroupModel`; gloo on a CPU),
+    weights replicated or sharded (`weights`); `transformer_loader`/`weight_shards`: a rank's shard."""
     import torch
     import diffusers
     from transformers import AutoTokenizer
