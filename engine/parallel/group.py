@@ -102,6 +102,7 @@ class RankCache:
     rotary: object  # engine.transformer.GenRotary, this rank's token rows
     exchange: SeqExchange
     layout: StepLayout
+    fast: object = None  # engine.pipeline.fast_path.FastGenTower, where the rank runs a whole branch
 
 
 class GroupPrefix:
@@ -164,6 +165,22 @@ class GroupGenTower:
         layout = choose_plan(self.context.world, steps, self.context.weights).layout(count)
         part = self.prefix.for_layout(layout, self.context)
         shard = part.exchange.shard(tokens)
-        exchange = part.exchange if layout.degree > 1 else None
-        out = gen_forward(self.model.transformer, part.cache, 0, part.rotary, shard, exchange)
+        fast = self._fast_tower(part) if layout.degree == 1 else None
+        if fast is not None:  # a whole branch on this rank: the one-GPU fast path as it is
+            out = fast(shard, 1)[0]
+        else:
+            exchange = part.exchange if layout.degree > 1 else None
+            out = gen_forward(self.model.transformer, part.cache, 0, part.rotary, shard, exchange)
         return self.context.gather_branches(layout, out, part.exchange.sizes)
+
+    def _fast_tower(self, part: RankCache):
+        from types import SimpleNamespace
+
+        from engine.pipeline.fast_path import FastGenTower, FastPathOptions
+
+        options = FastPathOptions.for_model(self.model)
+        if not options.enabled or self.context.weights != "replicated":
+            return None  # fused projections would read sharded weights
+        if getattr(part, "fast", None) is None:
+            part.fast = FastGenTower(self.model, part.cache, [SimpleNamespace(rotary=part.rotary)], options)
+        return part.fast
