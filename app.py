@@ -23,7 +23,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _TRUE = ("1", "true", "yes", "on")
 
 SAFETY_MISSING = ("--safety was given, but the 'cosmos_guardrail' package is not installed. Install it "
-                  "(pip install cosmos_guardrail) or run without --safety; the checker is never skipped silently.")
+                  "(pip install -r requirements-extras.txt, on a GPU host) or run without --safety; the checker is never skipped silently.")
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in _TRUE
@@ -139,9 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "instead of running models here; its key, if it needs one, in $COSMOS3_REMOTE_KEY")
     serving.add_argument("--no-api", action="store_true", help="do not serve the /v1 HTTP API")
     parser.add_argument("--safety", action="store_true",
-                        help="run the Cosmos guardrail; never skipped silently: refuses to start without the "
-                             "cosmos_guardrail package, and (for now) because the engine does not yet apply it "
-                             "(docs/HOSTING.md). Recommended for public demos.")
+                        help="run the Cosmos guardrail on every prompt and every generated result (faces blurred, "
+                             "unsafe content refused, nothing saved); never skipped silently: the app refuses to "
+                             "start without the cosmos_guardrail package (requirements-extras.txt) or its models, "
+                             "and says which. Recommended for public demos (docs/HOSTING.md).")
     return parser
 
 

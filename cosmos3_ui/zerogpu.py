@@ -56,6 +56,11 @@ def gpu_wrapper(fn: Callable, duration: Callable[..., int], environ=None) -> Cal
     """`spaces.GPU(duration=duration)(fn)` on ZeroGPU; `fn` itself anywhere else."""
     if not on_zero_gpu(environ):
         return fn
-    import spaces
-
+    try:
+        import spaces
+    except Exception as exc:  # noqa: BLE001 - e.g. spaces 0.51.3's ZeroGPU support on a CPU-only torch
+        raise ValueError(
+            f"SPACES_ZERO_GPU is set, but the 'spaces' package cannot load its ZeroGPU support here "
+            f"({type(exc).__name__}: {exc}). ZeroGPU needs a CUDA build of torch and the Space's device API "
+            "(SPACES_ZERO_DEVICE_API_URL); unset SPACES_ZERO_GPU to run without it.") from exc
     return spaces.GPU(duration=duration)(fn)

@@ -3,6 +3,7 @@
 guarding the launched review app."""
 import importlib.machinery
 import json
+import os
 import subprocess
 import sys
 import types
@@ -243,3 +244,52 @@ def test_review_app_serves_nothing_without_a_login(tiny_family, tmp_path):
                      f"/gradio_api/file={tmp_path / 'o' / 'reviews.sqlite3'}"):
             assert httpx.get(base + path).status_code in (401, 403), path
         assert httpx.post(base + "/login", data={"username": "ann", "password": "wrong"}).status_code == 400
+
+
+def test_safety_with_the_real_guardrail_fails_at_start_naming_what_is_missing(tmp_path, tiny_family):
+    """The real `cosmos_guardrail`, built through its documented `CosmosSafetyChecker()` in a fresh process:
+    offline (as here) it cannot fetch its models, or cannot even import (no torchvision for this CPU torch);
+    either way the app refuses to start and says what is missing and how to provide it."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('cosmos_guardrail') is None)"
+    if subprocess.run([sys.executable, "-c", probe], env=env, timeout=60).returncode != 0:
+        pytest.skip("cosmos_guardrail is not installed (requirements-extras.txt; not on a CPU-only torch)")
+    importable = subprocess.run([sys.executable, "-c", "import cosmos_guardrail"], env=env,
+                                capture_output=True, timeout=180).returncode == 0
+    argv = [sys.executable, "app.py", "--safety", "--model", f"edge={tiny_family['edge']}",
+            "--outputs", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"), "--port", "1"]
+    done = subprocess.run(argv, cwd=Path(app.__file__).parent, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    if importable:
+        for fragment in ("nvidia/Cosmos-1.0-Guardrail", "Qwen/Qwen3Guard-Gen-0.6B", "hf download", "HF_HUB_OFFLINE"):
+            assert fragment in done.stderr, done.stderr[-2000:]
+    else:
+        assert "cannot be imported" in done.stderr and "requirements-extras.txt" in done.stderr, done.stderr[-2000:]
+
+
+def test_the_real_spaces_package(tiny_family, tmp_path):
+    """The real `spaces` (requirements.txt). Off ZeroGPU its decorator hands the job runner back untouched
+    and the app runs jobs as usual. On ZeroGPU with a CPU-only torch (as here) its ZeroGPU support cannot
+    load, and the app refuses to start saying so instead of crashing with a traceback."""
+    import importlib.util
+
+    assert importlib.util.find_spec("spaces") is not None, "requirements.txt installs spaces"
+    root = Path(app.__file__).parent
+    off = subprocess.run([sys.executable, "-c", (
+        "import spaces\n"
+        "run = lambda model_name, request, outputs_root: 'ran'\n"
+        "assert spaces.GPU(duration=lambda *a: 30)(run) is run\n"
+        "from cosmos3_ui import zerogpu\n"
+        "assert zerogpu.gpu_wrapper(run, lambda *a: 30) is run and not zerogpu.on_zero_gpu()\n"
+        "print('identity')")], cwd=root, env={k: v for k, v in os.environ.items() if k != "SPACES_ZERO_GPU"},
+        capture_output=True, text=True, timeout=180)
+    assert off.stdout.strip() == "identity", off.stderr[-2000:]
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip("a CUDA torch: ZeroGPU itself needs a Space's device API, which is not reachable here")
+    env = dict(os.environ, SPACES_ZERO_GPU="true", SPACES_ZERO_DEVICE_API_URL="http://127.0.0.1:9")
+    on = subprocess.run([sys.executable, "app.py", "--model", f"edge={tiny_family['edge']}", "--outputs",
+                         str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"), "--port", "1"],
+                        cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert on.returncode == 2 and "ZeroGPU needs a CUDA build of torch" in on.stderr, on.stderr[-2000:]

@@ -307,13 +307,41 @@ def load_model(source: str | os.PathLike, *, device: str | None = None, safety: 
     )
 
 
+# What `cosmos_guardrail.CosmosSafetyChecker()` (0.3.2) fetches from the hub when it is built: the blocklist
+# and face-blur weights, and the Qwen3Guard text classifier.
+GUARDRAIL_REPOS = ("nvidia/Cosmos-1.0-Guardrail", "Qwen/Qwen3Guard-Gen-0.6B")
+
+
+class SafetyUnavailable(ValueError):
+    """The guardrail was asked for and cannot run; the message says what is missing and how to provide it."""
+
+
 def make_safety_checker():
-    """The Cosmos guardrail, or a loud failure: it is never silently skipped."""
+    """The Cosmos guardrail, built through its documented API, or a loud failure: never silently skipped."""
     try:
         from cosmos_guardrail import CosmosSafetyChecker
-    except ImportError as exc:
-        raise RuntimeError(
+    except ModuleNotFoundError as exc:
+        if exc.name != "cosmos_guardrail":
+            raise SafetyUnavailable(
+                f"The 'cosmos_guardrail' package is installed but cannot be imported: it needs the module "
+                f"{exc.name!r}, which is missing. Install the extras (pip install -r requirements-extras.txt: "
+                "torchvision built for the installed torch) or run without --safety.") from exc
+        raise SafetyUnavailable(
             "The safety checker was asked for, but the 'cosmos_guardrail' package is not installed. "
-            "Install it (pip install cosmos_guardrail) or run without --safety."
-        ) from exc
-    return CosmosSafetyChecker()
+            "Install it (pip install -r requirements-extras.txt) or run without --safety.") from exc
+    except Exception as exc:  # noqa: BLE001 - a broken dependency fails at import, e.g. a torchvision for another torch
+        raise SafetyUnavailable(
+            f"The 'cosmos_guardrail' package is installed but cannot be imported ({type(exc).__name__}: {exc}). "
+            "Its dependencies must match the installed torch (torchvision above all; requirements-extras.txt), "
+            "or run without --safety.") from exc
+    try:
+        return CosmosSafetyChecker()
+    except Exception as exc:  # noqa: BLE001 - its models are fetched from the hub as it is built
+        from huggingface_hub import constants
+
+        offline = " Downloads are off (HF_HUB_OFFLINE is set)." if constants.HF_HUB_OFFLINE else ""
+        raise SafetyUnavailable(
+            f"The Cosmos guardrail's models could not be loaded ({type(exc).__name__}: {exc}).{offline} It needs "
+            f"{' and '.join(GUARDRAIL_REPOS)} in the Hugging Face cache ({constants.HF_HUB_CACHE}): fetch them once "
+            f"where the hub is reachable ({'; '.join('hf download ' + r for r in GUARDRAIL_REPOS)}), or point "
+            "HF_HOME at a cache that holds them, then start again; or run without --safety.") from exc
