@@ -23,6 +23,7 @@ from .common import PRIVATE
 from .handlers import Handlers
 from .jobs import JobFollower
 from .parts import ActionTab, ApiBox, GenTab, HistoryBox, Page, ResultBox, SamplingBox, UploadImage
+from .reasoner_panel import ReasonApi, ReasonerPanel, ReasonerWiring, availability
 from .review.tabs import ReviewTabs
 from .review_tabs import BatchTab, CompareTab
 from .service import StudioError, StudioService
@@ -132,7 +133,7 @@ def _conditioning_box(mode: str, spec: C.SamplingControls):
     return image, video, sound
 
 
-def gen_tab(mode: str, label: str, model: dict) -> GenTab:
+def gen_tab(mode: str, label: str, model: dict, reasoner: tuple[bool, str] = (False, "")) -> GenTab:
     spec = C.sampling_controls(model, mode)
     kind = captions.kind_for_mode(mode)
     with gr.Tab(label, id=mode, interactive=spec.available, elem_id=f"tab-{mode}") as tab:
@@ -140,6 +141,7 @@ def gen_tab(mode: str, label: str, model: dict) -> GenTab:
         with gr.Row(equal_height=False):
             with gr.Column(scale=6):
                 editor = CaptionEditor(kind, elem_prefix=mode)
+                panel = ReasonerPanel.build(mode, kind, *reasoner)  # Enhance (cosmos3_ui/reasoner_panel.py)
                 negative, negative_use, negative_message = _negative_box(mode, spec)
                 with gr.Row():
                     resolution = gr.Dropdown(
@@ -156,13 +158,16 @@ def gen_tab(mode: str, label: str, model: dict) -> GenTab:
                 image = video = sound = None
                 if mode == "t2v":
                     image, video, sound = _conditioning_box(mode, spec)
+                    panel.build_describe(True, True, reasoner[0])
                 sampling = sampling_box(spec, mode, with_interval=mode == "t2i")
                 buttons = run_buttons(mode)
             with gr.Column(scale=5):
                 result = outputs_column(mode, "image" if mode == "t2i" else "video", buttons)
     editor.wire()
-    return GenTab(mode, kind, tab, notice, editor, negative, negative_use, negative_message, resolution, frames,
-                  fps, canvas_message, image, video, sound, sampling, result)
+    gen = GenTab(mode, kind, tab, notice, editor, negative, negative_use, negative_message, resolution, frames,
+                 fps, canvas_message, image, video, sound, sampling, result)
+    gen.reasoner = panel
+    return gen
 
 
 # ==============================================================================================
@@ -308,8 +313,9 @@ class Studio:
             shown_model = gr.State(self.default_model)
             current_tab = gr.State("t2i")
             with gr.Tabs(selected="t2i", elem_id="mode-tabs", overflow_behavior="wrap") as tabs:
-                t2i = gen_tab("t2i", "Text to Image", first)
-                t2v = gen_tab("t2v", "Text to Video", first)
+                reasoner = availability(self.service, self.default_model)
+                t2i = gen_tab("t2i", "Text to Image", first, reasoner)
+                t2v = gen_tab("t2v", "Text to Video", first, reasoner)
                 action = action_tab(first)
                 self.compare_tab = CompareTab(self.service, self.jobs).build()
                 self.review_tab = self.batch_tab = None
@@ -319,6 +325,7 @@ class Studio:
             history = history_section(self.state_secret)
             self.page = Page(model, shown_model, variant, switch_note, tabs, current_tab, t2i, t2v, action, history,
                              api_section())
+            self.reason_api = ReasonApi.build()
             self._wire(blocks)
         return blocks
 
@@ -355,6 +362,8 @@ class Studio:
         handlers.wire_action_tab()
         handlers.wire_history(F.restore_outputs(page, first))
         handlers.wire_api()
+        ReasonerWiring(self.service, self.jobs, page).wire()
+        self.reason_api.wire(self.service)
         self.compare_tab.wire(page.history)
         if self.review_tab is not None:
             self.review_tab.wire(blocks)

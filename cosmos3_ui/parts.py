@@ -83,6 +83,7 @@ class GenTab:
     sound: gr.Checkbox | None
     sampling: SamplingBox
     result: ResultBox
+    reasoner: Any = None  # cosmos3_ui.reasoner_panel.ReasonerPanel (Enhance, Describe)
 
 
 @dataclass

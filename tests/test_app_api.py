@@ -34,9 +34,11 @@ def _generate(client, model, request, file=None):
     return client.predict(model, json.dumps(request), handle_file(str(file)) if file else None, api_name="/generate")
 
 
-def test_only_models_and_generate_are_public(client):
+def test_only_models_generate_and_reason_are_public(client):
     endpoints = client.view_api(return_format="dict", print_info=False)
-    assert set(endpoints["named_endpoints"]) == {"/models", "/generate"}
+    assert set(endpoints["named_endpoints"]) == {"/models", "/generate", "/reason"}
+    reason = endpoints["named_endpoints"]["/reason"]["parameters"]
+    assert [p["parameter_name"] for p in reason] == ["model_name", "request_json", "file"]
     assert not endpoints["unnamed_endpoints"]
     params = endpoints["named_endpoints"]["/generate"]["parameters"]
     assert [p["parameter_name"] for p in params] == ["model_name", "request_json", "file"]

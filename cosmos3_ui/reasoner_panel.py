@@ -1,0 +1,261 @@
+"""The reasoner in the Studio: Enhance in every generation tab's caption editor, Describe beside the
+uploads, streamed text, Cancel, the reasoner's sampling settings, and the `/reason` scripting API.
+
+Jobs go through the same engine queue as generation (`engine.reason`, requests with a `task` key);
+the text arrives as `ReasonerText` events and is shown as it comes. Enhance and Describe fill the
+caption editor's JSON and form, which stay editable. A checkpoint without a reasoner keeps the
+buttons disabled and says why. Self-contained: `layout` only builds and wires it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import gradio as gr
+
+from engine.pipeline import captions
+from engine.reasoner import REASON_TABLE, SAMPLING_LIMITS, ReasonerText
+from engine.reasoner.runtime import reasoner_status
+from engine.serving.events import Cancelled, Failed, Finished
+
+from .common import status_html
+from .jobs import session_of
+from .requests import STYLE_JSON
+from .service import StudioError, StudioService
+
+log = logging.getLogger("cosmos3_ui")
+PRIVATE = "private"
+
+
+def availability(service: StudioService, model_name: str) -> tuple[bool, str]:
+    """Whether the chosen model's checkpoint has a reasoner, and if not, why (shown under the buttons)."""
+    try:
+        path = service.info(model_name).path
+    except (StudioError, AttributeError) as exc:
+        return False, f"No reasoner: {exc}"
+    ok, why = reasoner_status(path)
+    return ok, ("" if ok else why)
+
+
+@dataclass
+class ReasonerPanel:
+    """The Enhance box of one generation tab (built inside the current Blocks context)."""
+
+    mode: str
+    kind: str
+    note: Any = None
+    idea: Any = None
+    enhance: Any = None
+    cancel: Any = None
+    stream: Any = None
+    status: Any = None
+    max_new_tokens: Any = None
+    temperature: Any = None
+    seed: Any = None
+    describe_image: Any = None
+    describe_video: Any = None
+    events: list = field(default_factory=list)
+
+    @classmethod
+    def build(cls, mode: str, kind: str, available: bool, why: str) -> "ReasonerPanel":
+        p = cls(mode, kind)
+        row = REASON_TABLE["enhance"]
+        with gr.Accordion("Reasoner: enhance an idea into a full caption", open=True, elem_id=f"{mode}-reasoner"):
+            p.note = gr.Markdown(why, visible=not available, elem_id=f"{mode}-reasoner-note")
+            p.idea = gr.Textbox("", label="Idea (a sentence or two)", lines=2, elem_id=f"{mode}-idea",
+                                placeholder="e.g. a red kite climbs over a windy beach at noon")
+            with gr.Row():
+                p.enhance = gr.Button("Enhance", variant="secondary", interactive=available,
+                                      elem_id=f"{mode}-enhance")
+                p.cancel = gr.Button("Cancel", size="sm", elem_id=f"{mode}-reasoner-cancel")
+            p.stream = gr.Textbox("", label="Reasoner output (as it is written)", lines=4, max_lines=12,
+                                  interactive=False, elem_id=f"{mode}-reasoner-stream")
+            p.status = gr.HTML("", elem_id=f"{mode}-reasoner-status", padding=False)
+            with gr.Accordion("Reasoner sampling", open=False):
+                lo, hi = SAMPLING_LIMITS.max_new_tokens
+                p.max_new_tokens = gr.Slider(lo, hi, value=row.max_new_tokens, step=1, label="Max new tokens",
+                                             elem_id=f"{mode}-reasoner-max-tokens")
+                lo, hi = SAMPLING_LIMITS.temperature
+                p.temperature = gr.Slider(lo, hi, value=row.temperature, step=0.05,
+                                          label="Temperature (0 decodes greedily)", elem_id=f"{mode}-reasoner-temp")
+                p.seed = gr.Number(-1, label="Seed (-1 picks one)", precision=0, elem_id=f"{mode}-reasoner-seed")
+        return p
+
+    def build_describe(self, has_image: bool, has_video: bool, available: bool) -> None:
+        """Describe buttons, placed beside the uploads by the caller."""
+        with gr.Row():
+            if has_image:
+                self.describe_image = gr.Button("Describe the image", size="sm", interactive=available,
+                                                elem_id=f"{self.mode}-describe-image")
+            if has_video:
+                self.describe_video = gr.Button("Describe the video", size="sm", interactive=available,
+                                                elem_id=f"{self.mode}-describe-video")
+
+    @property
+    def buttons(self) -> list:
+        return [b for b in (self.enhance, self.describe_image, self.describe_video) if b is not None]
+
+
+async def follow_reasoner(service: StudioService, model: str, request: dict, session: str):
+    """Submit a reasoner request and yield ("text", so_far) while it streams, then ("done", result).
+    Refusals and failures raise StudioError; a cancelled job yields ("cancelled", text so far)."""
+    handle = service.submit(model, request, session)
+    job = service.active.add(session, handle)
+    events = handle.events()
+    text = ""
+    try:
+        while True:
+            event = await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)
+            if event is None:
+                raise StudioError("The reasoner job ended without a result.")
+            if isinstance(event, ReasonerText):
+                text = "" if event.restart else text + event.text
+                yield "text", text
+            elif isinstance(event, Finished):
+                yield "done", event.result
+                return
+            elif isinstance(event, Failed):
+                raise StudioError(event.message, "prompt")
+            elif isinstance(event, Cancelled):
+                yield "cancelled", text
+                return
+    except (anyio.get_cancelled_exc_class(),):
+        service.active.mark_cancelled(job)
+        raise
+    finally:
+        service.active.remove(session, handle)
+
+
+def _filled_editor(editor, caption: dict) -> dict:
+    """The caption editor showing `caption`: JSON style, JSON text and form, all still editable."""
+    out = {editor.style: STYLE_JSON, editor.code: captions.pretty(caption), editor.message: "",
+           editor.json_group: gr.update(visible=True), editor.prose: gr.update(visible=False)}
+    out.update(editor.form_updates(caption))
+    return out
+
+
+class ReasonerWiring:
+    """Events of every panel, the model-picker follow-up, and `/reason`."""
+
+    def __init__(self, service: StudioService, jobs, page):
+        self.service, self.jobs, self.page = service, jobs, page
+
+    def wire(self) -> None:
+        for tab in self.page.gen_tabs():
+            panel = getattr(tab, "reasoner", None)
+            if panel is not None:
+                self._wire_panel(tab, panel)
+
+    def _wire_panel(self, tab, panel: ReasonerPanel) -> None:
+        editor = tab.editor
+        outputs = [panel.stream, panel.status, editor.style, editor.code, editor.message, editor.json_group,
+                   editor.prose, *editor.form_components]
+        service = self.service
+
+        def runner(task: str, source=None):
+            async def run(model, idea, max_new, temperature, seed, upload=None, request: gr.Request = None):
+                req = {"task": task, "mode": tab.mode, "max_new_tokens": int(max_new),
+                       "temperature": float(temperature), "seed": int(seed if seed is not None else -1)}
+                if task == "enhance":
+                    req["prompt"] = idea or ""
+                    if upload:
+                        req["image"] = upload
+                else:
+                    req["prompt"] = idea or ""
+                    if not upload:
+                        yield {panel.status: status_html(f"Upload a {source} first, then press Describe.", "warn")}
+                        return
+                    req[source] = upload
+                yield {panel.stream: "", panel.status: status_html("Queued for the reasoner ...", "info")}
+                try:
+                    async for what, value in follow_reasoner(service, model, req, session_of(request)):
+                        if what == "text":
+                            yield {panel.stream: value}
+                        elif what == "cancelled":
+                            yield {panel.stream: value, panel.status: status_html(
+                                "Cancelled; the caption editor is unchanged.", "warn")}
+                        else:
+                            note = (f"Done: {value.tokens} tokens in {value.seconds:.1f} s, seed {value.seed}"
+                                    + (f", {value.attempts} attempts" if value.attempts > 1 else "")
+                                    + (f"; repaired: {'; '.join(value.repairs)}" if value.repairs else "") + ".")
+                            yield {panel.stream: value.text, panel.status: status_html(note, "ok"),
+                                   **_filled_editor(editor, value.caption)}
+                except StudioError as exc:
+                    yield {panel.status: status_html(str(exc), "error")}
+            return run
+
+        sampling = [self.page.model, panel.idea, panel.max_new_tokens, panel.temperature, panel.seed]
+        first_frame = [tab.image] if tab.image is not None else []
+        panel.events.append(panel.enhance.click(runner("enhance"), inputs=sampling + first_frame, outputs=outputs,
+                                                api_visibility=PRIVATE))
+        for button, source, component in ((panel.describe_image, "image", tab.image),
+                                          (panel.describe_video, "video", tab.video)):
+            if button is not None and component is not None:
+                panel.events.append(button.click(runner("describe", source), inputs=sampling + [component],
+                                                 outputs=outputs, api_visibility=PRIVATE))
+        panel.cancel.click(self.jobs.cancel_handler(panel.status), outputs=panel.status, cancels=panel.events,
+                           queue=False, api_visibility=PRIVATE)
+
+        def on_model(name):
+            ok, why = availability(service, name)
+            return {panel.note: gr.update(value=why, visible=not ok),
+                    **{b: gr.update(interactive=ok) for b in panel.buttons}}
+
+        self.page.model.change(on_model, inputs=self.page.model, outputs=[panel.note, *panel.buttons],
+                               queue=False, api_visibility=PRIVATE)
+
+
+@dataclass
+class ReasonApi:
+    model: Any
+    request: Any
+    file: Any
+    result: Any
+    button: Any
+
+    @classmethod
+    def build(cls) -> "ReasonApi":
+        with gr.Column(visible=False):
+            return cls(gr.Textbox(label="model_name"), gr.Textbox(label="request_json"),
+                       gr.File(label="file", file_count="single"), gr.JSON(label="result_json"),
+                       gr.Button("reason"))
+
+    def wire(self, service: StudioService) -> None:
+        async def reason(model_name: str, request_json: str, file=None, request: gr.Request = None):
+            try:
+                req = json.loads(request_json or "{}")
+            except json.JSONDecodeError as exc:
+                raise gr.Error(f"request_json is not JSON: {exc}", print_exception=False) from None
+            if not isinstance(req, dict):
+                raise gr.Error("request_json must be a JSON object.", print_exception=False)
+            for key in ("image", "video"):
+                if isinstance(req.get(key), str):
+                    raise gr.Error(f"{key} may not name a file; upload it as `file`.", print_exception=False)
+            path = getattr(file, "path", None) or (file if isinstance(file, str) else None)
+            if path:
+                target = "video" if str(path).lower().endswith((".mp4", ".mov", ".webm", ".mkv", ".avi", ".gif")) \
+                    else "image"
+                req[target] = path
+            try:
+                async for what, value in follow_reasoner(service, model_name, req, session_of(request)):
+                    if what == "cancelled":
+                        raise gr.Error("The reasoner job was cancelled.", print_exception=False)
+                    if what == "done":
+                        return {"task": value.task, "text": value.text, "caption": value.caption,
+                                "caption_kind": value.caption_kind, "scores": value.scores,
+                                "repairs": value.repairs, "attempts": value.attempts, "seed": value.seed,
+                                "tokens": value.tokens, "prompt_tokens": value.prompt_tokens,
+                                "first_token_s": value.first_token_s, "seconds": round(value.seconds, 3)}
+            except StudioError as exc:
+                raise gr.Error(str(exc), print_exception=False) from None
+            raise gr.Error("The reasoner job ended without a result.", print_exception=False)
+
+        self.button.click(reason, inputs=[self.model, self.request, self.file], outputs=self.result,
+                          api_name="reason",
+                          api_description="Run the checkpoint's reasoner. `request_json`: {task: enhance|describe|"
+                                          "critique, prompt, mode, max_new_tokens, temperature, seed, criteria}; "
+                                          "`file`: the image or video to look at. Returns text, caption (enhance, "
+                                          "describe), scores (critique), seed and timings.")

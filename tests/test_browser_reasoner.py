@@ -1,0 +1,124 @@
+"""The reasoner in the Studio (issue 13): Enhance on the T2V tab fills the caption editor and the filled
+form generates; `/reason` over the scripting API with the tiny checkpoint's real reasoner.
+
+The browser test scripts the reasoner's answer (a tiny random-weight reasoner never writes a caption);
+everything else, the queue, the events, the editor and the generation, is the real app.
+"""
+import json
+import time
+
+import pytest
+
+from engine.reasoner.runtime import ChatOutput
+from engine.reasoner.runtime import reasoner_for as REAL_REASONER_FOR
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+from harness import CHROMIUM, CHROMIUM_ARGS, browser_page, chromium_available, launched_studio  # noqa: E402
+
+CAPTION = {"subjects": [{"description": "a red kite with a long tail", "action": "climbs and loops"}],
+           "background_setting": "a windy beach at noon", "lighting": {"conditions": "hard midday sun"},
+           "cinematography": {"camera_motion": "slow tilt up", "framing": "wide shot"},
+           "actions": [{"time": "0:00-0:03", "description": "The kite climbs."}]}
+
+
+class ScriptedReasoner:
+    """Answers with CAPTION, a few characters per token, like the real backend streams."""
+
+    def __init__(self):
+        self.asked = []
+
+    def video_config(self):
+        return {"fps": 2, "min_frames": 2, "max_frames": 8, "temporal_patch_size": 1}
+
+    def chat(self, system, text, *, image, video, max_new_tokens, temperature, seed, on_text=None, cancel=None):
+        self.asked.append(text)
+        answer = json.dumps(CAPTION)
+        pieces = [answer[i:i + 12] for i in range(0, len(answer), 12)]
+        for count, piece in enumerate(pieces, 1):
+            time.sleep(0.02)
+            if on_text:
+                on_text(piece, count)
+        return ChatOutput(answer, list(range(len(pieces))), 30, 0.01, 0.5)
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    import engine.reasoner.runtime as runtime
+
+    backend = ScriptedReasoner()
+    patch = pytest.MonkeyPatch()
+    patch.setattr(runtime, "reasoner_for", lambda model, policy=None: backend)
+    yield backend
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
+def studio(tiny_family, tmp_path_factory, scripted):
+    argv = ["--outputs", str(tmp_path_factory.mktemp("reasoner-outputs")),
+            "--cache-dir", str(tmp_path_factory.mktemp("reasoner-cache")), "--model", f"edge={tiny_family['edge']}"]
+    with launched_studio(argv) as (studio, url):
+        studio.url = url
+        yield studio
+
+
+def test_enhance_on_t2v_fills_the_form_and_the_form_generates(studio, scripted, tmp_path):
+    if not chromium_available():
+        pytest.skip("Chromium is missing: run scripts/ensure_chromium.sh (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            with browser_page(browser, tmp_path) as page:
+                page.goto(studio.url)
+                page.wait_for_selector("#model-picker")
+                page.get_by_role("tab", name="Text to Video", exact=True).click()
+                assert page.locator("#t2v-enhance").is_enabled()
+                page.locator("#t2v-idea textarea").fill("a kite on a windy beach")
+                page.locator("#t2v-enhance").click()
+                deadline = time.time() + 60
+                field = page.locator("#t2v-field-background_setting textarea")
+                while time.time() < deadline and field.input_value() != "a windy beach at noon":
+                    time.sleep(0.1)
+                assert field.input_value() == "a windy beach at noon"
+                assert "Done" in page.locator("#t2v-reasoner-status").inner_text()
+                assert "red kite" in page.locator("#t2v-reasoner-stream textarea").input_value()
+                assert "a kite on a windy beach" in scripted.asked[-1]
+                # The filled form is editable and generates.
+                field.fill("a stormy beach at dusk")
+                field.press("Tab")
+                page.wait_for_timeout(500)
+                page.locator("#t2v-sampling").click()
+                box = page.locator("#t2v-steps input[type=number]").first
+                box.fill("2")
+                box.press("Enter")
+                page.wait_for_timeout(300)
+                page.locator("#t2v-generate").click()
+                page.wait_for_selector("#t2v-output video", timeout=120_000)
+                page.locator("#t2v-final-text").click()
+                sent = page.locator("#t2v-prompt-text textarea").input_value()
+                assert "a stormy beach at dusk" in sent and "a red kite with a long tail" in sent
+        finally:
+            browser.close()
+
+
+def test_reason_api_streams_from_the_real_tiny_reasoner(studio, scripted, monkeypatch, tmp_path):
+    import numpy as np
+    from gradio_client import Client, handle_file
+    from PIL import Image
+
+    import engine.reasoner.runtime as runtime
+
+    monkeypatch.setattr(runtime, "reasoner_for", REAL_REASONER_FOR)
+    frame = tmp_path / "frame.png"
+    Image.fromarray((np.random.default_rng(0).random((48, 64, 3)) * 255).astype(np.uint8)).save(frame)
+    client = Client(studio.url, verbose=False)
+    result = client.predict("edge", json.dumps({"task": "critique", "prompt": "a kite", "max_new_tokens": 5,
+                                                "temperature": 0}), handle_file(str(frame)), api_name="/reason")
+    assert result["task"] == "critique" and result["tokens"] == 5 and set(result["scores"]) == {
+        "prompt_adherence", "physics_plausibility"}
+    with pytest.raises(Exception) as error:
+        client.predict("edge", json.dumps({"task": "describe"}), None, api_name="/reason")
+    assert "needs an image or a video" in str(error.value)
+
