@@ -7,34 +7,35 @@ from PIL import Image
 from cosmos3_ui.critique import CritiqueStore, critique_markdown, critique_request
 from engine.reasoner import validate_reason_request
 
+RID = "20261201-101500-0123456789ab"
 CRITERIA = ("prompt_adherence", "physics_plausibility")
 
 
 def test_a_critique_sits_beside_the_ratings_and_never_replaces_one(tmp_path):
     from cosmos3_ui.review.store import ReviewStore
 
-    folder = tmp_path / "outputs" / "r1"
+    folder = tmp_path / "outputs" / RID
     folder.mkdir(parents=True)
     Image.new("RGB", (16, 16), (200, 30, 30)).save(folder / "image.png")
     (folder / "params.json").write_text(json.dumps({"prompt_text": "a red kite", "params": {"prompt": "a kite"}}))
     store = ReviewStore(tmp_path / "reviews.sqlite3", CRITERIA)
-    store.register_result("r1", folder, model="edge", mode="t2i", origin="ui")
-    store.rate("r1", "ann", {"prompt_adherence": 5}, "sharp")
+    store.register_result(RID, folder, model="edge", mode="t2i", origin="ui")
+    store.rate(RID, "ann", {"prompt_adherence": 5}, "sharp")
 
-    model, request = critique_request(store, "r1", store.criteria)
+    model, request = critique_request(store, RID, store.criteria)
     assert model == "edge" and request["image"].endswith("image.png") and request["prompt"] == "a red kite"
     assert validate_reason_request(request).criteria == CRITERIA
 
     critiques = CritiqueStore(store)
-    critiques.save("r1", "edge", "A red kite.\nprompt_adherence: 2 - blurry", {"prompt_adherence": 2,
+    critiques.save(RID, "edge", "A red kite.\nprompt_adherence: 2 - blurry", {"prompt_adherence": 2,
                                                                                "physics_plausibility": None})
-    critiques.save("r1", "edge", "A red kite.\nprompt_adherence: 3", {"prompt_adherence": 3,
+    critiques.save(RID, "edge", "A red kite.\nprompt_adherence: 3", {"prompt_adherence": 3,
                                                                      "physics_plausibility": None})
-    ratings = store.ratings("r1")
+    ratings = store.ratings(RID)
     assert [(r["reviewer"], r["scores"]) for r in ratings] == [("ann", {"prompt_adherence": 5})]
-    shown = critiques.for_result("r1")
+    shown = critiques.for_result(RID)
     assert len(shown) == 1 and shown[0]["by"] == "model" and shown[0]["scores"]["prompt_adherence"] == 3
     text = critique_markdown(shown)
     assert "not a rating" in text and "physics_plausibility: no score" in text
     # A reopened store (another reviewer's process) sees the same critique.
-    assert CritiqueStore(ReviewStore(tmp_path / "reviews.sqlite3", CRITERIA)).for_result("r1") == shown
+    assert CritiqueStore(ReviewStore(tmp_path / "reviews.sqlite3", CRITERIA)).for_result(RID) == shown

@@ -12,6 +12,7 @@ from typing import Any
 import gradio as gr
 
 from ..common import PRIVATE, status_html
+from ..critique import CritiqueBox
 from ..files import publish
 from ..service import StudioError
 from .blind import BlindDesk
@@ -60,6 +61,7 @@ class ReviewTab:
                     self.status = gr.HTML("", elem_id="review-status")
             self.table = gr.Dataframe(value=_table(desk, []), label="Ratings of this result", interactive=False,
                                       wrap=True, elem_id="review-ratings")
+            self.critique = CritiqueBox()  # the reasoner's critique beside the ratings (cosmos3_ui/critique.py)
         return self
 
     def _view_updates(self, request_id, reviewer: str) -> dict:
@@ -205,6 +207,7 @@ class ReviewTabs:
         """`studio`: the `layout.Studio` building the page (only its `service` is used)."""
         self.desk = desk
         self.review = ReviewTab(desk)
+        self.service = studio.service  # for the model critique box (cosmos3_ui/critique.py)
         self.blind = BlindTab(BlindDesk(desk.store))
         self.suites = SuitesTab(studio.service, desk)
         self.leaderboard = LeaderboardTab(desk)
@@ -217,3 +220,4 @@ class ReviewTabs:
     def wire(self, blocks: gr.Blocks | None = None) -> None:
         for tab in (self.review, self.blind, self.suites, self.leaderboard):
             tab.wire()
+        self.review.critique.wire(self.review.pick, self.desk.store, self.service)
