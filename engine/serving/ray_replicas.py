@@ -15,6 +15,7 @@ object transport.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -82,14 +83,18 @@ class ShippedFiles:
 class EngineReplica:
     """One engine on one GPU group; Ray Serve makes it a deployment (see `deploy`)."""
 
-    def __init__(self, entries: list[tuple[str, str, str]], outputs_root: str):
+    def __init__(self, entries: list[tuple[str, str, str]], outputs_root: str, group_gpus: int = 1):
         from ray import serve
 
+        from ..model.loader import load_model
         from ..pipeline import run  # noqa: F401 - the denoising stack, before this replica reports ready
         from .queue import JobQueue
 
         registry = ModelRegistry([ModelEntry(*entry) for entry in entries])
-        self.queue = JobQueue(registry, outputs_root, max_size=1)
+        # A group of more than one GPU: the engine's multi-GPU path over the GPUs Ray gave this replica
+        # (CUDA_VISIBLE_DEVICES), one worker process per GPU.
+        loader = functools.partial(load_model, gpus=group_gpus) if group_gpus > 1 else load_model
+        self.queue = JobQueue(registry, outputs_root, max_size=1, loader=loader)
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id
         self.actor_name = context.replica_id.to_full_id_str()
@@ -180,7 +185,8 @@ def deploy(config: RayConfig, registry: ModelRegistry, outputs_root: Path):
         ray_actor_options={"num_gpus": config.gpus_per_replica, "num_cpus": config.cpus_per_replica},
     )
     entries = [(name, registry.entry(name).source, registry.entry(name).label) for name in registry.names()]
-    return serve.run(deployment.bind(entries, str(outputs_root)), name=APP_NAME, route_prefix=None)
+    group = max(1, int(config.gpus_per_replica))
+    return serve.run(deployment.bind(entries, str(outputs_root), group), name=APP_NAME, route_prefix=None)
 
 
 class RayJobQueue(ForwardingQueue):
