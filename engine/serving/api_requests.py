@@ -70,6 +70,15 @@ def field_of(exc: Exception) -> str | None:
     return min(found)[1] if found else None
 
 
+def client_field(field: str | None, body: dict) -> str | None:
+    """The field as the client sent it: `size` stands for width and height, `seconds` for num_frames."""
+    if field in ("width", "height") and "size" in body:
+        return "size"
+    if field == "num_frames" and "seconds" in body:
+        return "seconds"
+    return field
+
+
 def _refuse_unknown(body: dict, allowed: tuple[str, ...]) -> None:
     unknown = [key for key in body if key not in allowed]
     if unknown:

@@ -32,7 +32,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from .registry import ModelRegistry
 from .api_jobs import TERMINAL_STATES, ApiJob, JobBook, new_job_id
 from .api_keys import ApiKey, KeyRing, LimitExceeded, Unauthorized
-from .api_requests import ApiError, field_of, image_request, video_request
+from .api_requests import ApiError, client_field, field_of, image_request, video_request
 from .api_schema import IMAGE_BODY, VIDEO_BODY
 
 API_GROUP = "api"  # API results go to <outputs>/api/<request id>/
@@ -115,7 +115,7 @@ class HttpApi:
                            "model_not_found")
         return model
 
-    def _submit(self, key: ApiKey, kind: str, model: str, request: dict, uploads: list[Path]) -> ApiJob:
+    def _submit(self, key: ApiKey, kind: str, model: str, request: dict, uploads: list[Path], body: dict) -> ApiJob:
         """Count the job against the key, queue it (validated by the engine), and follow it."""
         from .queue import QueueFull
 
@@ -134,7 +134,7 @@ class HttpApi:
         except ValueError as exc:
             self.keys.unsubmit(key, job.id)
             self._remove(uploads)
-            raise ApiError(400, str(exc), field_of(exc)) from None
+            raise ApiError(400, str(exc), client_field(field_of(exc), body)) from None
         self.book.follow(job, lambda ended: self.keys.release(key, ended.id))
         return job
 
@@ -188,7 +188,7 @@ class HttpApi:
         body = await self._body(request)
         model = self._model(body)
         engine_request, response_format = image_request(body)
-        job = self._submit(key, "image", model, engine_request, [])
+        job = self._submit(key, "image", model, engine_request, [], body)
         deadline = time.monotonic() + self.sync_timeout_s
         while not job.done.is_set():
             if await request.is_disconnected() or time.monotonic() > deadline:
@@ -222,7 +222,7 @@ class HttpApi:
         body = await self._body(request)
         model = self._model(body)
         engine_request, uploads = video_request(body, self.registry.info(model), self.uploads)
-        job = self._submit(key, "video", model, engine_request, uploads)
+        job = self._submit(key, "video", model, engine_request, uploads, body)
         return JSONResponse(job.to_json(), status_code=200)
 
     @_answers
