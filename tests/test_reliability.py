@@ -293,10 +293,9 @@ def _soak_jobs(upload_files):
 
 
 def test_soak_fifty_mixed_jobs_from_four_clients(studio, upload_files):
-    url, app_studio, outputs = studio
+    url, _, outputs = studio
     jobs = _soak_jobs(upload_files)
     folders_before = {p.name for p in outputs.iterdir()}
-    cancelled_before = len(app_studio.service.active.cancelled_ids)
     outcomes: dict[int, tuple] = {}
     warm_rss = {}
 
@@ -369,4 +368,3 @@ def test_soak_fifty_mixed_jobs_from_four_clients(studio, upload_files):
     prompts = {json.loads((p / "params.json").read_text())["params"]["prompt"] for p in new}
     assert not prompts & {request["prompt"] for kind, _, request, _ in jobs if kind == "cancel"}
     assert len(new) == counts["ok"]
-    assert len(app_studio.service.active.cancelled_ids) - cancelled_before <= 5
