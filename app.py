@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="front a server that speaks the /v1 dialect (another studio, SGLang, vLLM-Omni) "
                               "instead of running models here; its key, if it needs one, in $COSMOS3_REMOTE_KEY")
     serving.add_argument("--no-api", action="store_true", help="do not serve the /v1 HTTP API")
+    parser.add_argument("--gpus", default=None, metavar="N|auto",
+                        help="GPUs each model runs on (default 1; $COSMOS3_GPUS): one worker process per GPU, "
+                             "CFG-parallel and Ulysses sequence parallel, weights sharded where a model does not "
+                             "fit one GPU (Super needs 2 H200s); 'auto' uses every visible GPU. docs/PERFORMANCE.md")
     parser.add_argument("--safety", action="store_true",
                         help="run the Cosmos guardrail on every prompt and every generated result (faces blurred, "
                              "unsafe content refused, nothing saved); never skipped silently: the app refuses to "
@@ -167,6 +171,14 @@ def _apply_environment(args: argparse.Namespace, parser: argparse.ArgumentParser
         args.outputs = os.environ.get("COSMOS3_OUTPUTS") or "outputs"
     args.review = args.review or env_flag("COSMOS3_REVIEW")
     args.safety = args.safety or env_flag("COSMOS3_SAFETY")
+    if args.gpus is None:
+        args.gpus = os.environ.get("COSMOS3_GPUS", "").strip() or "1"
+    from engine.parallel.runtime import resolve_gpus
+
+    try:
+        args.gpus = resolve_gpus(args.gpus)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not args.auth and os.environ.get("COSMOS3_AUTH", "").strip():
         try:
             args.auth = [parse_auth(item) for item in os.environ["COSMOS3_AUTH"].split(",") if item.strip()]
@@ -286,7 +298,8 @@ def create_studio(args: argparse.Namespace):
     if args.remote:
         registry = remote_registry(args)
     else:
-        registry = ModelRegistry(model_entries(args), allowed_roots=roots, allow_hub=args.allow_hub or not roots)
+        registry = ModelRegistry(model_entries(args), allowed_roots=roots, allow_hub=args.allow_hub or not roots,
+                                 gpus=args.gpus)
     for name in registry.names():
         registry.info(name)  # config files only: a wrong path fails now, not on the first job
     args.outputs.mkdir(parents=True, exist_ok=True)
@@ -303,6 +316,12 @@ def create_studio(args: argparse.Namespace):
     elif args.ray:
         job_queue = ray_queue(args, registry)
     else:
+        if args.gpus > 1:  # each model loads on a group of worker processes (engine.parallel.runtime)
+            from functools import partial
+
+            from engine.model.loader import load_model
+
+            queue_options["loader"] = partial(load_model, gpus=args.gpus)
         job_queue = JobQueue(registry, args.outputs, max_size=args.queue_size, **queue_options)
         use_zero_gpu(job_queue, registry)
     from cosmos3_ui.review.store import DB_NAME, DEFAULT_CRITERIA, ReviewStore, adopt_legacy_db

@@ -348,6 +348,10 @@ def variant_markdown(model: dict) -> str:
     said = {model["name"].lower(), *(flag.lower() for flag in flags)}
     if model.get("label") and not any(model["label"].lower() in flag for flag in said):
         lines.append(f"_{model['label']}_")
+    if model.get("gpus", 1) > 1:  # a GPU group (engine.parallel): its size and how requests are split
+        scheme = model.get("parallel") or {}
+        lines.append(f"GPU group: {model['gpus']} GPUs · CFG steps: {scheme.get('cfg_steps')} · "
+                     f"single-branch steps: {scheme.get('single_branch_steps')}")
     modes = [MODE_NAMES[m] for m in model["modes"]]
     lines.append("Modes: " + ", ".join(modes) + ".")
     for mode in ("t2i", "t2v"):

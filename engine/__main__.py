@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--params", default="{}", help="JSON object of further request keys (steps, seed, ...)")
     run.add_argument("--out", required=True, help="outputs folder; each request gets its own subfolder")
     run.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    run.add_argument("--gpus", default="1", help="GPUs to run on: a count, or 'auto' for every visible GPU "
+                                                 "(one process per GPU; engine/parallel)")
     inspect = commands.add_parser("inspect", help="print what a checkpoint is and its defaults per mode")
     inspect.add_argument("source")
     return parser
@@ -65,9 +67,13 @@ def main(argv=None) -> int:
             prompt = handle.read()
     request = {**params, "mode": args.mode, "prompt": prompt}
     try:
-        model = load_model(args.model, device=args.device)
-        result = generate(model, request, outputs_root=args.out, model_name=args.model,
-                          on_progress=lambda e: print(f"[{e.stage}] {e.step}/{e.total}", file=sys.stderr))
+        model = load_model(args.model, device=args.device, gpus=args.gpus)
+        try:
+            result = generate(model, request, outputs_root=args.out, model_name=args.model,
+                              on_progress=lambda e: print(f"[{e.stage}] {e.step}/{e.total}", file=sys.stderr))
+        finally:
+            if getattr(model, "is_group", False):
+                model.close()
     except (ValueError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -138,3 +138,35 @@ def test_plan_arithmetic():
         check_group_size(3, 32, 8, "nano")
     with pytest.raises(ValueError, match="gpus must be a positive integer or 'auto'"):
         engine.load_model("unused", gpus=0)
+
+
+def test_the_queue_serves_a_group_and_models_report_it(tiny_family, references):
+    """What `app.py --gpus 2` wires: the registry reports the group, the queue loads models on it."""
+    from engine.model.loader import load_model
+    from engine.serving.events import Finished
+    from engine.serving.queue import JobQueue
+    from engine.serving.registry import ModelEntry, ModelRegistry
+
+    registry = ModelRegistry([ModelEntry("nano", str(tiny_family["nano"]))], gpus=2)
+    described = registry.describe("nano")
+    assert described["gpus"] == 2
+    assert described["parallel"] == {"cfg_steps": "CFG 2", "single_branch_steps": "Ulysses 2"}
+    loaded = []
+
+    def loader(root):
+        loaded.append(load_model(root, gpus=2))
+        return loaded[-1]
+
+    queue = JobQueue(registry, tiny_family["nano"].parent / "queue-outputs", loader=loader)
+    try:
+        handle = queue.submit("nano", dict(REQUESTS["t2v_cfg"]))
+        events = list(handle.events(timeout=600))
+        assert any(isinstance(e, Progress) and e.stage == "denoise" for e in events)
+        assert isinstance(events[-1], Finished)
+        result = handle.result()
+        _agree(result, references["t2v_cfg"])
+        assert result.outputs["video"].exists()  # rank 0 saved the files
+    finally:
+        queue.close()
+        for model in loaded:
+            model.close()

@@ -158,6 +158,10 @@ class GroupModel:
         config = _transformer_config(self.root)
         check_group_size(gpus, config["num_attention_heads"], config["num_key_value_heads"], self.info.family)
         self.gpus, self.weights = gpus, weights
+        from ..model.loader import component_parameter_count
+
+        weight_bytes = sum(component_parameter_count(self.root / c) for c in ("transformer", "vae")) * 2
+        self.bytes_per_gpu = weight_bytes // gpus if weights == "sharded" else weight_bytes
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
         if self.backend == "nccl" and torch.cuda.device_count() < gpus:
             raise ValueError(f"gpus={gpus}, but only {torch.cuda.device_count()} CUDA GPUs are visible.")

@@ -342,6 +342,8 @@ class JobQueue:
 
     @staticmethod
     def _model_bytes(model: LoadedModel) -> int:
+        if getattr(model, "is_group", False):
+            return model.bytes_per_gpu  # a GPU group's weights live in its worker processes
         total = 0
         for module in (model.transformer, model.vae, model.sound_tokenizer):
             if module is not None:
@@ -373,12 +375,14 @@ class JobQueue:
         need = parameters * (2 if torch_cuda_available() else 4)
         # Switching variants evicts the least recently used ones until the newcomer fits the budget.
         while self._models and sum(self._model_bytes(m) for m in self._models.values()) + need > self.memory_budget_bytes:
-            self._models.popitem(last=False)
+            _, evicted = self._models.popitem(last=False)
+            if getattr(evicted, "is_group", False):
+                evicted.close()  # its worker processes hold the GPUs' memory
             self._free_memory()
         model = self._loader(root)
         if self._safety_checker is not None:
             model.safety_checker = self._safety_checker
-        if warmup.modes_from_env() and torch_cuda_available():  # no cold first request (engine.serving.warmup)
+        if warmup.modes_from_env() and torch_cuda_available() and not getattr(model, "is_group", False):  # no cold first request (engine.serving.warmup)
             self._warm_up(model, name, on_progress)
         self._models[name] = model
         return model

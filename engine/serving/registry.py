@@ -24,7 +24,9 @@ class ModelRegistry:
     allowed only when `allow_hub` is set.
     """
 
-    def __init__(self, entries: list[ModelEntry], *, allowed_roots: list[str] | None = None, allow_hub: bool = True):
+    def __init__(self, entries: list[ModelEntry], *, allowed_roots: list[str] | None = None, allow_hub: bool = True,
+                 gpus: int = 1):
+        self.gpus = gpus  # the GPU group every model is loaded on (app --gpus; engine.parallel)
         names = [e.name for e in entries]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -69,12 +71,16 @@ class ModelRegistry:
         return self._infos[name]
 
     def describe(self, name: str) -> dict:
-        """What `/models` and the variant panel show for one model."""
+        """What `/models` and the variant panel show for one model (with the GPU group it runs on)."""
+        from ..parallel.plan import group_schemes
+
         info = self.info(name)
         return {
             "name": name,
             "label": self.entry(name).label,
             **info.summary(),
+            "gpus": self.gpus,
+            "parallel": group_schemes(self.gpus) if self.gpus > 1 else None,
             "defaults": {mode: sampling_defaults(info, mode) for mode in REQUEST_MODES if info.supports(mode)},
         }
 
