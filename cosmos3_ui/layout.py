@@ -23,7 +23,7 @@ from .common import PRIVATE
 from .handlers import Handlers
 from .jobs import JobFollower
 from .parts import ActionTab, ApiBox, GenTab, HistoryBox, Page, ResultBox, SamplingBox, UploadImage
-from .reasoner_panel import ReasonApi, ReasonerPanel, ReasonerWiring, availability
+from .reasoner_panel import ActionDescribe, ReasonApi, ReasonerPanel, ReasonerWiring, availability
 from .review.tabs import ReviewTabs
 from .review_tabs import BatchTab, CompareTab
 from .service import StudioError, StudioService
@@ -222,7 +222,7 @@ def _action_inputs_column(domain_spec: C.DomainControls, first_domain: str, note
                 actions_file=actions_file, upload_message=upload_message)
 
 
-def action_tab(model: dict) -> ActionTab:
+def action_tab(model: dict, reasoner: tuple[bool, str] = (False, "")) -> ActionTab:
     spec = C.sampling_controls(model, "action")
     first_domain = "bridge_orig_lerobot"
     with gr.Tab("Action", id="action", interactive=spec.available, elem_id="tab-action") as tab:
@@ -230,6 +230,7 @@ def action_tab(model: dict) -> ActionTab:
         with gr.Row(equal_height=False):
             with gr.Column(scale=6):
                 fields = _action_inputs_column(C.domain_controls(first_domain), first_domain, C.limit_notes(spec))
+                describe = ActionDescribe.build(*reasoner)  # Describe the uploads (cosmos3_ui/reasoner_panel.py)
                 sampling = sampling_box(spec, "action", with_interval=False)
                 buttons = run_buttons("action")
             with gr.Column(scale=5):
@@ -239,7 +240,7 @@ def action_tab(model: dict) -> ActionTab:
                 actions_download = gr.File(label="Actions (JSON)", interactive=False, elem_id="action-json",
                                            elem_classes=["result-files"])
     return ActionTab(tab=tab, notice=notice, sampling=sampling, result=result, plot=plot,
-                     actions_download=actions_download, **fields)
+                     actions_download=actions_download, reasoner=describe, **fields)
 
 
 # ==============================================================================================
@@ -316,7 +317,7 @@ class Studio:
                 reasoner = availability(self.service, self.default_model)
                 t2i = gen_tab("t2i", "Text to Image", first, reasoner)
                 t2v = gen_tab("t2v", "Text to Video", first, reasoner)
-                action = action_tab(first)
+                action = action_tab(first, reasoner)
                 self.compare_tab = CompareTab(self.service, self.jobs).build()
                 self.review_tab = self.batch_tab = None
                 if self.review_desk is not None:

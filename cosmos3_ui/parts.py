@@ -107,6 +107,7 @@ class ActionTab:
     result: ResultBox
     plot: gr.Image
     actions_download: gr.File
+    reasoner: Any = None  # cosmos3_ui.reasoner_panel.ActionDescribe
 
 
 @dataclass

@@ -137,6 +137,41 @@ def _filled_editor(editor, caption: dict) -> dict:
     return out
 
 
+@dataclass
+class ActionDescribe:
+    """Describe beside the Action tab's uploads: the caption's gist goes into the instruction box."""
+
+    describe_image: Any
+    describe_video: Any
+    stream: Any
+    status: Any
+    note: Any
+    events: list = field(default_factory=list)
+
+    @classmethod
+    def build(cls, available: bool, why: str) -> "ActionDescribe":
+        with gr.Row():
+            image = gr.Button("Describe the image", size="sm", interactive=available, elem_id="action-describe-image")
+            video = gr.Button("Describe the video", size="sm", interactive=available, elem_id="action-describe-video")
+        note = gr.Markdown(why, visible=not available, elem_id="action-reasoner-note")
+        stream = gr.Textbox("", label="Reasoner output", lines=2, max_lines=8, interactive=False,
+                            elem_id="action-reasoner-stream")
+        return cls(image, video, stream, gr.HTML("", elem_id="action-reasoner-status", padding=False), note)
+
+    @property
+    def buttons(self) -> list:
+        return [self.describe_image, self.describe_video]
+
+
+def instruction_from(caption: dict) -> str:
+    """One line for the Action tab's instruction box: the caption's first action, else its first subject."""
+    for key, inner in (("actions", "description"), ("subjects", "description")):
+        items = caption.get(key)
+        if isinstance(items, list) and items and isinstance(items[0], dict) and items[0].get(inner):
+            return str(items[0][inner])
+    return str(caption.get("background_setting", ""))
+
+
 class ReasonerWiring:
     """Events of every panel, the model-picker follow-up, and `/reason`."""
 
@@ -148,6 +183,49 @@ class ReasonerWiring:
             panel = getattr(tab, "reasoner", None)
             if panel is not None:
                 self._wire_panel(tab, panel)
+        action = getattr(self.page.action, "reasoner", None)
+        if action is not None:
+            self._wire_action(self.page.action, action)
+        for box in [t.reasoner for t in self.page.gen_tabs() if t.reasoner is not None] + ([action] if action else []):
+            self._follow_model(box)
+
+    def _follow_model(self, box) -> None:
+        service = self.service
+
+        def on_model(name):
+            ok, why = availability(service, name)
+            return {box.note: gr.update(value=why, visible=not ok), **{b: gr.update(interactive=ok) for b in box.buttons}}
+
+        self.page.model.change(on_model, inputs=self.page.model, outputs=[box.note, *box.buttons], queue=False,
+                               api_visibility=PRIVATE)
+
+    def _wire_action(self, tab, box: ActionDescribe) -> None:
+        service = self.service
+
+        def runner(source: str):
+            async def run(model, upload, request: gr.Request = None):
+                if not upload:
+                    yield {box.status: status_html(f"Upload a {source} first, then press Describe.", "warn")}
+                    return
+                req = {"task": "describe", "mode": "action", source: upload}
+                yield {box.stream: "", box.status: status_html("Queued for the reasoner ...", "info")}
+                try:
+                    async for what, value in follow_reasoner(service, model, req, session_of(request)):
+                        if what == "text":
+                            yield {box.stream: value}
+                        elif what == "cancelled":
+                            yield {box.status: status_html("Cancelled; the instruction is unchanged.", "warn")}
+                        else:
+                            yield {box.stream: value.text, tab.instruction: instruction_from(value.caption),
+                                   box.status: status_html("Described; edit the instruction as needed.", "ok")}
+                except StudioError as exc:
+                    yield {box.status: status_html(str(exc), "error")}
+            return run
+
+        for button, source, component in ((box.describe_image, "image", tab.image),
+                                          (box.describe_video, "video", tab.video)):
+            box.events.append(button.click(runner(source), inputs=[self.page.model, component],
+                                           outputs=[box.stream, box.status, tab.instruction], api_visibility=PRIVATE))
 
     def _wire_panel(self, tab, panel: ReasonerPanel) -> None:
         editor = tab.editor
@@ -198,14 +276,6 @@ class ReasonerWiring:
                                                  outputs=outputs, api_visibility=PRIVATE))
         panel.cancel.click(self.jobs.cancel_handler(panel.status), outputs=panel.status, cancels=panel.events,
                            queue=False, api_visibility=PRIVATE)
-
-        def on_model(name):
-            ok, why = availability(service, name)
-            return {panel.note: gr.update(value=why, visible=not ok),
-                    **{b: gr.update(interactive=ok) for b in panel.buttons}}
-
-        self.page.model.change(on_model, inputs=self.page.model, outputs=[panel.note, *panel.buttons],
-                               queue=False, api_visibility=PRIVATE)
 
 
 @dataclass

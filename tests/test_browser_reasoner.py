@@ -8,6 +8,7 @@ import json
 import time
 
 import pytest
+from PIL import Image
 
 from engine.reasoner.runtime import ChatOutput
 from engine.reasoner.runtime import reasoner_for as REAL_REASONER_FOR
@@ -99,6 +100,19 @@ def test_enhance_on_t2v_fills_the_form_and_the_form_generates(studio, scripted, 
                 page.locator("#t2v-final-text").click()
                 sent = page.locator("#t2v-prompt-text textarea").input_value()
                 assert "a stormy beach at dusk" in sent and "a red kite with a long tail" in sent
+
+                # Describe beside the Action tab's upload fills its instruction.
+                frame = tmp_path / "frame.png"
+                Image.new("RGB", (64, 48), (200, 40, 40)).save(frame)
+                page.get_by_role("tab", name="Action", exact=True).click()
+                page.locator("#action-image input[type=file]").set_input_files(str(frame))
+                page.wait_for_timeout(1000)
+                page.locator("#action-describe-image").click()
+                instruction = page.locator("#action-instruction textarea")
+                deadline = time.time() + 60
+                while time.time() < deadline and instruction.input_value() != "The kite climbs.":
+                    time.sleep(0.1)
+                assert instruction.input_value() == "The kite climbs."
         finally:
             browser.close()
 
