@@ -39,3 +39,21 @@ def test_a_critique_sits_beside_the_ratings_and_never_replaces_one(tmp_path):
     assert "not a rating" in text and "physics_plausibility: no score" in text
     # A reopened store (another reviewer's process) sees the same critique.
     assert CritiqueStore(ReviewStore(tmp_path / "reviews.sqlite3", CRITERIA)).for_result(RID) == shown
+
+
+def test_a_critique_runs_on_the_real_tiny_reasoner_and_is_stored(tiny_family, tmp_path):
+    import engine
+    from cosmos3_ui.review.store import ReviewStore
+
+    folder = tmp_path / "outputs" / RID
+    folder.mkdir(parents=True)
+    Image.new("RGB", (64, 48), (30, 90, 200)).save(folder / "image.png")
+    (folder / "params.json").write_text(json.dumps({"prompt_text": "a blue square"}))
+    store = ReviewStore(tmp_path / "reviews.sqlite3", CRITERIA)
+    store.register_result(RID, folder, model="edge", mode="t2i", origin="ui")
+    model_name, request = critique_request(store, RID, store.criteria)
+    result = engine.reason(engine.load_model(tiny_family[model_name]), dict(request, max_new_tokens=6))
+    critiques = CritiqueStore(store)
+    critiques.save(RID, model_name, result.text, result.scores)
+    assert critiques.for_result(RID)[0]["text"] == result.text and result.tokens == 6
+    assert store.ratings(RID) == []
