@@ -238,8 +238,8 @@ def test_review_app_serves_nothing_without_a_login(tiny_family, tmp_path):
                                        api_name="/generate")
         stored = studio.service.reviews.results()
         assert [(r["request_id"], r["origin"]) for r in stored] == [(result["request_id"], "api")]
-        assert set(client.view_api(return_format="dict", print_info=False)["named_endpoints"]) == {"/models",
-                                                                                                  "/generate"}
+        assert set(client.view_api(return_format="dict", print_info=False)["named_endpoints"]) == {
+            "/models", "/generate", "/reason"}
         for path in ("/config", "/gradio_api/info", f"/gradio_api/file={media}",
                      f"/gradio_api/file={tmp_path / 'o' / 'reviews.sqlite3'}"):
             assert httpx.get(base + path).status_code in (401, 403), path

@@ -257,7 +257,7 @@ def test_upload_names_never_become_output_names(client, studio, tmp_path):
 
 def test_only_the_public_api_is_callable(client):
     endpoints = client.view_api(return_format="dict", print_info=False)
-    assert set(endpoints["named_endpoints"]) == {"/models", "/generate"}
+    assert set(endpoints["named_endpoints"]) == {"/models", "/generate", "/reason"}
 
 
 # ----------------------------------------------------------------------------------------------
