@@ -126,6 +126,13 @@ def test_one_gpu_refusal_names_the_gpu_count_and_the_flag(tiny_family):
         engine.load_model(root, memory_budget_bytes=int(need * 0.95), device="cpu")
 
 
+def test_the_gpu_count_a_refusal_suggests_is_bounded():
+    from engine.parallel.runtime import MAX_GPUS, gpus_needed
+
+    assert gpus_needed(100, 100) == 2 and gpus_needed(400, 100) == 8
+    assert gpus_needed(10**12, 0) == MAX_GPUS  # no free memory at all: an answer, not an endless loop
+
+
 def test_plan_arithmetic():
     assert choose_plan(4, [True, True, False]).cfg.degree == 2
     assert choose_plan(4, [True, True, False]).solo.degree == 4

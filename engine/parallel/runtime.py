@@ -37,6 +37,7 @@ from .plan import check_group_size, group_schemes
 # How long the others may take to report after one rank failed, before the group is restarted.
 FAILURE_GRACE_S = 10.0
 POLL_S = 0.2
+MAX_GPUS = 64  # the largest group a refusal suggests
 
 
 class GroupWorkerDied(RuntimeError):
@@ -328,7 +329,7 @@ class GroupModel:
 def gpus_needed(weight_bytes: int, per_gpu_bytes: int) -> int:
     """The smallest power-of-two group whose shards leave each GPU 40% for gathered layers and activations."""
     count = 2
-    while weight_bytes / count > per_gpu_bytes * 0.6:
+    while weight_bytes / count > per_gpu_bytes * 0.6 and count < MAX_GPUS:
         count *= 2
     return count
 
