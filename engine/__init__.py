@@ -17,7 +17,7 @@ from .model.action import ACTION_DOMAINS, ACTION_KINDS, RESOLUTION_TIERS, VIEW_P
 from .model.defaults import FAMILY_TABLE, Limits, sampling_defaults, sampling_limits
 from .model.variants import ALL_MODES, REQUEST_MODES, CheckpointError, VariantInfo, inspect_checkpoint
 from .pipeline.prompts import preview_prompt_texts
-from .pipeline.request import validate_request
+from .pipeline.request import Request, RequestError, validate_request
 from .serving.events import JobCancelled
 from .serving.registry import ModelEntry, ModelRegistry
 
@@ -37,7 +37,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "ACTION_DOMAINS", "ACTION_KINDS", "ALL_MODES", "FAMILY_TABLE", "Limits", "REQUEST_MODES", "RESOLUTION_TIERS",
+    "ACTION_DOMAINS", "ACTION_KINDS", "ALL_MODES", "FAMILY_TABLE", "Limits", "REQUEST_MODES", "RESOLUTION_TIERS", "Request", "RequestError",
     "VIEW_POINTS", "CheckpointError", "JobCancelled", "ModelEntry", "ModelRegistry", "VariantInfo",
     "inspect_checkpoint", "preview_prompt_texts", "sampling_defaults", "sampling_limits", "validate_request", *_LAZY,
 ]

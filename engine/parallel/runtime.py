@@ -269,7 +269,8 @@ class GroupModel:
         from ..pipeline.run import resolve_seed, safety_check_frames, safety_check_prompt
 
         request = validate_request(self.info, request.get("mode", "t2i"), request)
-        request = dict(request, seed=resolve_seed(request["seed"]))
+        # Still a Request (pickled to each rank as is), so no rank validates or parses it again.
+        request = request.replace(seed=resolve_seed(request.seed))
         safety_check_prompt(self, request["prompt"])
         with self._lock:
             if not self._processes:

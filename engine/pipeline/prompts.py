@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ..model.action import action_caption
 from ..model.variants import VariantInfo
 from . import captions
+from .request import Request
 
 SYSTEM_PROMPT_IMAGE = "You are a helpful assistant who will generate images from a give prompt."
 SYSTEM_PROMPT_VIDEO = "You are a helpful assistant who will generate videos from a give prompt."
@@ -28,20 +29,6 @@ class PromptTexts:
     negative_prompt_text: str
     use_system_prompt: bool
     is_json: bool
-
-
-def parse_caption(text: str, field: str = "prompt") -> dict | None:
-    """The caption object if `text` is a JSON caption; None for prose.
-
-    Text that starts like JSON but does not parse is an error, not prose: sending a broken caption
-    to the model as a sentence would silently waste the user's run.
-    """
-    if not captions.looks_like_json(text):
-        return None
-    try:
-        return captions.parse_caption(text)
-    except captions.CaptionParseError as exc:
-        raise ValueError(f"{field} looks like a JSON caption but is not valid: {exc}") from exc
 
 
 def _append(base: str, sentence: str) -> str:
@@ -64,8 +51,9 @@ def canvas_of(request: dict) -> tuple[int, int]:
     return int(request["width"]), int(request["height"])
 
 
-def build_prompt_texts(info: VariantInfo, request: dict) -> PromptTexts:
-    """Final user-message texts for a validated request (width/height already resolved)."""
+def build_prompt_texts(info: VariantInfo, request: Request) -> PromptTexts:
+    """Final user-message texts for a validated request (width/height already resolved); its captions
+    were parsed by validation and are not parsed again."""
     width, height = canvas_of(request)
     frames, fps = int(request["num_frames"]), float(request["fps"])
     prompt, negative = request["prompt"], request.get("negative_prompt") or ""
@@ -75,12 +63,12 @@ def build_prompt_texts(info: VariantInfo, request: dict) -> PromptTexts:
         text = action_caption(prompt, action["view_point"], frames, fps, height, width)
         # The reference sends the action negative as given, without templates.
         return PromptTexts(text, negative, info.default_use_system_prompt, True)
-    caption = parse_caption(prompt, "prompt")
+    caption = request.caption_of("prompt")
     if caption is not None:
         prompt_text = captions.to_prompt(captions.inject_metadata(caption, is_image=frames == 1, **geometry))
     else:
         prompt_text = apply_sentence_templates(prompt, negative=False, **geometry)
-    negative_caption = parse_caption(negative, "negative_prompt") if negative else None
+    negative_caption = request.caption_of("negative_prompt") if negative else None
     if negative_caption is not None:
         # A JSON negative describes what to avoid; the positive's canvas is not written into it.
         negative_text = captions.to_prompt(negative_caption)
@@ -101,7 +89,7 @@ def tokenize(tokenizer, text: str, *, is_image: bool, use_system_prompt: bool) -
     return list(encoded["input_ids"]) + [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|vision_start|>")]
 
 
-def preview_prompt_texts(info: VariantInfo, request: dict) -> tuple[str, str]:
+def preview_prompt_texts(info: VariantInfo, request: Request) -> tuple[str, str]:
     """What would be sent for `request` (validated), without loading the model.
 
     Action runs size their canvas from the uploaded input, so their preview uses the request's

@@ -46,7 +46,7 @@ from .media import load_image, load_video
 from ..parallel.group import GroupGenTower, group_prefill
 from .preview import Previewer, previewer
 from .prompts import build_prompt_texts, tokenize
-from .request import validate_request
+from .request import Request, validate_request
 from .transformer import GenRotary, KVCache, allocate_cache, gen_forward, prefill
 
 VAE_SPATIAL = 16
@@ -326,9 +326,8 @@ def safety_check_frames(model: LoadedModel, frames: np.ndarray) -> np.ndarray:
     return np.asarray(checked).astype(np.uint8) if is_uint8 else np.asarray(checked).astype(np.float32) / 255.0
 
 
-def _prompt_stage(model: LoadedModel, request: dict, cond: Conditioning) -> tuple[Any, list[int], list[int]]:
-    geometry = dict(request, width=cond.width, height=cond.height)
-    texts = build_prompt_texts(model.info, geometry)
+def _prompt_stage(model: LoadedModel, request: Request, cond: Conditioning) -> tuple[Any, list[int], list[int]]:
+    texts = build_prompt_texts(model.info, request.replace(width=cond.width, height=cond.height))
     is_image = request["num_frames"] == 1
     cond_ids = tokenize(model.tokenizer, texts.prompt_text, is_image=is_image, use_system_prompt=texts.use_system_prompt)
     uncond_ids = tokenize(model.tokenizer, texts.negative_prompt_text, is_image=is_image,
@@ -644,16 +643,20 @@ class _Clock:
 
 
 @torch.no_grad()
-def generate(model: LoadedModel, request: dict, on_progress: Callable[[Progress], None] | None = None,
+def generate(model: LoadedModel, request: Request | dict, on_progress: Callable[[Progress], None] | None = None,
              cancel: threading.Event | None = None, outputs_root: str | Path | None = None,
              model_name: str | None = None, previews: bool = False) -> GenerationResult:
     """Run one request. Saves files under `outputs_root` when given; a cancelled job writes nothing.
     With `previews`, `on_progress` also gets `Preview` events while denoising.
+
+    `request` is a `Request` from `validate_request` (the queue's, run as it is). A plain dict, for
+    scripts, is validated here, exactly once; nothing below validates or parses it again.
     `model` may also be a GPU group (`engine.parallel.runtime.GroupModel`), which runs it on its ranks."""
     if getattr(model, "is_group", False):
         return model.generate(request, on_progress=on_progress, cancel=cancel, outputs_root=outputs_root,
                               model_name=model_name)
-    request = validate_request(model.info, request.get("mode", "t2i"), request)
+    if not isinstance(request, Request):
+        request = validate_request(model.info, request.get("mode", "t2i"), request)
     safety_check_prompt(model, request["prompt"])
     seed = resolve_seed(request["seed"])
     generator = torch.Generator(device="cpu").manual_seed(seed)

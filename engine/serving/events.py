@@ -46,6 +46,7 @@ class Finished:
 class Failed:
     message: str
     kind: str = "error"  # "invalid" | "refused" | "oom" | "load" | "io" | "error"
+    field: str = ""  # for "invalid": the request key at fault (RequestError.field), e.g. "image"
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,14 @@ import queue as stdlib_queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 from ..model.loader import CheckpointError, LoadedModel, component_parameter_count, load_model, resolve_source
 from ..pipeline.outputs import OutputError, new_request_id
-from ..pipeline.request import validate_request
+from ..pipeline.request import Request, RequestError, validate_request
 from .events import (TERMINAL_EVENTS, Cancelled, Failed, Finished, JobCancelled, JobEvent, Progress, Queued,
                      SafetyRefusal, Started)
 from .registry import ModelRegistry
@@ -45,7 +46,7 @@ class JobFailed(RuntimeError):
 class _Job:
     id: str
     model_name: str
-    request: dict
+    request: Request | dict  # a Request validated once at submit (the worker runs exactly it), or a reasoner task
     session_id: str | None
     outputs_root: Path
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -172,18 +173,19 @@ class JobQueue:
             if not _GROUP.match(output_group):
                 raise ValueError(f"output_group must be a plain folder name, got {output_group!r}.")
             outputs_root = outputs_root / output_group
-        if not isinstance(request, dict):
-            raise ValueError(f"The request must be a JSON object, got {type(request).__name__}.")
+        if not isinstance(request, Mapping):
+            raise RequestError("", f"The request must be a JSON object, got {type(request).__name__}.")
         info = self.registry.info(model_name)
         if "task" in request:  # a reasoner request (engine/reasoner): same queue, same events
             from ..reasoner import validate_reason_request
 
             validate_reason_request(request)
+            request = dict(request)
         else:
             mode = request.get("mode")
             if mode is None:
-                raise ValueError("The request has no 'mode'; allowed: t2i, t2v, i2v, v2v, action.")
-            validate_request(info, mode, request)
+                raise RequestError("mode", "The request has no 'mode'; allowed: t2i, t2v, i2v, v2v, action.")
+            request = validate_request(info, mode, request)
         with self._lock:
             if self._closed:
                 raise RuntimeError("The job queue is shut down.")
@@ -193,7 +195,7 @@ class JobQueue:
                     "try again in a minute."
                 )
             # Unique across restarts, so an id quoted by a user finds its line in the server log.
-            job = _Job(id=new_request_id(), model_name=model_name, request=dict(request), session_id=session_id,
+            job = _Job(id=new_request_id(), model_name=model_name, request=request, session_id=session_id,
                        outputs_root=outputs_root, previews=bool(previews))
             self._waiting.append(job)
             job.events.put(Queued(position=self._position_locked(job)))
@@ -258,12 +260,12 @@ class JobQueue:
 
     # -- running a job -------------------------------------------------------------------------
 
-    def run(self, model_name: str, request: dict, outputs_root: str, on_progress=None, cancel=None,
+    def run(self, model_name: str, request: Request, outputs_root: str, on_progress=None, cancel=None,
             previews: bool = False):
         """One job, synchronously, on the calling thread: the model (cached) and `generate`.
 
         The worker calls it for every job; with `use_gpu_call` it is called inside that wrapper
-        instead (ZeroGPU), with only plain, picklable arguments.
+        instead (ZeroGPU), with only picklable arguments (a `Request` pickles as its plain values).
         """
         from ..pipeline.run import generate
 
@@ -299,7 +301,7 @@ class JobQueue:
             started = time.perf_counter()
             try:
                 if self._gpu_call is not None:
-                    result = self._gpu_call(job.model_name, dict(job.request), str(job.outputs_root))
+                    result = self._gpu_call(job.model_name, job.request, str(job.outputs_root))
                 else:
                     result = self.run(job.model_name, job.request, str(job.outputs_root),
                                       on_progress=job.events.put, cancel=job.cancel, previews=job.previews)
@@ -325,7 +327,8 @@ class JobQueue:
         if isinstance(exc, OutputError):
             return Failed(str(exc), kind="io")
         if isinstance(exc, ValueError):
-            return Failed(str(exc), kind="refused" if isinstance(exc, SafetyRefusal) else "invalid")
+            return Failed(str(exc), kind="refused" if isinstance(exc, SafetyRefusal) else "invalid",
+                          field=getattr(exc, "field", ""))
         # Not a failure the engine knows: the traceback stays in the server log under the request id,
         # and the user gets the id to quote, not the internals.
         log.error("request %s (model %s) failed unexpectedly: %r", job.id, job.model_name, exc, exc_info=exc,
