@@ -56,6 +56,9 @@ def parse_size(label: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
+SHORT_ASPECT_TERM = 16  # 16:9 is named as it is; 832x480 (26:15) is named by the nearest caption aspect
+
+
 def _aspect_name(width: int, height: int) -> str:
     """"16:9" when exact and short, else the nearest caption aspect marked approximate ("~16:9")."""
     from math import gcd
@@ -63,7 +66,7 @@ def _aspect_name(width: int, height: int) -> str:
     from engine.pipeline.captions import nearest_aspect_ratio
 
     g = gcd(width, height)
-    if max(width // g, height // g) <= 16:
+    if max(width // g, height // g) <= SHORT_ASPECT_TERM:
         return f"{width // g}:{height // g}"
     return "~" + nearest_aspect_ratio(width, height).replace(",", ":")
 

@@ -453,7 +453,7 @@ def _kept_canvas(tab: GenTab, spec: C.SamplingControls, v: dict, out: dict) -> l
     if tab.frames is not None and spec.frames_range:
         lo, hi = spec.frames_range
         frames = v[tab.frames]
-        if isinstance(frames, (int, float)) and lo <= frames <= hi and (frames - 1) % 4 == 0:
+        if isinstance(frames, (int, float)) and lo <= frames <= hi and (frames - 1) % spec.limits.frame_step == 0:
             _keep(out, tab.frames, frames)
         else:
             reasons.append(f"frames {frames} → {spec.frames}: this model runs {lo} to {hi}")

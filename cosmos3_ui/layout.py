@@ -12,6 +12,7 @@ import secrets
 
 import gradio as gr
 
+from engine.model.defaults import DEFAULT_ACTION_TIER, FRAME_STEP
 from engine.pipeline import captions
 
 from . import controls as C
@@ -151,7 +152,7 @@ def gen_tab(mode: str, label: str, model: dict, reasoner: tuple[bool, str] = (Fa
                     frames = fps = None
                     if mode == "t2v":
                         notes = C.limit_notes(spec)
-                        frames = gr.Number(spec.frames, label="Frames", info=notes.frames, step=4,
+                        frames = gr.Number(spec.frames, label="Frames", info=notes.frames, step=FRAME_STEP,
                                            elem_id=f"{mode}-frames")
                         fps = gr.Number(spec.fps, label="FPS", info=notes.fps, elem_id=f"{mode}-fps")
                 canvas_message = gr.HTML("", elem_id=f"{mode}-canvas-message", padding=False)
@@ -180,11 +181,17 @@ def action_examples(inputs: list) -> None:
                                                        "umi_push_right.json"))
     if not (frame and clip and actions):
         return
+    tier = min(value for _, value in C.tier_choices())  # the quickest tier; chunk and fps: the domain's own
+
+    def row(kind: str, domain: str, image, video, actions_file, instruction: str) -> list:
+        spec = C.domain_controls(domain)
+        return [kind, domain, image, video, actions_file, instruction, spec.chunk_size, tier, spec.fps]
+
     gr.Examples(
         examples=[
-            ["policy", "umi", frame, None, None, "push the red cube towards the plate", 16, 256, 20.0],
-            ["forward_dynamics", "umi", frame, None, actions, "", 16, 256, 20.0],
-            ["inverse_dynamics", "bridge_orig_lerobot", None, clip, None, "", 16, 256, 5.0],
+            row("policy", "umi", frame, None, None, "push the red cube towards the plate"),
+            row("forward_dynamics", "umi", frame, None, actions, ""),
+            row("inverse_dynamics", "bridge_orig_lerobot", None, clip, None, ""),
         ],
         inputs=inputs, label="Examples (a tabletop drawn for this app)", cache_examples=False,
         examples_per_page=3, elem_id="action-examples",
@@ -201,9 +208,9 @@ def _action_inputs_column(domain_spec: C.DomainControls, first_domain: str, note
     domain_note = gr.Markdown(domain_spec.note)
     gr.Markdown(C.unsupported_domains_note(), elem_classes=["lock-note"])
     with gr.Row():
-        chunk_size = gr.Number(domain_spec.chunk_size, step=4, label="Chunk size (action steps)", info=notes.chunk,
+        chunk_size = gr.Number(domain_spec.chunk_size, step=FRAME_STEP, label="Chunk size (action steps)", info=notes.chunk,
                                elem_id="action-chunk")
-        tier = gr.Dropdown(C.tier_choices(), value=256, label="Resolution tier",
+        tier = gr.Dropdown(C.tier_choices(), value=DEFAULT_ACTION_TIER, label="Resolution tier",
                            info="The canvas closest in aspect to the input; inputs are only downscaled.",
                            elem_id="action-tier")
         fps = gr.Number(domain_spec.fps, label="FPS", info=notes.fps, elem_id="action-fps")

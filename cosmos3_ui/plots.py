@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+LEGEND_MAX_CHANNELS = 30  # past this many channels a legend is noise; the plot keeps its curves only
+
 
 def actions_figure(actions, *, domain: str = "", fps: float | None = None, names: list[str] | None = None):
     """A matplotlib Figure of `actions` ([steps, channels]) as lines over time, each channel named
@@ -29,7 +31,7 @@ def actions_figure(actions, *, domain: str = "", fps: float | None = None, names
     title = f"{steps} steps x {channels} channels"
     axes.set_title(f"{domain}: {title}" if domain else title, fontsize=10)
     axes.grid(True, alpha=0.3)
-    if channels <= 30:
+    if channels <= LEGEND_MAX_CHANNELS:
         axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, ncol=1 if channels <= 12 else 2,
                     frameon=False, borderaxespad=0.0)
     figure.tight_layout()

@@ -404,10 +404,38 @@ def test_the_variant_panel_says_each_flag_once(models):
     assert C.variant_markdown(models["edge"]).count("tiny random weights") == 1
 
 
+# Keywords that place or size a component on the page, never a value of a request.
+LAYOUT_KEYWORDS = {"height", "width", "min_width", "scale", "lines", "max_lines", "max_height", "max_chars",
+                   "columns", "examples_per_page", "figsize", "dpi", "fontsize", "queue_size", "port", "ncol",
+                   "default_concurrency_limit"}
+# Named constants of the UI that are budgets of its own (time, page size), not limits of a request.
+UI_CONSTANTS = {"RECENT_CANCEL_S", "DURATION_EXTRA_S", "DURATION_MIN_S", "DURATION_MAX_S", "HISTORY_LIMIT",
+                "MAX_BATCH_BYTES", "LEGEND_MAX_CHANNELS", "SHORT_ASPECT_TERM"}
+
+
+def _literal_numbers(tree) -> list:
+    """Every int/float literal of a module, except layout keywords' values and the UI's own budgets."""
+    import ast
+
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg in LAYOUT_KEYWORDS:
+            skipped |= {id(n) for n in ast.walk(node.value)}
+        if isinstance(node, ast.arguments):  # a parameter's default, e.g. queue_size: int = 16
+            named = node.posonlyargs + node.args
+            pairs = list(zip(named[len(named) - len(node.defaults):], node.defaults))
+            pairs += [(a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if d is not None]
+            skipped |= {id(n) for a, d in pairs if a.arg in LAYOUT_KEYWORDS for n in ast.walk(d)}
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") in UI_CONSTANTS for t in node.targets):
+            skipped |= {id(n) for n in ast.walk(node.value)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and type(n.value) in (int, float)
+            and id(n) not in skipped]
+
+
 def test_no_limit_is_a_literal_in_the_ui():
     """Limits come from the engine (`engine.sampling_limits` and the tables beside it): no number control
-    carries a literal bound, and the modules that turn limits into controls and requests hold none of
-    the engine's limit values."""
+    carries a literal bound, and no module of the UI (its review desk aside, which rates results and
+    builds no request) holds one of the engine's limit values as a literal."""
     import ast
 
     from engine.model import action as A
@@ -423,8 +451,27 @@ def test_no_limit_is_a_literal_in_the_ui():
                         bounds.append(f"{path.name}:{node.lineno} {kw.arg}={kw.value.value}")
     assert bounds == []
     limits = {D.STEPS_MAX, D.GUIDANCE_MAX, D.FLOW_SHIFT_MAX, D.FPS_MAX, D.PROMPT_MAX_CHARS, D.TIMESTEP_MAX,
-              D.T2I_GUIDANCE_INTERVAL[0], D.DEFAULT_FPS, A.CHUNK_RANGE[1], A.MODEL_ACTION_WIDTH}
-    found = [f"{name}:{node.lineno} {node.value}" for name in ("controls.py", "forms.py", "requests.py", "handlers.py")
-             for node in ast.walk(ast.parse((root / name).read_text(encoding="utf-8")))
-             if isinstance(node, ast.Constant) and type(node.value) in (int, float) and node.value in limits]
+              D.SEED_MAX, D.T2I_GUIDANCE_INTERVAL[0], D.DEFAULT_FPS, D.DEFAULT_ACTION_TIER, D.DEFAULT_ACTION_CHUNK,
+              *A.CHUNK_RANGE, *A.RESOLUTION_TIERS, A.MODEL_ACTION_WIDTH}
+    modules = sorted(root.glob("*.py"))
+    assert len(modules) > 15  # every module of the UI, not a chosen few
+    found = [f"{path.name}:{node.lineno} {node.value}" for path in modules
+             for node in _literal_numbers(ast.parse(path.read_text(encoding="utf-8"))) if node.value in limits]
+    assert found == []
+
+
+def test_no_module_of_the_ui_reads_another_ones_private_names():
+    """Modules talk through public names only: no `other._name` attribute and no `from x import _name`."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in [root / "app.py", *sorted((root / "cosmos3_ui").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, ast.ImportFrom):
+                found += [f"{path.name}:{node.lineno} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
     assert found == []
