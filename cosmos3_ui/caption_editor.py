@@ -4,6 +4,10 @@ The form and the JSON stay in sync both ways through `engine.pipeline.captions` 
 the JSON re-fills the form when it parses, and editing the form merges into the JSON without
 touching fields the form does not show. Broken JSON is never overwritten; the error under the
 editor gives its line and column. Only user input events drive the sync, so updates do not echo.
+
+Each sync parses the JSON once to show it in the form; the editor keeps what it parsed (`parsed`, the
+text and its caption), so Generate merges a form edit that never reached the JSON (a paste) without
+parsing again, and sends the text for the engine to parse once, into its `Request`.
 """
 from __future__ import annotations
 
@@ -57,6 +61,11 @@ def unknown_keys_html(keys: list[str]) -> str:
             "the model was not trained on them. They are kept and sent as written unless you drop them.</div>")
 
 
+def known(text: str, caption: Any) -> dict:
+    """What the editor keeps after parsing `text`: the text and its caption (None if it did not parse)."""
+    return {"text": text, "caption": caption if isinstance(caption, dict) else None}
+
+
 def describe_problem(text: str, kind: str) -> tuple[dict | None, str]:
     """(caption or None, HTML message) for the JSON text: positioned parse errors, named field errors,
     warnings, and unknown keys."""
@@ -64,12 +73,17 @@ def describe_problem(text: str, kind: str) -> tuple[dict | None, str]:
         caption = captions.parse_caption(text)
     except captions.CaptionParseError as exc:
         return None, error_html(str(exc), exc.excerpt())
+    return caption, caption_message(caption, kind)
+
+
+def caption_message(caption: dict, kind: str) -> str:
+    """HTML for a parsed caption: named field errors, warnings, and unknown keys."""
     issues = captions.validate_caption(caption, kind)
     errors = [i for i in issues if i.severity == "error"]
     unknown = unknown_keys_html(unknown_keys(caption, kind))
     if errors:
-        return caption, error_html("Caption field errors:") + warnings_html(errors) + unknown
-    return caption, warnings_html(issues) + unknown
+        return error_html("Caption field errors:") + warnings_html(errors) + unknown
+    return warnings_html(issues) + unknown
 
 
 class CaptionEditor:
@@ -119,6 +133,7 @@ class CaptionEditor:
             self.prose = gr.Textbox(value=PROSE_EXAMPLES[kind], label="Prompt (prose)", lines=4, visible=False,
                                     elem_id=f"{elem_prefix}-prose")
             self.message = gr.HTML("", elem_id=f"{elem_prefix}-caption-message", padding=False)
+            self.parsed = gr.State(known(initial_text, initial))  # the JSON text last parsed, and its caption
             with gr.Row():
                 self.keep_unknown = gr.Button("Keep unknown keys", size="sm", visible=False,
                                               elem_id=f"{elem_prefix}-keep-unknown")
@@ -151,22 +166,31 @@ class CaptionEditor:
     @property
     def outputs(self) -> list:
         return [self.style, self.code, self.prose, self.message, self.json_group, self.keep_unknown,
-                self.drop_unknown, *self.form_components]
+                self.drop_unknown, self.parsed, *self.form_components]
 
-    def sent_json(self, v: dict) -> str:
-        """The JSON text a run sends: the JSON with the form merged in, so a form edit whose input
-        event never reached the server (a paste) is sent too. Broken JSON comes back as it is."""
+    def sent(self, v: dict) -> tuple[str, dict | None]:
+        """The JSON text a run sends, and its caption (None when the JSON does not parse): the JSON with
+        the form merged in, so a form edit whose input event never reached the server (a paste) is sent
+        too. The JSON is parsed here only when something outside the editor wrote it since its last
+        sync; otherwise the editor's own parse is reused and the engine's is the only one of the run."""
         code = v[self.code] or ""
-        try:
-            base = captions.parse_caption(code)
-        except captions.CaptionParseError:
-            return code
+        last = v.get(self.parsed) or {}
+        if last.get("text") == code:
+            base = last.get("caption")
+        else:
+            try:
+                base = captions.parse_caption(code)
+            except captions.CaptionParseError:
+                base = None
         if not isinstance(base, dict):
-            return code
+            return code, None  # broken JSON goes as it is: the engine refuses it, naming its line
         texts = {key: v[box] for key, box in self.texts.items()}
         tables = {name: v[table] for name, table in self.tables.items()}
         caption = captions.form_to_caption(base, texts, tables, self.kind)
-        return code if caption == base else captions.pretty(caption)
+        return (code, base) if caption == base else (captions.pretty(caption), caption)
+
+    def sent_json(self, v: dict) -> str:
+        return self.sent(v)[0]
 
     def choice_updates(self, caption: Any) -> dict:
         """Keep/Drop show only while the caption has keys the model does not know."""
@@ -187,6 +211,7 @@ class CaptionEditor:
             self.json_group: gr.update(visible=style == STYLE_JSON), self.prose: gr.update(value=prose, visible=style == STYLE_PROSE),
         }
         caption, message = describe_problem(json_text, self.kind)
+        out[self.parsed] = known(json_text, caption)
         out[self.message] = message if style == STYLE_JSON else ""
         out.update(self.choice_updates(caption))
         if caption is not None:
@@ -207,12 +232,13 @@ class CaptionEditor:
 
         def on_code(text):
             caption, message = describe_problem(text, kind)
-            out: dict[Any, Any] = {self.message: message, **self.choice_updates(caption)}
+            out: dict[Any, Any] = {self.message: message, self.parsed: known(text, caption),
+                                   **self.choice_updates(caption)}
             if caption is not None:
                 out.update(self.form_updates(caption))
             return out
 
-        self.code.input(on_code, inputs=self.code, outputs=[self.message, *choices, *self.form_components],
+        self.code.input(on_code, inputs=self.code, outputs=[self.message, self.parsed, *choices, *self.form_components],
                         trigger_mode="always_last", queue=False, api_visibility=PRIVATE)
 
         def on_form(text, *values):
@@ -225,11 +251,13 @@ class CaptionEditor:
             tables = dict(zip(table_names, values[len(text_keys):]))
             caption = captions.form_to_caption(base, texts, tables, kind)
             if caption == base:
-                return {}
-            _, message = describe_problem(captions.pretty(caption), kind)
-            return {self.code: captions.pretty(caption), self.message: message, **self.choice_updates(caption)}
+                return {self.parsed: known(text, base)}
+            text = captions.pretty(caption)
+            return {self.code: text, self.parsed: known(text, caption),
+                    self.message: caption_message(caption, kind), **self.choice_updates(caption)}
 
-        form_sync = dict(inputs=[self.code, *self.form_components], outputs=[self.code, self.message, *choices],
+        form_sync = dict(inputs=[self.code, *self.form_components],
+                         outputs=[self.code, self.parsed, self.message, *choices],
                          trigger_mode="always_last", queue=False, api_visibility=PRIVATE)
         for component in self.form_components:
             component.input(on_form, **form_sync)
@@ -257,13 +285,13 @@ class CaptionEditor:
             if text is None:
                 return {self.message: error_html(f"Unknown example {title!r}.")}
             caption = json.loads(text)
-            return {self.code: text, self.message: "", self.style: STYLE_JSON, self.prose: gr.update(visible=False),
-                    self.json_group: gr.update(visible=True), **self.choice_updates(caption),
-                    **self.form_updates(caption)}
+            return {self.code: text, self.parsed: known(text, caption), self.message: "", self.style: STYLE_JSON,
+                    self.prose: gr.update(visible=False), self.json_group: gr.update(visible=True),
+                    **self.choice_updates(caption), **self.form_updates(caption)}
 
         self.example.input(on_example, inputs=self.example,
-                           outputs=[self.code, self.message, self.style, self.prose, self.json_group, *choices,
-                                    *self.form_components],
+                           outputs=[self.code, self.parsed, self.message, self.style, self.prose, self.json_group,
+                                    *choices, *self.form_components],
                            queue=False, api_visibility=PRIVATE)
 
     def _wire_unknown_keys(self) -> None:
@@ -286,11 +314,11 @@ class CaptionEditor:
                 return {}
             dropped = unknown_keys(caption, kind)
             kept = {k: value for k, value in caption.items() if k not in dropped}
-            _, message = describe_problem(captions.pretty(kept), kind)
+            message = caption_message(kept, kind)
             note = f"<div class='caption-warning' role='status'>Dropped {html.escape(', '.join(dropped))}.</div>"
-            return {self.code: captions.pretty(kept), self.message: note + message, **self.choice_updates(kept),
-                    **self.form_updates(kept)}
+            return {self.code: captions.pretty(kept), self.parsed: known(captions.pretty(kept), kept),
+                    self.message: note + message, **self.choice_updates(kept), **self.form_updates(kept)}
 
-        self.drop_unknown.click(on_drop, inputs=self.code, outputs=[self.code, self.message, *choices,
+        self.drop_unknown.click(on_drop, inputs=self.code, outputs=[self.code, self.parsed, self.message, *choices,
                                                                     *self.form_components],
                                 queue=False, api_visibility=PRIVATE)

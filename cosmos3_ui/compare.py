@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from engine.pipeline import captions
-
 from . import controls as C
 from .service import JobWasCancelled, StudioError, StudioService
 
@@ -20,28 +18,12 @@ EACH_DEFAULT = "each"  # the size choice "each model's default"
 COMPARE_MODES = ("t2i", "t2v")
 
 
-def prompt_from_text(text: str, kind: str) -> str:
-    """The prompt to send: a JSON caption (checked, then serialised as the engine expects) or prose."""
-    stripped = (text or "").strip()
-    if not stripped:
-        raise StudioError("The prompt is empty: write a sentence or paste a JSON caption.", "caption")
-    if captions.looks_like_json(stripped):
-        try:
-            caption, _warnings = captions.check_caption(stripped, kind)
-        except (captions.CaptionParseError, captions.CaptionFieldError) as exc:
-            raise StudioError(f"Caption JSON: {exc}", "caption") from None
-        if not caption:
-            raise StudioError("The caption is an empty object: fill in at least one field.", "caption")
-        return captions.to_prompt(caption)
-    return stripped
-
-
 @dataclass
 class CompareSettings:
     """What the user chose once for every model."""
 
     mode: str  # "t2i" | "t2v"
-    prompt: str  # already checked (see `prompt_from_text`)
+    prompt: str  # as typed (see `requests.caption_text`); each model's engine parses it once
     seed: int  # one seed for every model; never -1 here
     negative: str = ""
     size: str = EACH_DEFAULT  # "WxH", or EACH_DEFAULT for each model's own default size
@@ -52,7 +34,7 @@ class CompareSettings:
 @dataclass
 class Slot:
     model: str
-    request: dict | None = None  # None when the model cannot run these settings
+    request: Any = None  # the engine.Request this model runs (validated once, here); None when it cannot
     reason: str | None = None
     notes: list[str] = field(default_factory=list)  # settings this model kept at its own value, and why
 
@@ -114,10 +96,10 @@ def _slot(service: StudioService, name: str, settings: CompareSettings) -> Slot:
         else:
             request["steps"] = int(settings.steps)
     try:
-        validate_request(service.info(name), mode, request)
+        validated = validate_request(service.info(name), mode, request)
     except ValueError as exc:
         return Slot(name, reason=str(exc))
-    return Slot(name, request=request, notes=notes)
+    return Slot(name, request=validated, notes=notes)
 
 
 def plan_compare(service: StudioService, models: list[str], settings: CompareSettings) -> list[Slot]:
@@ -150,7 +132,7 @@ async def run_compare(service: StudioService, slots: list[Slot], session: str,
             yield index, Outcome(slot.model, reason="Not run: the comparison was cancelled.", status="cancelled")
             continue
         try:
-            handle = service.submit(slot.model, dict(slot.request), session)
+            handle = service.submit(slot.model, slot.request, session)  # the queue keeps this Request as it is
             result = await follow(handle)
         except JobWasCancelled as exc:
             cancelled = True

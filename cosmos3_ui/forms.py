@@ -13,7 +13,7 @@ import gradio as gr
 from . import controls as C
 from . import downloads as D
 from . import history as H
-from .caption_editor import error_html
+from .caption_editor import error_html, known
 from .common import status_html
 from .files import publish, publish_all
 from .parts import ActionTab, GenTab, Page, ResultBox, SamplingBox
@@ -38,7 +38,8 @@ from .service import StudioError, StudioService
 def gen_inputs(page: Page, tab: GenTab) -> list:
     """The components a generation tab's request is read from."""
     s = tab.sampling
-    items = [page.model, *tab.editor.inputs, *tab.editor.form_components, tab.negative, tab.resolution, s.steps,
+    items = [page.model, *tab.editor.inputs, tab.editor.parsed, *tab.editor.form_components, tab.negative,
+             tab.resolution, s.steps,
              s.guidance, s.flow_shift, s.seed, s.randomize, tab.result.live_preview]
     for optional in (s.use_interval, s.interval_lo, s.interval_hi, tab.frames, tab.fps, tab.image, tab.video,
                      tab.sound):
@@ -48,11 +49,13 @@ def gen_inputs(page: Page, tab: GenTab) -> list:
 
 
 def gen_request(tab: GenTab, v: dict) -> dict:
-    """The engine request a generation tab's values describe; raises StudioError naming the input."""
+    """The engine request a generation tab's values describe, built once and sent as it is: the
+    engine parses its caption once, into the `Request` the queue keeps. Raises StudioError naming
+    the input when a box is empty."""
     s = tab.sampling
     style, prose = v[tab.editor.style], v[tab.editor.prose]
-    prompt, _warnings = prompt_from_editor(style, tab.editor.sent_json(v), prose, tab.kind)
-    negative = negative_from_text(v[tab.negative], tab.kind)
+    prompt = prompt_from_editor(style, tab.editor.sent_json(v), prose)
+    negative = negative_from_text(v[tab.negative])
     sampling = Sampling(
         resolution=v[tab.resolution], steps=v[s.steps], guidance_scale=v[s.guidance], flow_shift=v[s.flow_shift],
         seed=v[s.seed], randomize=v[s.randomize],
@@ -74,8 +77,8 @@ def gen_ui_state(tab: GenTab, v: dict) -> dict:
 
 def synced_caption(tab: GenTab, v: dict) -> dict:
     """The JSON box made to show what was sent, when a form edit had not reached it yet."""
-    sent = tab.editor.sent_json(v)
-    return {} if sent == v[tab.editor.code] else {tab.editor.code: sent}
+    sent, caption = tab.editor.sent(v)
+    return {} if sent == v[tab.editor.code] else {tab.editor.code: sent, tab.editor.parsed: known(sent, caption)}
 
 
 def action_inputs(page: Page) -> list:
@@ -154,7 +157,7 @@ def preview_texts(service: StudioService, model: str, request: dict) -> tuple[st
     try:
         validated = validate_request(info, request["mode"], request)
     except ValueError as exc:
-        raise StudioError(str(exc)) from None
+        raise StudioError.refused(exc) from None
     return preview_prompt_texts(info, validated)
 
 
@@ -218,49 +221,58 @@ def history_updates(page: Page, history: list) -> dict:
     return {page.history.state: history, page.history.gallery: H.gallery_items(history)}
 
 
-# Where a refusal is shown: the UI's field names and the engine's request keys, to a place in the tab.
+# Where a refusal is shown, by the request key at fault (`RequestError.field`, the engine's words, or
+# the UI's own "resolution" and "file"): a place in the tab. Sub-keys ("prompt.subjects[0].age") go
+# where their top key goes, unless they are listed themselves.
 PLACES = {
-    "caption": "caption", "prompt": "caption", "negative": "negative", "negative_prompt": "negative",
-    "steps": "sampling", "guidance": "sampling", "guidance_scale": "sampling", "guidance_interval": "sampling",
-    "flow_shift": "sampling", "seed": "sampling",
-    "resolution": "canvas", "width": "canvas", "height": "canvas", "frames": "canvas", "num_frames": "canvas",
-    "fps": "canvas", "sound": "canvas", "chunk": "canvas", "action": "canvas",
-    "image": "upload", "video": "upload", "actions": "upload", "file": "upload",
+    "prompt": "caption", "negative_prompt": "negative",
+    "steps": "sampling", "guidance_scale": "sampling", "guidance_interval": "sampling", "flow_shift": "sampling",
+    "seed": "sampling",
+    "resolution": "canvas", "width": "canvas", "height": "canvas", "num_frames": "canvas", "fps": "canvas",
+    "sound": "canvas", "action": "canvas",
+    "image": "upload", "video": "upload", "action.actions": "upload", "file": "upload",
 }
 
 
+def _top_key(field: str) -> str:
+    return (field or "").split("[")[0].split(".")[0]
+
+
 def _place(field: str) -> str:
-    field = field or ""
-    return PLACES.get(field) or PLACES.get(field.split(".")[0].split("[")[0], "")
+    field = (field or "").split("[")[0]
+    return PLACES.get(field) or PLACES.get(_top_key(field), "")
 
 
-def _field_controls(tab, field: str) -> list:
-    """The controls a refusal of `field` is about, to mark them."""
+def _control_table(tab) -> dict:
+    """{request key: the controls that set it} for one tab."""
     s = tab.sampling
-    key = (field or "").split("[")[0]
     table = {
-        "steps": [s.steps], "guidance": [s.guidance], "guidance_scale": [s.guidance], "flow_shift": [s.flow_shift],
+        "steps": [s.steps], "guidance_scale": [s.guidance], "flow_shift": [s.flow_shift],
         "guidance_interval": [s.interval_lo, s.interval_hi], "seed": [s.seed], "fps": [tab.fps],
         "image": [tab.image], "video": [tab.video],
     }
     if isinstance(tab, GenTab):
-        table.update({"resolution": [tab.resolution], "width": [tab.resolution], "height": [tab.resolution],
-                      "frames": [tab.frames], "num_frames": [tab.frames], "sound": [tab.sound]})
+        table.update({"prompt": [tab.editor.code], "negative_prompt": [tab.negative], "resolution": [tab.resolution],
+                      "width": [tab.resolution], "height": [tab.resolution], "num_frames": [tab.frames],
+                      "sound": [tab.sound]})
     else:
-        table.update({"actions": [tab.actions_file], "action.actions": [tab.actions_file],
-                      "chunk": [tab.chunk_size], "action.chunk_size": [tab.chunk_size], "file": [tab.actions_file]})
-    return [c for c in table.get(key, []) if c is not None]
+        table.update({"prompt": [tab.instruction], "action.actions": [tab.actions_file], "file": [tab.actions_file],
+                      "action.chunk_size": [tab.chunk_size], "action.resolution_tier": [tab.tier],
+                      "action.domain": [tab.domain], "action.view_point": [tab.view_point], "action.kind": [tab.kind]})
+    return table
+
+
+def _field_controls(tab, field: str) -> list:
+    """The controls a refusal of `field` is about, to mark them."""
+    table = _control_table(tab)
+    key = (field or "").split("[")[0]
+    controls = table.get(key) or table.get(_top_key(key), [])
+    return [c for c in controls if c is not None]
 
 
 def marked_controls(tab) -> list:
     """Every control a refusal may mark (so the next run can unmark them)."""
-    s = tab.sampling
-    out = [s.steps, s.guidance, s.flow_shift, s.interval_lo, s.interval_hi, s.seed, tab.fps, tab.image, tab.video]
-    if isinstance(tab, GenTab):
-        out += [tab.resolution, tab.frames, tab.sound]
-    else:
-        out += [tab.actions_file, tab.chunk_size]
-    return [c for c in out if c is not None]
+    return list(dict.fromkeys(c for controls in _control_table(tab).values() for c in controls if c is not None))
 
 
 def _message_box(tab, place: str):
@@ -269,11 +281,12 @@ def _message_box(tab, place: str):
     if isinstance(tab, GenTab):
         return {"caption": tab.editor.message, "negative": tab.negative_message,
                 "canvas": tab.canvas_message, "upload": tab.canvas_message}.get(place)
-    return tab.upload_message if place in ("canvas", "upload") else None
+    return tab.upload_message if place in ("canvas", "upload", "caption") else None
 
 
 def error_updates(tab, exc: StudioError) -> dict:
-    """The message in the tab's status line and beside the input it concerns, that input marked."""
+    """The message in the tab's status line and beside the input it concerns, that input marked:
+    placed by the refusal's field (`RequestError.field`), never by its wording."""
     message = str(exc)
     out: dict[Any, Any] = {tab.result.status: status_html(message, "error")}
     place = _place(exc.field)
@@ -282,7 +295,7 @@ def error_updates(tab, exc: StudioError) -> dict:
     if box is not None:
         # An upload's message names the input it is about, as the page labels it.
         named = f"{controls[0].label}: {message}" if place == "upload" and controls else message
-        out[box] = error_html(named)
+        out[box] = error_html(named, exc.excerpt)
     if place == "sampling":
         out[tab.sampling.accordion] = gr.update(open=True)
     for control in controls:

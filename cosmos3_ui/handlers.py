@@ -117,8 +117,8 @@ class Handlers:
         page = self.page
         inputs = F.gen_inputs(page, tab)
         box = tab.result
-        outputs = [*F.result_outputs(tab), tab.editor.code, *F.error_outputs(tab), page.history.state,
-                   page.history.gallery]
+        outputs = list(dict.fromkeys([*F.result_outputs(tab), tab.editor.code, tab.editor.parsed, *F.error_outputs(tab),
+                                      page.history.state, page.history.gallery]))
 
         async def generate(v: dict, request: gr.Request, progress=gr.Progress()):
             model = v[page.model]
@@ -161,8 +161,8 @@ class Handlers:
         page, a = self.page, self.page.action
         box = a.result
         inputs = F.action_inputs(page)
-        outputs = [*F.result_outputs(a), a.plot, a.actions_download, *F.error_outputs(a), page.history.state,
-                   page.history.gallery]
+        outputs = list(dict.fromkeys([*F.result_outputs(a), a.plot, a.actions_download, *F.error_outputs(a),
+                                      page.history.state, page.history.gallery]))
         self.wire_action_controls(a)
 
         async def generate(v: dict, request: gr.Request, progress=gr.Progress()):

@@ -1,13 +1,17 @@
 """Engine requests from what the user typed, and from `/generate`'s arguments. Pure functions.
 
-Problems come back as `StudioError` with the input they concern, so the UI can show the message
-next to it. The engine validates again (and is the authority on limits); what is checked here is
-only what the engine cannot see: the caption's own syntax and field types, which upload is which.
+The engine validates a request once (`engine.validate_request` makes the `Request` the queue keeps,
+parsing and type-checking a JSON caption there) and is the only authority on limits; its
+`RequestError.field` names the request key at fault. What is checked here is only what the engine
+cannot see: an empty box (the engine would silently take its default), a JSON-style prompt that is
+not an object at all, which upload is which. Those come back as `StudioError` with the request key
+they concern (`"prompt"`, `"steps"`, `"action.actions"`...), the engine's own vocabulary, so the UI
+marks every refusal the same way.
 """
 from __future__ import annotations
 
 import json
-import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,64 +28,53 @@ STYLE_PROSE = "Prose"
 PROMPT_STYLES = (STYLE_JSON, STYLE_PROSE)
 
 
-def prompt_from_editor(style: str, json_text: str, prose_text: str, kind: str) -> tuple[str, list]:
-    """The prompt string to send and any caption warnings; raises StudioError(field="caption")."""
-    if style == STYLE_PROSE:
-        text = (prose_text or "").strip()
-        if not text:
-            raise StudioError("The prompt is empty: describe the scene in a sentence or two.", "caption")
-        return text, []
-    try:
-        caption, warnings = captions.check_caption(json_text or "", kind)
-    except captions.CaptionParseError as exc:
-        raise StudioError(f"Caption JSON: {exc}", "caption") from None
-    except captions.CaptionFieldError as exc:
-        raise StudioError(str(exc), "caption") from None
-    if not caption:
-        raise StudioError("The caption is an empty object: fill in at least one field.", "caption")
-    return captions.to_prompt(caption), warnings
+_EMPTY_OBJECT = re.compile(r"\s*\{\s*\}\s*")
 
 
-def negative_from_text(text: str, kind: str) -> str:
-    """The negative prompt: a JSON caption (checked like the prompt) or prose, or empty."""
+def caption_text(text: str, *, json_style: bool, field: str = "prompt") -> str:
+    """The prompt text as it is sent: a JSON caption goes as written and is parsed once, by the engine.
+
+    Refused here only what the engine would take silently: an empty box, an empty object, and text in
+    the JSON editor that is not an object at all (the engine would send it to the model as prose).
+    """
     stripped = (text or "").strip()
     if not stripped:
-        return ""
-    if captions.looks_like_json(stripped):
-        try:
-            caption, _ = captions.check_caption(stripped, kind)
-        except (captions.CaptionParseError, captions.CaptionFieldError) as exc:
-            raise StudioError(f"Negative caption: {exc}", "negative") from None
-        return captions.to_prompt(caption)
+        what = "write a JSON caption" if json_style else "describe the scene in a sentence or two"
+        raise StudioError(f"The prompt is empty: {what}.", field)
+    if json_style and not captions.looks_like_json(stripped):
+        raise StudioError("The caption must be a JSON object {...}; pick Prose to send a sentence.", field)
+    if _EMPTY_OBJECT.fullmatch(stripped):
+        raise StudioError("The caption is an empty object: fill in at least one field.", field)
     return stripped
 
 
-def _number(value: Any, name: str, field: str, *, whole: bool) -> float:
-    """A finite number from a form control; `whole` also demands an integer value."""
-    kind = "a whole number" if whole else "a number"
+def prompt_from_editor(style: str, json_text: str, prose_text: str) -> str:
+    """The prompt to send from the caption editor; raises StudioError(field="prompt")."""
+    if style == STYLE_PROSE:
+        return caption_text(prose_text, json_style=False)
+    return caption_text(json_text, json_style=True)
+
+
+def negative_from_text(text: str) -> str:
+    """The negative prompt as sent (a JSON caption or prose; the engine parses it once), or empty."""
+    stripped = (text or "").strip()
+    return caption_text(stripped, json_style=False, field="negative_prompt") if stripped else ""
+
+
+def _number(value: Any, name: str, field: str) -> Any:
+    """A number control's value as the engine gets it; only an empty box is refused here (the engine
+    would take its default instead). Range and type are the engine's to refuse, in the API's words."""
     if value is None or isinstance(value, bool) or value == "":
-        raise StudioError(f"{name} is empty; enter {kind}.", field)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise StudioError(f"{name} must be {kind}, got {value!r}.", field) from None
-    if not math.isfinite(number) or (whole and number != int(number)):
-        raise StudioError(f"{name} must be {'a whole' if whole else 'a finite'} number, got {value!r}.", field)
-    return number
-
-
-def _int(value: Any, name: str, field: str) -> int:
-    return int(_number(value, name, field, whole=True))
-
-
-def _float(value: Any, name: str, field: str) -> float:
-    return _number(value, name, field, whole=False)
+        raise StudioError(f"{name} is empty; enter a number.", field)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # a whole number from a browser box (a double) goes as one
+    return value
 
 
 def seed_value(seed: Any, randomize: bool) -> int:
     if randomize:
         return -1
-    return _int(seed, "Seed", "seed")
+    return _number(seed, "Seed", "seed")
 
 
 @dataclass
@@ -102,9 +95,9 @@ class Sampling:
 
     def common(self) -> dict:
         return {
-            "steps": _int(self.steps, "Steps", "steps"),
-            "guidance_scale": _float(self.guidance_scale, "Guidance", "guidance"),
-            "flow_shift": _float(self.flow_shift, "Flow shift", "flow_shift"),
+            "steps": _number(self.steps, "Steps", "steps"),
+            "guidance_scale": _number(self.guidance_scale, "Guidance scale", "guidance_scale"),
+            "flow_shift": _number(self.flow_shift, "Flow shift", "flow_shift"),
             "seed": seed_value(self.seed, self.randomize),
         }
 
@@ -120,8 +113,8 @@ class Sampling:
     def interval(self) -> list[float] | None:
         if not self.use_interval:
             return None
-        return [_float(self.interval_lo, "Guidance interval start", "guidance"),
-                _float(self.interval_hi, "Guidance interval end", "guidance")]
+        return [_number(self.interval_lo, "Interval start", "guidance_interval"),
+                _number(self.interval_hi, "Interval end", "guidance_interval")]
 
 
 def image_request(prompt: str, negative: str, sampling: Sampling) -> dict:
@@ -139,7 +132,7 @@ def video_request(prompt: str, negative: str, sampling: Sampling, *, image: str 
     mode = "i2v" if image else "v2v" if video else "t2v"
     request = {
         "mode": mode, "prompt": prompt, "negative_prompt": negative, **sampling.canvas(),
-        "num_frames": _int(sampling.frames, "Frames", "frames"), "fps": _float(sampling.fps, "FPS", "fps"),
+        "num_frames": _number(sampling.frames, "Frames", "num_frames"), "fps": _number(sampling.fps, "FPS", "fps"),
         "guidance_interval": None, "sound": bool(sound), **sampling.common(),
     }
     if image:
@@ -168,19 +161,19 @@ def load_actions(path: str, domain: str) -> list[list[float]]:
     try:
         return load_actions_file(path, domain)
     except ValueError as exc:
-        raise StudioError(str(exc), "actions") from None
+        raise StudioError(str(exc), "action.actions") from None
 
 
 def action_request(inputs: ActionInputs, sampling: Sampling) -> dict:
     kind = inputs.kind
     action: dict[str, Any] = {
         "kind": kind, "domain": inputs.domain, "view_point": inputs.view_point,
-        "chunk_size": _int(inputs.chunk_size, "Chunk size", "chunk"),
-        "resolution_tier": _int(inputs.resolution_tier, "Resolution tier", "tier"),
+        "chunk_size": _number(inputs.chunk_size, "Chunk size", "action.chunk_size"),
+        "resolution_tier": _number(inputs.resolution_tier, "Resolution tier", "action.resolution_tier"),
     }
     request: dict[str, Any] = {
         "mode": "action", "prompt": (inputs.instruction or "").strip(), "negative_prompt": "",
-        "fps": _float(sampling.fps, "FPS", "fps"), **sampling.common(),
+        "fps": _number(sampling.fps, "FPS", "fps"), **sampling.common(),
     }
     if kind == "inverse_dynamics":
         if not inputs.video:
@@ -198,7 +191,7 @@ def action_request(inputs: ActionInputs, sampling: Sampling) -> dict:
             request["video"] = inputs.video
     if kind == "forward_dynamics":
         if not inputs.actions_file:
-            raise StudioError("Forward dynamics needs an actions file [T, D] (JSON, CSV or NPY).", "actions")
+            raise StudioError("Forward dynamics needs an actions file [T, D] (JSON, CSV or NPY).", "action.actions")
         action["actions"] = load_actions(inputs.actions_file, inputs.domain)
     request["action"] = action
     return request

@@ -30,13 +30,12 @@ from .compare import (
     outcome_summary,
     outcome_title,
     plan_compare,
-    prompt_from_text,
     run_compare,
     size_choices,
 )
 from .jobs import JobFollower, session_of
 from .parts import HistoryBox
-from .requests import STYLE_JSON, STYLE_PROSE, negative_from_text, seed_value
+from .requests import STYLE_JSON, STYLE_PROSE, caption_text, negative_from_text, seed_value
 from .service import StudioError, StudioService
 
 MAX_COMPARE_SLOTS = 6
@@ -122,14 +121,13 @@ class CompareTab:
         mode = v[self.mode]
         if mode not in COMPARE_MODES:
             raise StudioError(f"Pick a mode: text to image or text to video (got {mode!r}).")
-        kind = captions.kind_for_mode(mode)
         seed = seed_value(v[self.seed], bool(v[self.randomize]))
         if seed < 0:
             seed = secrets.randbelow(UI_SEED_MAX)  # one seed drawn here, so every model gets the same one
         frames = int(v[self.frames] or 0) if mode == "t2v" else 0
         steps = int(v[self.steps] or 0)
-        settings = CompareSettings(mode=mode, prompt=prompt_from_text(v[self.prompt], kind), seed=seed,
-                                   negative=negative_from_text(v[self.negative], kind),
+        settings = CompareSettings(mode=mode, prompt=caption_text(v[self.prompt], json_style=False), seed=seed,
+                                   negative=negative_from_text(v[self.negative]),
                                    size=v[self.size] or EACH_DEFAULT, frames=frames or None, steps=steps or None)
         models = list(v[self.models] or [])
         if len(models) > self.slot_count:

@@ -32,12 +32,24 @@ STAGE_LABELS = {
 
 
 class StudioError(ValueError):
-    """A message for the user. `field` says which input it belongs to ("caption", "negative",
-    "image", "video", "actions", "resolution", "frames", "model", "queue" or "" for general)."""
+    """A message for the user. `field` says which input it belongs to: a request key as the engine's
+    `RequestError.field` names it ("prompt.subjects[0]", "steps", "image", "action.actions"...), or
+    one of the UI's own ("resolution", "file", "model", "queue"), or "" for none. `excerpt` shows
+    where a caption's JSON broke (its line, a caret under the column)."""
 
-    def __init__(self, message: str, field: str = ""):
+    def __init__(self, message: str, field: str = "", excerpt: str = ""):
         super().__init__(message)
         self.field = field
+        self.excerpt = excerpt
+
+    @classmethod
+    def refused(cls, exc: ValueError) -> "StudioError":
+        """The engine's refusal as the UI shows it: its words, its field, and the caption's excerpt."""
+        from engine.pipeline.captions import CaptionParseError
+
+        cause = exc.__cause__
+        excerpt = cause.excerpt() if isinstance(cause, CaptionParseError) else ""
+        return cls(redact(str(exc)), getattr(exc, "field", ""), excerpt)
 
 
 class JobWasCancelled(Exception):
@@ -52,22 +64,6 @@ class JobWasCancelled(Exception):
         if self.step is not None and self.total:
             return f"Cancelled after denoising step {self.step} of {self.total}; nothing was saved."
         return "Cancelled before it started; nothing was saved."
-
-
-def field_of(message: str) -> str:
-    """Which input an engine validation message is about, from its leading words."""
-    text = message.lower()
-    for prefix, name in (
-        ("size ", "resolution"), ("width", "resolution"), ("height", "resolution"), ("num_frames", "frames"),
-        ("prompt", "caption"), ("negative_prompt", "negative"), ("the image", "image"), ("image", "image"),
-        ("the video", "video"), ("video", "video"), ("the actions", "actions"), ("action.actions", "actions"),
-        ("unknown model", "model"), ("steps", "steps"), ("this distilled", "steps"), ("guidance", "guidance"),
-        ("seed", "seed"), ("fps", "fps"), ("sound", "sound"), ("flow_shift", "flow_shift"),
-        ("with flow_shift", "steps"), ("action.chunk_size", "chunk"),
-    ):
-        if text.startswith(prefix):
-            return name
-    return ""
 
 
 @dataclass
@@ -199,7 +195,7 @@ def apply_event(status: JobStatus, event) -> Any:
         return event.result
     elif isinstance(event, Failed):
         message = redact(event.message)  # an I/O failure names its folder: never the server's path
-        raise StudioError(message, field_of(message) if event.kind == "invalid" else "")
+        raise StudioError(message, event.field if event.kind == "invalid" else "")
     elif isinstance(event, Cancelled):
         raise JobWasCancelled(status.denoise_step, status.denoise_total)
     return None
@@ -263,9 +259,10 @@ class StudioService:
 
     # -- jobs -----------------------------------------------------------------------------------
 
-    def submit(self, model_name: str, request: dict, session: str, previews: bool = False):
-        """Validate and queue; user mistakes come back as StudioError naming the input. With `previews`
-        the job sends a cheap preview image every few denoising steps."""
+    def submit(self, model_name: str, request, session: str, previews: bool = False):
+        """Queue a request (a dict, or an `engine.Request` already validated): the queue validates it
+        once and keeps the `Request`. A refusal comes back as StudioError carrying the engine's field.
+        With `previews` the job sends a cheap preview image every few denoising steps."""
         from engine.serving.queue import QueueFull
 
         self.describe(model_name)
@@ -275,8 +272,8 @@ class StudioService:
             return self.queue.submit(model_name, request, session_id=session)
         except QueueFull as exc:
             raise StudioError(str(exc), "queue") from None
-        except ValueError as exc:
-            raise StudioError(str(exc), field_of(str(exc))) from None
+        except ValueError as exc:  # engine.RequestError: its message and .field
+            raise StudioError.refused(exc) from None
 
     def record(self, result, model_name: str, origin: str) -> None:
         """Make a finished result reviewable (review mode only). `origin`: "ui", "api", "compare"."""

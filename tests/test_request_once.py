@@ -95,16 +95,26 @@ def test_the_queue_keeps_the_request_it_validated(queue, counts):
     assert result.params["prompt"] == CAPTION and result.params["steps"] == 2
 
 
-@pytest.mark.xfail(strict=True, reason="ui: prompt_from_editor parses and type-checks the editor's caption "
-                                       "before submit; the engine's Request should be the only parse")
 def test_ui_handler_path_parses_once(queue, counts):
-    from cosmos3_ui.requests import STYLE_JSON, Sampling, image_request, prompt_from_editor
+    """The Studio's own Generate path (the T2I tab's values -> `forms.gen_request` -> `StudioService.submit`),
+    with a Form field edited whose event never reached the JSON (a paste): one validation, one parse."""
+    from cosmos3_ui import forms
+    from cosmos3_ui.layout import Studio
 
-    prompt, _warnings = prompt_from_editor(STYLE_JSON, CAPTION, "", "image")
-    request = image_request(prompt, "", Sampling(resolution="64x64", steps=2, guidance_scale=4.0, flow_shift=3.0,
-                                                 seed=3, randomize=False))
-    _service(queue).submit("nano", request, "session-2").result(timeout=300)
+    studio = Studio(_service(queue))
+    try:
+        tab = studio.page.t2i
+        v = {c: c.value for c in forms.gen_inputs(studio.page, tab)}
+        v.update({studio.page.model: "nano", tab.resolution: "64x64", tab.sampling.steps: 2,
+                  tab.sampling.randomize: False, tab.sampling.seed: 3,
+                  tab.editor.texts["context"]: "PASTEDCONTEXT at a wedding"})
+        counts.update(validations=0, parses=0)  # building the page parsed the example captions once each
+        request = forms.gen_request(tab, v)
+        result = studio.service.submit("nano", request, "session-2").result(timeout=300)
+    finally:
+        studio.close()
     assert counts == {"validations": 1, "parses": 1}
+    assert "PASTEDCONTEXT at a wedding" in result.params["prompt"] and result.seed == 3
 
 
 def test_every_entry_point_refuses_a_wrongly_typed_caption_field(queue, tiny_family, tmp_path, capsys):

@@ -26,7 +26,7 @@ from cosmos3_ui.requests import (
     prompt_from_editor,
     video_request,
 )
-from cosmos3_ui.service import ActiveJobs, JobStatus, StudioError, apply_event, field_of
+from cosmos3_ui.service import ActiveJobs, JobStatus, StudioError, apply_event
 from engine.model.action import ACTION_DOMAINS, CHUNK_RANGE, SUPPORTED_DOMAINS
 from engine.serving.events import Cancelled, Failed, Finished, Progress, Queued, Started
 from engine.serving.registry import ModelEntry, ModelRegistry
@@ -124,31 +124,54 @@ def test_action_controls_come_from_the_domain_table():
 # Requests from the inputs
 # ---------------------------------------------------------------------------------------------
 
-def test_prompt_from_the_editor():
-    text, warnings = prompt_from_editor(STYLE_JSON, '{\n "context": "café"\n}', "", "image")
-    assert text == '{"context": "café"}' and warnings == []
-    assert prompt_from_editor(STYLE_PROSE, "", "  a boat  ", "video")[0] == "a boat"
-    _, warnings = prompt_from_editor(STYLE_JSON, '{"segments": [], "context": "x"}', "", "image")
-    assert [w.path for w in warnings] == ["segments"]
+def test_prompt_from_the_editor_is_sent_as_written_for_the_engine_to_parse_once(monkeypatch):
+    from engine.pipeline import captions
+
+    def no_parse(*args):
+        raise AssertionError("the UI parsed the caption; the engine's Request is the one parse")
+
+    monkeypatch.setattr(captions, "parse_caption", no_parse)
+    assert prompt_from_editor(STYLE_JSON, '{\n "context": "café"\n}\n', "") == '{\n "context": "café"\n}'
+    assert prompt_from_editor(STYLE_PROSE, "", "  a boat  ") == "a boat"
+    # Broken or wrongly typed JSON goes as written: the engine refuses it, naming the field.
+    assert prompt_from_editor(STYLE_JSON, '{"lighting": "dim"}', "") == '{"lighting": "dim"}'
     for style, code, prose, fragment in (
-        (STYLE_JSON, '{"context": "x",}', "", "Line 1, column 17"),
-        (STYLE_JSON, '{"lighting": "dim"}', "", "lighting: must be an object"),
-        (STYLE_JSON, "{}", "", "empty object"),
+        (STYLE_JSON, " { } ", "", "empty object"),
+        (STYLE_JSON, "a red kite", "", "must be a JSON object"),  # the engine would send it as prose
+        (STYLE_JSON, "  ", "", "empty"),
         (STYLE_PROSE, "", "   ", "empty"),
     ):
         with pytest.raises(StudioError) as info:
-            prompt_from_editor(style, code, prose, "image")
-        assert fragment in str(info.value) and info.value.field == "caption"
+            prompt_from_editor(style, code, prose)
+        assert fragment in str(info.value) and info.value.field == "prompt"
 
 
-def test_negative_prompt_is_json_checked_or_prose():
-    assert negative_from_text("", "video") == ""
-    assert negative_from_text(" blurry ", "video") == "blurry"
+def test_the_engines_refusal_reaches_the_ui_with_its_field_and_the_captions_excerpt(tiny_family):
+    import engine
+
+    info = engine.inspect_checkpoint(tiny_family["nano"])
+    for prompt, field, fragment in (
+        ('{"context": "x",}', "prompt", "Line 1, column 17"),
+        ('{"lighting": "dim"}', "prompt.lighting", "lighting: must be an object"),
+    ):
+        with pytest.raises(engine.RequestError) as refused:
+            engine.validate_request(info, "t2i", {"prompt": prompt})
+        error = StudioError.refused(refused.value)
+        assert error.field == field and fragment in str(error)
+    with pytest.raises(engine.RequestError) as refused:
+        engine.validate_request(info, "t2i", {"prompt": '{\n "a": 1\n "b": 2\n}'})
+    excerpt = StudioError.refused(refused.value).excerpt
+    assert '"b": 2' in excerpt and "^" in excerpt  # the line and a caret, as the editor shows them
+
+
+def test_negative_prompt_is_sent_as_written():
+    assert negative_from_text("") == "" and negative_from_text("   ") == ""
+    assert negative_from_text(" blurry ") == "blurry"
     negative = (ASSETS / "captions" / "negative_video.json").read_text()
-    assert json.loads(negative_from_text(negative, "video")) == json.loads(negative)
+    assert json.loads(negative_from_text(negative)) == json.loads(negative)
     with pytest.raises(StudioError) as info:
-        negative_from_text('{"style_medium": 3}', "video")
-    assert info.value.field == "negative" and "style_medium" in str(info.value)
+        negative_from_text("{}")
+    assert info.value.field == "negative_prompt"
 
 
 def test_image_and_video_requests():
@@ -165,12 +188,14 @@ def test_image_and_video_requests():
     with pytest.raises(StudioError, match="not both"):
         video_request("p", "", video, image="/a.png", video="/c.mp4", sound=False)
     for bad, field in ((Sampling(resolution=None), "resolution"), (Sampling(resolution="64x64", steps=None), "steps"),
-                       (Sampling(resolution="64x64", steps=2.5), "steps"),
                        (Sampling(resolution="64x64", seed=None, randomize=False), "seed"),
-                       (Sampling(resolution="64x64", guidance_scale=float("nan")), "guidance")):
+                       (Sampling(resolution="64x64", guidance_scale=""), "guidance_scale")):
         with pytest.raises(StudioError) as info:
             image_request("p", "", bad)
         assert info.value.field == field
+    # Anything else goes to the engine as typed, to be refused there in the API's own words.
+    odd = image_request("p", "", Sampling(resolution="64x64", steps=2.5, guidance_scale=1000, seed=0, randomize=False))
+    assert odd["steps"] == 2.5 and odd["guidance_scale"] == 1000
 
 
 def test_action_requests(tmp_path):
@@ -194,9 +219,9 @@ def test_action_requests(tmp_path):
         (ActionInputs("inverse_dynamics", "umi", "ego_view", 16, 256), "video", "needs a video"),
         (ActionInputs("policy", "umi", "ego_view", 16, 256), "image", "needs a first frame"),
         (ActionInputs("policy", "umi", "ego_view", 16, 256, image="/a.png", video="/b.mp4"), "image", "not both"),
-        (ActionInputs("forward_dynamics", "umi", "ego_view", 16, 256, image="/a.png"), "actions", "actions file"),
+        (ActionInputs("forward_dynamics", "umi", "ego_view", 16, 256, image="/a.png"), "action.actions", "actions file"),
         (ActionInputs("forward_dynamics", "pusht", "ego_view", 4, 256, image="/a.png", actions_file=str(wide)),
-         "actions", "takes exactly 2"),
+         "action.actions", "takes exactly 2"),
     )
     for inputs, field, fragment in cases:
         with pytest.raises(StudioError) as info:
@@ -258,12 +283,11 @@ def test_events_drive_the_status_text():
     assert status.describe() == "Denoising: step 3/10 · about 2 s left"
     assert apply_event(status, Finished(result="R")) == "R"
     with pytest.raises(StudioError) as info:
-        apply_event(JobStatus(), Failed("Size 8x8 is not allowed", kind="invalid"))
-    assert info.value.field == "resolution"
+        apply_event(JobStatus(), Failed("Size 8x8 is not allowed", kind="invalid", field="width"))
+    assert info.value.field == "width"  # the engine's field, never guessed from the words
     with pytest.raises(Exception) as info:
         apply_event(status, Cancelled())
     assert info.value.message() == "Cancelled after denoising step 3 of 10; nothing was saved."
-    assert field_of("num_frames must be 4k+1") == "frames" and field_of("Something else") == ""
 
 
 def test_cancel_reaches_only_the_sessions_own_job():
@@ -475,3 +499,24 @@ def test_no_module_of_the_ui_reads_another_ones_private_names():
                 found += [f"{path.name}:{node.lineno} import {a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert found == []
+
+
+def test_a_refusal_marks_the_control_its_field_names_never_by_its_words(page):
+    t2i, action = page.t2i, page.action
+    marked = lambda out: {c for c, u in out.items() if isinstance(u, dict) and u.get("elem_classes") == ["field-error"]}
+    out = F.error_updates(t2i, StudioError("prompt: Caption field error: subjects[0].age: ...", "prompt.subjects[0].age",
+                                           excerpt="   3 | x\n     | ^"))
+    assert marked(out) == {t2i.editor.code} and "^" in out[t2i.editor.message]
+    out = F.error_updates(t2i, StudioError("guidance_interval must satisfy ...", "guidance_interval"))
+    assert marked(out) == {t2i.sampling.interval_lo, t2i.sampling.interval_hi} and t2i.sampling.message in out
+    out = F.error_updates(page.t2v, StudioError("Size 8x8 is not allowed", "width"))
+    assert marked(out) == {page.t2v.resolution} and page.t2v.canvas_message in out
+    out = F.error_updates(action, StudioError("action.chunk_size must be a multiple of 4", "action.chunk_size"))
+    assert marked(out) == {action.chunk_size} and action.upload_message in out
+    out = F.error_updates(action, StudioError("The image 'x.png' could not be decoded", "image"))
+    assert marked(out) == {action.image} and "First frame (image): The image" in out[action.upload_message]
+    # Words that name a control do not place the message: only the field does.
+    out = F.error_updates(t2i, StudioError("steps must be in [1, 200], got 99999.", ""))
+    assert marked(out) == set() and set(out) == {t2i.result.status}
+    cleared = F.clear_errors(t2i)
+    assert t2i.editor.code in cleared and all(c in F.error_outputs(t2i) for c in cleared)
