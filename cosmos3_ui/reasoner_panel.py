@@ -19,9 +19,10 @@ import gradio as gr
 from engine.pipeline import captions
 from engine.reasoner import REASON_TABLE, SAMPLING_LIMITS, ReasonerText
 from engine.reasoner.runtime import reasoner_status
-from engine.serving.events import Cancelled, Failed, Finished
+from engine.serving.events import Cancelled, Failed, Finished, JobCancelled
 
 from .common import status_html
+from .files import redact
 from .jobs import session_of
 from .requests import STYLE_JSON
 from .service import StudioError, StudioService
@@ -113,6 +114,7 @@ async def follow_reasoner(service: StudioService, model: str, request: dict, ses
                 raise StudioError("The reasoner job ended without a result.")
             if isinstance(event, ReasonerText):
                 text = "" if event.restart else text + event.text
+                job.status.stage, job.status.step = "reason", event.tokens  # what Cancel reports
                 yield "text", text
             elif isinstance(event, Finished):
                 yield "done", event.result
@@ -127,6 +129,23 @@ async def follow_reasoner(service: StudioService, model: str, request: dict, ses
         raise
     finally:
         service.active.remove(session, handle)
+
+
+def reasoner_cancel_outcome(job, unchanged: str, timeout: float = 20.0) -> str:
+    """Wait (at most `timeout`) for a cancelled reasoner job to end and say how it ended; `unchanged`
+    names what the job would have filled."""
+    if job is None:
+        return "No reasoner job of yours was running."
+    try:
+        job.handle.result(timeout=timeout)
+    except JobCancelled:
+        count = job.status.step
+        return f"Cancelled after {count} token{'' if count == 1 else 's'}; {unchanged} is unchanged."
+    except TimeoutError:
+        return "Cancelling: the reasoner has not stopped yet."
+    except Exception as exc:  # noqa: BLE001 - a failure is an ending too
+        return f"The reasoner job ended with an error before Cancel reached it: {redact(str(exc))}"
+    return "The reasoner job had already finished when Cancel reached it."
 
 
 def _filled_editor(editor, caption: dict) -> dict:
@@ -146,6 +165,7 @@ class ActionDescribe:
     stream: Any
     status: Any
     note: Any
+    cancel: Any = None
     events: list = field(default_factory=list)
 
     @classmethod
@@ -153,10 +173,11 @@ class ActionDescribe:
         with gr.Row():
             image = gr.Button("Describe the image", size="sm", interactive=available, elem_id="action-describe-image")
             video = gr.Button("Describe the video", size="sm", interactive=available, elem_id="action-describe-video")
+            cancel = gr.Button("Cancel", size="sm", elem_id="action-reasoner-cancel")
         note = gr.Markdown(why, visible=not available, elem_id="action-reasoner-note")
         stream = gr.Textbox("", label="Reasoner output", lines=2, max_lines=8, interactive=False,
                             elem_id="action-reasoner-stream")
-        return cls(image, video, stream, gr.HTML("", elem_id="action-reasoner-status", padding=False), note)
+        return cls(image, video, stream, gr.HTML("", elem_id="action-reasoner-status", padding=False), note, cancel)
 
     @property
     def buttons(self) -> list:
@@ -226,6 +247,18 @@ class ReasonerWiring:
                                           (box.describe_video, "video", tab.video)):
             box.events.append(button.click(runner(source), inputs=[self.page.model, component],
                                            outputs=[box.stream, box.status, tab.instruction], api_visibility=PRIVATE))
+        self._wire_cancel(box, "the instruction")
+
+    def _wire_cancel(self, box, unchanged: str) -> None:
+        """Cancel stops this session's reasoner job (the engine checks before each token) and ends the
+        streaming handler; the status says after how many tokens."""
+        service = self.service
+
+        def cancel(request: gr.Request = None):
+            job = service.active.cancel(session_of(request))
+            return status_html(reasoner_cancel_outcome(job, unchanged), "warn")
+
+        box.cancel.click(cancel, outputs=box.status, cancels=box.events, queue=False, api_visibility=PRIVATE)
 
     def _wire_panel(self, tab, panel: ReasonerPanel) -> None:
         editor = tab.editor
@@ -274,8 +307,7 @@ class ReasonerWiring:
             if button is not None and component is not None:
                 panel.events.append(button.click(runner("describe", source), inputs=sampling + [component],
                                                  outputs=outputs, api_visibility=PRIVATE))
-        panel.cancel.click(self.jobs.cancel_handler(panel.status), outputs=panel.status, cancels=panel.events,
-                           queue=False, api_visibility=PRIVATE)
+        self._wire_cancel(panel, "the caption editor")
 
 
 @dataclass

@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from engine.reasoner.runtime import ChatOutput
+from engine.serving.events import JobCancelled
 from engine.reasoner.runtime import reasoner_for as REAL_REASONER_FOR
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -28,6 +29,9 @@ class ScriptedReasoner:
 
     def __init__(self):
         self.asked = []
+        self.delay = 0.02
+        self.emitted = 0  # tokens the last job streamed
+        self.ended = None  # how the last job ended: "finished" | "cancelled"
 
     def video_config(self):
         return {"fps": 2, "min_frames": 2, "max_frames": 8, "temporal_patch_size": 1}
@@ -36,10 +40,16 @@ class ScriptedReasoner:
         self.asked.append(text)
         answer = json.dumps(CAPTION)
         pieces = [answer[i:i + 12] for i in range(0, len(answer), 12)]
+        self.emitted, self.ended = 0, None
         for count, piece in enumerate(pieces, 1):
-            time.sleep(0.02)
+            time.sleep(self.delay)
+            if cancel is not None and cancel.is_set():  # as the real streamer: checked before each token
+                self.ended = "cancelled"
+                raise JobCancelled()
+            self.emitted = count
             if on_text:
                 on_text(piece, count)
+        self.ended = "finished"
         return ChatOutput(answer, list(range(len(pieces))), 30, 0.01, 0.5)
 
 
@@ -115,6 +125,67 @@ def test_enhance_on_t2v_fills_the_form_and_the_form_generates(studio, scripted, 
                 assert instruction.input_value() == "The kite climbs."
         finally:
             browser.close()
+
+
+def _press_cancel_while_streaming(page, scripted, prefix: str) -> str:
+    """Wait for streamed text, press the box's Cancel, and check that the engine job itself stopped
+    (Gradio's `cancels=` alone would only stop the page's updates); the text shown at the end."""
+    stream = page.locator(f"#{prefix}-reasoner-stream textarea")
+    deadline = time.time() + 30
+    while time.time() < deadline and not stream.input_value():
+        time.sleep(0.05)
+    assert stream.input_value()
+    page.locator(f"#{prefix}-reasoner-cancel").click()
+    status = page.locator(f"#{prefix}-reasoner-status")
+    deadline = time.time() + 30
+    while time.time() < deadline and "Cancelled after" not in status.inner_text():
+        time.sleep(0.1)
+    # The reasoner saw the cancel flag at its next token and raised; the status counts what it streamed.
+    assert scripted.ended == "cancelled"
+    total = len(range(0, len(json.dumps(CAPTION)), 12))
+    assert 0 < scripted.emitted < total
+    assert f"Cancelled after {scripted.emitted} token" in status.inner_text()
+    page.wait_for_timeout(600)  # an update in flight, if any, lands
+    shown = stream.input_value()
+    page.wait_for_timeout(1500)  # three more token periods: nothing else may arrive
+    assert stream.input_value() == shown and len(shown) < len(json.dumps(CAPTION))
+    return shown
+
+
+def test_cancel_stops_a_streaming_enhance_and_leaves_the_editor(studio, scripted, tmp_path):
+    if not chromium_available():
+        pytest.skip("Chromium is missing: run scripts/ensure_chromium.sh (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    scripted.delay = 0.5
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                with browser_page(browser, tmp_path) as page:
+                    page.goto(studio.url)
+                    page.wait_for_selector("#model-picker")
+                    page.get_by_role("tab", name="Text to Video", exact=True).click()
+                    before = page.locator("#t2v-field-background_setting textarea").input_value()
+                    page.locator("#t2v-idea textarea").fill("a slow kite")
+                    page.locator("#t2v-enhance").click()
+                    _press_cancel_while_streaming(page, scripted, "t2v")
+                    assert page.locator("#t2v-field-background_setting textarea").input_value() == before
+
+                    # Describe beside the Action tab's upload has its own Cancel.
+                    frame = tmp_path / "frame.png"
+                    Image.new("RGB", (64, 48), (20, 40, 200)).save(frame)
+                    page.get_by_role("tab", name="Action", exact=True).click()
+                    instruction = page.locator("#action-instruction textarea").input_value()
+                    page.locator("#action-image input[type=file]").set_input_files(str(frame))
+                    page.wait_for_timeout(1000)
+                    page.locator("#action-describe-image").click()
+                    _press_cancel_while_streaming(page, scripted, "action")
+                    assert page.locator("#action-instruction textarea").input_value() == instruction
+            finally:
+                browser.close()
+    finally:
+        scripted.delay = 0.02
 
 
 def test_reason_api_streams_from_the_real_tiny_reasoner(studio, scripted, monkeypatch, tmp_path):
