@@ -120,7 +120,7 @@ async def follow_reasoner(service: StudioService, model: str, request: dict, ses
                 yield "done", event.result
                 return
             elif isinstance(event, Failed):
-                raise StudioError(event.message, "prompt")
+                raise StudioError(event.message, event.field)
             elif isinstance(event, Cancelled):
                 yield "cancelled", text
                 return

@@ -146,6 +146,89 @@ def test_both_input_routes_agree_where_torchvision_exists(tiny_family):
             assert torch.allclose(a[key], b[key], atol=2e-2)
 
 
+def test_video_frames_are_sized_as_the_video_processor_sizes_them():
+    """One pixel budget for the whole clip (not the image processor's per-image one); Qwen3-VL's
+    optional per-frame cap too. Transformers' rule is read from its own code, which imports without
+    torchvision (Edge's video processor has the same `smart_resize`)."""
+    from types import SimpleNamespace
+
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor, smart_resize
+
+    from engine.reasoner.inputs import video_frame_size
+
+    for temporal, kind in ((1, "edge"), (2, "omni")):
+        for size in ({"shortest_edge": 1024, "longest_edge": 4096}, {"shortest_edge": 4096, "longest_edge": 24 * 2**20}):
+            for frames, height, width in ((2, 48, 64), (4, 48, 64), (8, 480, 832), (16, 720, 1280), (6, 20, 900)):
+                config = {"size": size, "patch_size": 16, "merge_size": 2, "temporal_patch_size": temporal}
+                assert video_frame_size(kind, config, frames, height, width) == smart_resize(
+                    frames, height, width, temporal_factor=temporal, factor=32, min_pixels=size["shortest_edge"],
+                    max_pixels=size["longest_edge"])
+                if kind == "omni":
+                    capped = dict(config, cap_pixels_per_frame=True, max_video_tokens=6)
+                    h, w = video_frame_size(kind, capped, frames, height, width)
+                    processor = SimpleNamespace(**capped)
+                    assert (frames // temporal) * (h // 16) * (w // 16) == \
+                        Qwen3VLVideoProcessor.get_num_of_video_patches(processor, frames, height, width, {})
+
+
+class _VideoProcessorStandIn:
+    """A video processor's contract for Transformers' processor classes where torchvision (which the
+    real one needs) is missing: the pixels come from the parts route; the metadata comes back only
+    when asked for (`return_metadata`), as BaseVideoProcessor does."""
+
+    def __init__(self, pre):
+        self.pre = pre
+        self.merge_size = int(pre.video_config["merge_size"])
+        self.temporal_patch_size = pre.temporal_patch
+
+    def __call__(self, videos=None, video_metadata=None, return_metadata=False, **kwargs):
+        from transformers.feature_extraction_utils import BatchFeature
+        from transformers.video_utils import VideoMetadata
+
+        from engine.reasoner.inputs import VideoClip, _video_pixels
+
+        meta = video_metadata[0]
+        pixels, thw = _video_pixels(self.pre, VideoClip(list(videos[0]), meta["fps"], tuple(meta["frames_indices"])))
+        data = {"pixel_values_videos": pixels, "video_grid_thw": thw}
+        if return_metadata:
+            data["video_metadata"] = [VideoMetadata(total_num_frames=meta["total_num_frames"], fps=meta["fps"],
+                                                    frames_indices=meta["frames_indices"])]
+        return BatchFeature(data)
+
+
+def test_inputs_are_laid_out_as_transformers_processor_lays_them_out(tiny_family, monkeypatch):
+    """Without torchvision: Transformers' own processor classes (chat template, image processor,
+    placeholder expansion with per-frame timestamps) against the parts route, token for token. The
+    processor route of `build_inputs` (used where torchvision exists) runs here too."""
+    from transformers import Cosmos3EdgeProcessor, Qwen3VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    from engine.reasoner.inputs import Preprocessor, video_frame_size
+
+    # Its class check looks the video processor up in a registry that is empty without torchvision.
+    monkeypatch.setattr(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, arg: None)
+    for name, kind, cls in (("edge", "edge", Cosmos3EdgeProcessor), ("nano", "omni", Qwen3VLProcessor)):
+        root = tiny_family[name]
+        parts = load_preprocessor(root, kind)
+        processor = cls(image_processor=parts.image_processor, tokenizer=parts.tokenizer,
+                        video_processor=_VideoProcessorStandIn(parts),
+                        chat_template=(root / "chat_template.jinja").read_text(encoding="utf-8"))
+        full = Preprocessor(kind, parts.tokenizer, parts.image_processor, processor, parts.video_config)
+        parts = Preprocessor(kind, parts.tokenizer, parts.image_processor, None, parts.video_config)
+        for media in ({}, _media("image", {}), _media("video", parts.video_config)):
+            a = build_inputs(full, messages_for("Be brief.", "Describe.", **media), **media)
+            b = build_inputs(parts, messages_for("Be brief.", "Describe.", **media), **media)
+            assert sorted(a) == sorted(b)
+            for key in a:
+                assert torch.equal(a[key], b[key]), (name, list(media), key)
+            if "video" in media:
+                assert "seconds>" in parts.tokenizer.decode(a["input_ids"][0])
+                clip = media["video"]
+                h, w = video_frame_size(kind, parts.video_config, len(clip.frames), clip.frames[0].height,
+                                        clip.frames[0].width)
+                assert a["video_grid_thw"].tolist() == [[len(clip.frames) // parts.temporal_patch, h // 16, w // 16]]
+
+
 # -- cancel ----------------------------------------------------------------------------------------------
 
 
@@ -180,11 +263,23 @@ def test_cancel_stops_within_one_token(loaded):
     ({"task": "enhance", "prompt": "x", "mode": "t2v", "caption_kind": "audio"}, "caption_kind", "'audio'"),
     ({"task": "enhance", "prompt": "x", "steps": 3}, "steps", "allowed"),
     ({"task": "enhance", "prompt": "x", "video": VIDEO}, "video", "first frame"),
+    ({"task": "describe", "image": IMAGE, "video": VIDEO}, "video", "both"),
+    ({"task": "critique", "prompt": "x", "image": IMAGE, "criteria": []}, "criteria", "[]"),
+    ({"task": "enhance", "prompt": "x", "mode": 3}, "mode", "3"),
 ])
 def test_bad_requests_name_the_field(params, field, quoted):
-    with pytest.raises(ReasonRequestError) as error:
+    with pytest.raises(engine.RequestError) as error:  # the same kind as a generation request's
         validate_reason_request(params)
-    assert error.value.field == field and quoted in str(error.value)
+    assert isinstance(error.value, ReasonRequestError)
+    assert error.value.field == field and field in str(error.value) and quoted in str(error.value)
+
+
+def test_a_bad_upload_is_refused_naming_its_field():
+    with pytest.raises(engine.RequestError) as error:
+        reason(None, {"task": "describe", "image": np.zeros((4, 4), np.uint8)}, backend=Scripted("{}"))
+    assert error.value.field == "image" and "image" in str(error.value).lower()
+    request = validate_reason_request({"task": "describe", "image": IMAGE})
+    assert validate_reason_request(request) is request  # validated once; given back in as it is
 
 
 def test_requests_take_the_task_defaults():

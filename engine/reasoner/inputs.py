@@ -4,12 +4,15 @@ With torchvision installed, the checkpoint's own `AutoProcessor` does it. Withou
 whose torch build has no matching torchvision), Transformers cannot even build that processor, so the
 same files are used piece by piece: the tokenizer with the checkpoint's chat template, the PIL image
 processor, and the processor's placeholder rule (one `<|image_pad|>` per 2x2 patch group; a video as
-timestamped per-frame spans). Video frames are then patchified by the image processor frame by frame
-and paired into temporal patches; `tests/test_reasoner.py` checks both routes give the same inputs
-where torchvision exists.
+timestamped per-frame spans). Video frames are sized by the video processor's own rule (one pixel
+budget for the whole clip, `video_frame_size`), then patchified by the image processor frame by frame
+and paired into temporal patches. `tests/test_reasoner.py` checks both routes give the same inputs
+(token for token; pixels within resampling error), and that the parts route sizes and lays out a video
+as Transformers' processor does even where torchvision is missing.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,12 +101,51 @@ def _video_placeholder(pre: Preprocessor, clip: VideoClip, grid) -> str:
     return "".join(f"<{t:.1f} seconds>{span}" for t in _timestamps(clip.indices, clip.fps, pre.temporal_patch))
 
 
-def _video_pixels(pre: Preprocessor, clip: VideoClip):
-    """Per-frame patches from the image processor, paired into temporal patches for Qwen3-VL style
-    towers (an image fills both temporal slots with itself; a video puts frame 2k and 2k+1 there)."""
-    import torch
+# The video processors' `size` when their config names none (Transformers 5.24's class defaults).
+_VIDEO_SIZE_DEFAULTS = {"edge": {"shortest_edge": 64 * 64, "longest_edge": 24 * 1024 * 1024},
+                        "omni": {"shortest_edge": 128 * 32 * 32, "longest_edge": 32 * 32 * 768}}
 
-    outs = [pre.image_processor(images=[frame], return_tensors="pt") for frame in clip.frames]
+
+def video_frame_size(kind: str, config: dict, frames: int, height: int, width: int) -> tuple[int, int]:
+    """The (height, width) every frame of a clip is resized to, as the checkpoint's video processor
+    sizes it: multiples of patch x merge, with `size.longest_edge` pixels for the whole clip (frames
+    rounded to temporal patches), at least `size.shortest_edge`; Qwen3-VL's optional per-frame cap too."""
+    size = config.get("size") or _VIDEO_SIZE_DEFAULTS[kind]
+    lo, hi = int(size["shortest_edge"]), int(size["longest_edge"])
+    factor = int(config.get("patch_size", 16)) * int(config.get("merge_size", 2))
+    temporal = int(config.get("temporal_patch_size", 1))
+    if kind == "omni" and config.get("cap_pixels_per_frame"):
+        per_frame = max(min(int(config["max_video_tokens"]) * factor * factor, hi // frames), int(lo * 1.05))
+        hi = per_frame * frames
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    t_bar = round(frames / temporal) * temporal
+    if t_bar * h_bar * w_bar > hi:
+        beta = math.sqrt(frames * height * width / hi)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < lo:
+        beta = math.sqrt(lo / (frames * height * width))
+        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def _video_pixels(pre: Preprocessor, clip: VideoClip):
+    """Frames sized as the video processor sizes them, normalised with its mean and std, patchified by
+    the image processor (no second resize), and paired into temporal patches for Qwen3-VL style towers
+    (an image fills both temporal slots with itself; a video puts frame 2k and 2k+1 there)."""
+    import torch
+    from PIL import Image
+
+    config = pre.video_config
+    frames = clip.frames
+    if config.get("do_resize", True):
+        height, width = video_frame_size(pre.kind, config, len(frames), frames[0].height, frames[0].width)
+        frames = [f.resize((width, height), Image.Resampling.BICUBIC) for f in frames]
+    norm = {k: config[k] for k in ("image_mean", "image_std") if k in config}
+    outs = [pre.image_processor(images=[frame], do_resize=False, return_tensors="pt", **norm) for frame in frames]
     grid = outs[0]["image_grid_thw"][0]
     patch = pre.temporal_patch
     pixels = [o["pixel_values"] for o in outs]
@@ -158,7 +200,10 @@ def build_inputs(pre: Preprocessor, messages: list[dict], image=None, video: Vid
     if image is not None:
         kwargs["images"] = [image]
     if video is not None:
-        kwargs.update(videos=[video.frames], do_sample_frames=False,
+        # The frames are already sampled (sample_video); their metadata gives the processor the
+        # timestamps, and it reads them back only when asked to return them (Edge's processor does not
+        # ask by default).
+        kwargs.update(videos=[video.frames], do_sample_frames=False, return_metadata=True,
                       video_metadata=[{"fps": video.fps, "frames_indices": list(video.indices),
                                        "total_num_frames": max(video.indices) + 1}])
     out = dict(pre.processor(**kwargs))

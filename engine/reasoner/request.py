@@ -1,13 +1,17 @@
 """A reasoner request, validated once into a typed value.
 
-`validate_reason_request(params)` refuses bad input with `ReasonRequestError(field, message)`; the
-message quotes what was received and what is allowed. Limits and defaults live in `REASON_TABLE`
+`validate_reason_request(params)` refuses bad input with `ReasonRequestError(field, message)`, an
+`engine.RequestError` like a generation request's: `.field` is the request key at fault and the
+message names it, quoting what was received and what is allowed. Limits and defaults live in `REASON_TABLE`
 and `SAMPLING_LIMITS`, which the UI reads instead of repeating them.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ..pipeline.request import RequestError
 
 TASKS = ("enhance", "describe", "critique")
 CAPTION_KINDS = ("image", "video")
@@ -46,12 +50,9 @@ REASON_TABLE: dict[str, TaskDefaults] = {
 }
 
 
-class ReasonRequestError(ValueError):
-    """A reasoner request the engine refuses; `.field` is the request key at fault."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
+class ReasonRequestError(RequestError):
+    """A reasoner request the engine refuses; `.field` is the request key at fault ("" for the
+    request as a whole), as for every `engine.RequestError`."""
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,12 @@ def _criteria(params: dict) -> tuple[str, ...]:
 
 
 def validate_reason_request(params: dict) -> ReasonRequest:
-    """Check a reasoner request and fill in the task's defaults."""
-    if not isinstance(params, dict):
-        raise ReasonRequestError("(request)", f"A reasoner request must be a JSON object, got {type(params).__name__}.")
+    """Check a reasoner request and fill in the task's defaults. A ReasonRequest given back in is
+    returned as it is (the queue validates once at submit; `reason` runs exactly that)."""
+    if isinstance(params, ReasonRequest):
+        return params
+    if not isinstance(params, Mapping):
+        raise ReasonRequestError("", f"A reasoner request must be a JSON object, got {type(params).__name__}.")
     unknown = sorted(set(params) - set(_KEYS))
     if unknown:
         raise ReasonRequestError(unknown[0], f"Unknown reasoner request key {unknown[0]!r}; allowed: {list(_KEYS)}.")
@@ -145,11 +149,14 @@ def validate_reason_request(params: dict) -> ReasonRequest:
         raise ReasonRequestError("prompt", f"{task} needs a prompt ({what}); got an empty one.")
     image, video = params.get("image"), params.get("video")
     if image is not None and video is not None:
-        raise ReasonRequestError("video", "Give an image or a video, not both.")
+        raise ReasonRequestError("video", "image and video were both given; a reasoner request looks at one "
+                                          "of them (image, or video).")
     if row.needs_media and image is None and video is None:
-        raise ReasonRequestError("image", f"{task} needs an image or a video to look at; got neither.")
+        raise ReasonRequestError("image", f"{task} needs an image or a video to look at; got neither "
+                                          "(give image, or video).")
     if task == "enhance" and video is not None:
-        raise ReasonRequestError("video", "enhance takes a prompt and an optional first frame (image), not a video.")
+        raise ReasonRequestError("video", "video is not taken by enhance: it takes a prompt and an optional first "
+                                          "frame (image).")
     limits = SAMPLING_LIMITS
     fps = params.get("video_fps")
     if fps is not None:

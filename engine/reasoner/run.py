@@ -66,7 +66,8 @@ def media_stage(request: ReasonRequest, video_config: dict) -> Media:
 def _field_error(name: str, exc: Exception):
     from .request import ReasonRequestError
 
-    return ReasonRequestError(name, str(exc))
+    message = str(exc)
+    return ReasonRequestError(name, message if name in message.lower() else f"{name}: {message}")
 
 
 def _read_video(source, fps_hint: float | None) -> tuple[list, float]:

@@ -46,7 +46,7 @@ class JobFailed(RuntimeError):
 class _Job:
     id: str
     model_name: str
-    request: Request | dict  # a Request validated once at submit (the worker runs exactly it), or a reasoner task
+    request: Request | ReasonRequest  # validated once at submit; the worker runs exactly it
     session_id: str | None
     outputs_root: Path
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -179,8 +179,7 @@ class JobQueue:
         if "task" in request:  # a reasoner request (engine/reasoner): same queue, same events
             from ..reasoner import validate_reason_request
 
-            validate_reason_request(request)
-            request = dict(request)
+            request = validate_reason_request(request)  # a ReasonRequest, run as it is
         else:
             mode = request.get("mode")
             if mode is None:
@@ -269,8 +268,10 @@ class JobQueue:
         """
         from ..pipeline.run import generate
 
+        from ..reasoner import ReasonRequest
+
         model = self._model(model_name, on_progress)
-        if "task" in request:
+        if isinstance(request, ReasonRequest):
             from ..reasoner import reason
 
             return reason(model, request, on_progress=on_progress, cancel=cancel)
