@@ -206,4 +206,8 @@ def test_reason_api_streams_from_the_real_tiny_reasoner(studio, scripted, monkey
     with pytest.raises(Exception) as error:
         client.predict("edge", json.dumps({"task": "describe"}), None, api_name="/reason")
     assert "needs an image or a video" in str(error.value)
+    with pytest.raises(Exception) as error:  # a refusal names the field, as /generate's do
+        client.predict("edge", json.dumps({"task": "enhance", "prompt": "a kite", "max_new_tokens": 0}), None,
+                       api_name="/reason")
+    assert "max_new_tokens must be in 1..4096, got 0" in str(error.value)
 
