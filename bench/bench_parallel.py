@@ -135,11 +135,14 @@ def timed_ms_local(fn, iters: int) -> float:
 
 def _solo(inputs):
     """A single-branch step (guidance 1.0, distilled, or outside the guidance interval)."""
-    from engine.pipeline.run import gen_tokens, make_gen_tower, velocity
+    from engine.pipeline.denoise import gen_tokens, velocity
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.prefill import make_gen_tower
 
-    tower = make_gen_tower(inputs.model, inputs.cache, inputs.branches)
-    tokens = gen_tokens(inputs.model, inputs.layout, inputs.latents, inputs.timestep, None)
-    return [velocity(inputs.model, inputs.layout, inputs.latents, out, None, None).vision for out in tower(tokens, 1)]
+    options = FastPathOptions.for_model(inputs.model)
+    tower = make_gen_tower(inputs.model, inputs.cache, inputs.branches, options)
+    tokens = gen_tokens(inputs.model, inputs.layout, inputs.latents, inputs.timestep, options.enabled)
+    return [velocity(inputs.model, inputs.layout, inputs.latents, out).vision for out in tower(tokens, 1)]
 
 
 def super_sharded(context, report, workloads) -> None:

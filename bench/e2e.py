@@ -214,7 +214,7 @@ def fp8_step(model, width: int, height: int, frames: int, log=print) -> dict:
     """One denoising step (both CFG branches, prefixes 1615/2866) bf16 against FP8, warm, CUDA events."""
     from bench.models import step_inputs
     from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.run import make_gen_tower
+    from engine.pipeline.prefill import make_gen_tower
 
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=(1615, 2866))
     out = {"shape": f"{width}x{height} {frames}f"}

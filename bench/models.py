@@ -8,10 +8,11 @@ from dataclasses import dataclass
 import torch
 
 from engine.model.loader import LoadedModel
-from engine.pipeline.run import (
-    Branch, Conditioning, EagerGenTower, Latents, gen_tokens, layout_stage, make_gen_tower, positions,
-    prefill_stage, velocity,
-)
+from engine.pipeline.denoise import gen_tokens, velocity
+from engine.pipeline.fast_path import FastPathOptions
+from engine.pipeline.layout import gen_layout, positions
+from engine.pipeline.prefill import EagerGenTower, make_gen_tower, prefill_cache
+from engine.pipeline.state import Branch, Conditioning, Latents
 from engine.model.variants import VariantInfo
 
 # Dimensions from cosmos3.md section 1; vocabularies as released (they only size the embedding).
@@ -88,9 +89,10 @@ class StepInputs:
     def engine_step(self, tower=None):
         """Our step: gen tokens once, the gen tower for both branches, masked velocities."""
         tower = tower or make_gen_tower(self.model, self.cache, self.branches)
-        tokens = gen_tokens(self.model, self.layout, self.latents, self.timestep, None)
+        once = FastPathOptions.for_model(self.model).enabled  # as generate: the fast path embeds the timestep once
+        tokens = gen_tokens(self.model, self.layout, self.latents, self.timestep, once)
         outs = tower(tokens, len(self.branches))
-        return [velocity(self.model, self.layout, self.latents, out, None, None).vision for out in outs]
+        return [velocity(self.model, self.layout, self.latents, out).vision for out in outs]
 
     def diffusers_kwargs(self, branch: Branch) -> dict:
         layout, length = self.layout, len(branch.token_ids)
@@ -118,13 +120,13 @@ def step_inputs(model: LoadedModel, *, width: int, height: int, frames: int, pre
     vision = torch.randn(shape, generator=generator).to(model.device)
     latents = Latents(vision=vision, vision_mask=torch.zeros((latent_t, 1, 1), device=model.device))
     cond = Conditioning(vision_shape=shape, clean=None, condition_frames=[], width=width, height=height)
-    layout = layout_stage(model, latents, cond)
+    layout = gen_layout(model, latents, cond)
     vocab = min(model.transformer.config.vocab_size, 100_000)
     branches = []
     for index, length in enumerate(prefix_lens):
         ids = torch.randint(0, vocab, (length,), generator=generator).tolist()
         branches.append(Branch(index, ids, positions(model, layout, length, 24.0)))
-    cache = prefill_stage(model, branches, layout)
+    cache = prefill_cache(model, branches, layout)
     return StepInputs(model, latents, layout, branches, cache, cond, timestep)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import engine
-from engine.pipeline import run as pipeline
+from engine.pipeline import denoise, prefill  # the stages whose calls the tests below intercept
 from engine.serving.events import Cancelled, Failed, Finished, Progress, Queued, Started
 from engine.pipeline.run import JobCancelled, generate
 from engine.serving.queue import JobFailed, JobQueue, QueueFull
@@ -165,13 +165,13 @@ def test_queue_refuses_bad_requests_at_submit(queue):
 
 def test_queue_full_answers_clearly_and_cancel_of_waiting_jobs(queue):
     gate = threading.Event()
-    original = pipeline.gen_tokens
+    original = denoise.gen_tokens
 
     def slow_tokens(*args, **kwargs):
         gate.wait(30)
         return original(*args, **kwargs)
 
-    pipeline.gen_tokens = slow_tokens
+    denoise.gen_tokens = slow_tokens
     try:
         running = queue.submit("nano", dict(mode="t2i", prompt="first", steps=1))
         while running.position() != 0 or queue._running is None:
@@ -183,7 +183,7 @@ def test_queue_full_answers_clearly_and_cancel_of_waiting_jobs(queue):
         waiting[1].cancel()
     finally:
         gate.set()
-        pipeline.gen_tokens = original
+        denoise.gen_tokens = original
     assert isinstance(_drain(running)[-1], Finished)
     assert isinstance(_drain(waiting[0])[-1], Finished)
     assert isinstance(_drain(waiting[1])[-1], Cancelled)
@@ -204,7 +204,7 @@ def test_running_job_cancel_stops_within_a_step(queue):
 
 
 def test_out_of_memory_fails_the_job_and_the_worker_keeps_serving(queue, monkeypatch):
-    original = pipeline.gen_forward
+    original = prefill.gen_forward
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
@@ -213,7 +213,7 @@ def test_out_of_memory_fails_the_job_and_the_worker_keeps_serving(queue, monkeyp
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "gen_forward", flaky)
+    monkeypatch.setattr(prefill, "gen_forward", flaky)
     failed = queue.submit("nano", dict(mode="t2i", prompt="big", steps=3))
     last = _drain(failed)[-1]
     assert isinstance(last, Failed) and last.kind == "oom" and "ran out of memory" in last.message
@@ -304,7 +304,7 @@ def test_the_guardrail_sees_the_frames_diffusers_would_hand_it():
     import numpy as np
     from diffusers import Cosmos3OmniPipeline
 
-    from engine.pipeline.run import safety_check_frames
+    from engine.pipeline.decode import safety_check_frames
 
     rng = np.random.default_rng(0)
     frames = rng.random((3, 8, 8, 3), dtype=np.float32)

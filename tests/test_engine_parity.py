@@ -18,7 +18,8 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionConditi
 from PIL import Image
 
 import engine
-from engine.pipeline.run import cfg_plan, generate
+from engine.pipeline.denoise import cfg_plan
+from engine.pipeline.run import generate
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ import torch
 import engine
 from engine.pipeline.fast_path import FastGenTower, FastPathOptions
 from engine.pipeline.outputs import frames_to_uint8
-from engine.pipeline.run import EagerGenTower, generate
+from engine.pipeline.prefill import EagerGenTower
+from engine.pipeline.run import generate
 
 
 @pytest.fixture(scope="module", params=["nano", "edge"])
@@ -28,7 +29,7 @@ def test_fast_tower_matches_the_exact_engine(model, kernels, batched, fused, mon
     model.fast_path = None
     exact = generate(model, REQUEST)
     towers = []
-    import engine.pipeline.run as pipeline
+    import engine.pipeline.prefill as pipeline  # where the prefill stage makes the tower
 
     original = pipeline.make_gen_tower
 
@@ -80,7 +81,7 @@ def test_fast_tower_matches_the_exact_engine(model, kernels, batched, fused, mon
 
 
 def test_eager_tower_is_the_default_off_the_gpu(model, monkeypatch):
-    import engine.pipeline.run as pipeline
+    import engine.pipeline.prefill as pipeline  # where the prefill stage makes the tower
 
     towers = []
     original = pipeline.make_gen_tower

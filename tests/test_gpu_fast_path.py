@@ -27,7 +27,7 @@ def model(request):
 def test_fast_step_matches_diffusers(model, shape):
     from bench.models import step_inputs
     from engine.pipeline.fast_path import FastGenTower, FastPathOptions
-    from engine.pipeline.run import EagerGenTower, make_gen_tower
+    from engine.pipeline.prefill import EagerGenTower, make_gen_tower
 
     width, height, frames = shape
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=(301, 517))

@@ -32,7 +32,7 @@ def test_fp8_velocity_within_three_times_bf16_error(family, shape):
     pytest.importorskip("torchao")
     from bench.models import as_loaded_model, build_transformer, step_inputs
     from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.run import make_gen_tower
+    from engine.pipeline.prefill import make_gen_tower
 
     width, height, frames = shape
     transformer = build_transformer(family)

@@ -8,7 +8,7 @@ import torch
 
 import engine
 from engine.serving.events import Preview
-from engine.pipeline.run import _previewing
+from engine.pipeline.denoise import _previewing
 from engine.pipeline.preview import PREVIEWS_PER_RUN, Previewer, preview_image, preview_steps
 
 

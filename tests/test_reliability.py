@@ -171,7 +171,7 @@ def test_drill_cancel_mid_denoise(client, studio):
 
 
 def test_drill_out_of_memory_in_a_step(client, monkeypatch):
-    from engine.pipeline import run as pipeline
+    from engine.pipeline import denoise as pipeline  # the loop calls gen_tokens there
 
     original = pipeline.gen_tokens
     state = {"raised": False}

@@ -110,7 +110,7 @@ def test_a_batch_longer_than_the_queue_runs_and_can_be_cancelled(tiny_family, tm
         assert [l.status for l in lines] == ["done"] * 4  # four lines through a queue that holds one
 
         # Cancel the batch while its first line is at step 5 of 100.
-        from engine.pipeline import run as pipeline
+        from engine.pipeline import denoise as pipeline  # the loop calls gen_tokens there
 
         stop, steps = threading.Event(), []
         original = pipeline.gen_tokens

@@ -1,6 +1,6 @@
 """One rank's view of its group, and the two stage hooks that spread a request over it.
 
-Every rank runs the same stages on the same request in lockstep (`engine.pipeline.generate`); the
+Every rank runs the same stages on the same request in lockstep (`engine.pipeline.run.generate`); the
 loaded model's `parallel` field holds a `GroupContext`, and two stages consult it:
 - prefill (`group_prefill`): every rank runs the text tower for every branch of the request (the
   same module calls on every rank, which sharded weights need), and keeps only the head share of the
@@ -153,8 +153,9 @@ def group_prefill(model, branches, gen_len: int) -> GroupPrefix:
 class GroupGenTower:
     """The gen tower over the group, with the one-GPU towers' call: (tokens, branch count) -> outputs."""
 
-    def __init__(self, model, prefix: GroupPrefix):
+    def __init__(self, model, prefix: GroupPrefix, options):
         self.model, self.prefix = model, prefix
+        self.options = options  # the request's fast-path switches (engine.pipeline.fast_path), read once
         self.context: GroupContext = model.parallel
 
     def __call__(self, tokens: torch.Tensor, count: int) -> list[torch.Tensor]:
@@ -176,11 +177,10 @@ class GroupGenTower:
     def _fast_tower(self, part: RankCache):
         from types import SimpleNamespace
 
-        from engine.pipeline.fast_path import FastGenTower, FastPathOptions
+        from engine.pipeline.fast_path import FastGenTower
 
-        options = FastPathOptions.for_model(self.model)
-        if not options.enabled or self.context.weights != "replicated":
+        if not self.options.enabled or self.context.weights != "replicated":
             return None  # fused projections would read sharded weights
         if getattr(part, "fast", None) is None:
-            part.fast = FastGenTower(self.model, part.cache, [SimpleNamespace(rotary=part.rotary)], options)
+            part.fast = FastGenTower(self.model, part.cache, [SimpleNamespace(rotary=part.rotary)], self.options)
         return part.fast

@@ -266,7 +266,9 @@ class GroupModel:
 
     def generate(self, request: dict, on_progress=None, cancel=None, outputs_root=None, model_name=None):
         """Run one request on the group; returns rank 0's `GenerationResult` (frames included)."""
-        from ..pipeline.run import resolve_seed, safety_check_frames, safety_check_prompt
+        from ..pipeline.decode import safety_check_frames
+        from ..pipeline.prompts import safety_check_prompt
+        from ..pipeline.run import resolve_seed
 
         request = validate_request(self.info, request.get("mode", "t2i"), request)
         # Still a Request (pickled to each rank as is), so no rank validates or parses it again.

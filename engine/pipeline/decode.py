@@ -1,6 +1,6 @@
-"""Latents to 8-bit frames on the GPU: the fast path's decode stage.
+"""The decode stage: latents to frames (and sound), the guardrail's look at them, the actions.
 
-The exact path decodes with `vae.decode`, postprocesses with diffusers' `VideoProcessor` into float32
+Why the fast path decodes to 8-bit frames on the GPU (`decode_uint8`): the exact path decodes with `vae.decode`, postprocesses with diffusers' `VideoProcessor` into float32
 numpy on the host, and the output stage then turns that into uint8. At 1280x720x189 that float32
 copy is 2.1 GB moved to the host and several host passes over it (2.8 s measured on the H200 box).
 Here the Wan VAE's own causal loop runs latent frame by latent frame (the decoder's feature cache
@@ -16,6 +16,57 @@ from __future__ import annotations
 import numpy as np
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+from diffusers.video_processor import VideoProcessor
+
+from ..serving.events import SafetyRefusal
+from .fast_path import vae_channels_last
+from .state import VAE_SPATIAL, RunState
+
+
+def decode_stage(state: RunState) -> None:
+    """Frames and audio from the final latents (a GPU group decodes on rank 0 only), checked by the
+    guardrail where one is loaded; an action run's predicted actions."""
+    model, latents, request = state.model, state.latents, state.request
+    if model.parallel is not None and not model.parallel.is_leader:
+        state.frames = np.zeros((0, 0, 0, 3), dtype=np.float32)
+    else:
+        state.frames = safety_check_frames(model, _decode_frames(state))
+        if latents.sound is not None:
+            decoder_dtype = next(model.sound_tokenizer.parameters()).dtype
+            decoded = model.sound_tokenizer.decode(latents.sound.unsqueeze(0).to(decoder_dtype))
+            state.audio = decoded.squeeze(0).float().cpu().numpy()
+    if request["mode"] == "action" and request["action"]["kind"] in ("policy", "inverse_dynamics"):
+        state.actions = latents.action[:, : state.layout.raw_action_dim].float().cpu().numpy()
+
+
+def _decode_frames(state: RunState) -> np.ndarray:
+    vae, options = state.model.vae, state.options
+    vision = state.latents.vision
+    mean = torch.tensor(vae.config.latents_mean, dtype=vae.dtype, device=vision.device).view(1, -1, 1, 1, 1)
+    inv_std = (1.0 / torch.tensor(vae.config.latents_std, dtype=vae.dtype)).to(vision.device).view(1, -1, 1, 1, 1)
+    z = vision.to(vae.dtype) / inv_std + mean
+    if vae_channels_last(state.model, options):
+        z = z.contiguous(memory_format=torch.channels_last_3d)
+    if options.enabled and options.uint8_frames:  # GPU postprocess, uint8 to the host
+        return decode_uint8(vae, z)
+    decoded = vae.decode(z).sample.float()
+    processor = VideoProcessor(vae_scale_factor=VAE_SPATIAL, resample="bilinear")
+    return processor.postprocess_video(decoded, output_type="np")[0].astype(np.float32)
+
+
+def safety_check_frames(model, frames: np.ndarray) -> np.ndarray:
+    """With a guardrail loaded, check the decoded frames; it may blur faces, or refuse the whole video."""
+    if model.safety_checker is None:
+        return frames
+    is_uint8 = frames.dtype == np.uint8
+    # The checker sees what diffusers hands it (`_apply_video_safety_check`, np output): truncation, not the
+    # output stage's rounding, so a borderline frame is judged the same way here and there. The fast path's
+    # frames are already uint8 (rounded as written): those bytes are what it checks.
+    pixels = frames if is_uint8 else (np.clip(frames, 0.0, 1.0) * 255).astype(np.uint8)
+    checked = model.safety_checker.check_video_safety(pixels)
+    if checked is None:
+        raise SafetyRefusal("The safety checker refused the generated result; nothing was saved.")
+    return np.asarray(checked).astype(np.uint8) if is_uint8 else np.asarray(checked).astype(np.float32) / 255.0
 
 
 def to_uint8(decoded: torch.Tensor) -> torch.Tensor:

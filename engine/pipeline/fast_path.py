@@ -17,7 +17,7 @@
   update (`engine.pipeline.scheduler_tables`) run from static device buffers, captured as one graph where CUDA
   graphs apply, and kept across requests of the same shape.
 
-Off the GPU the engine runs the exact eager tower (`engine.pipeline.EagerGenTower`). Switches:
+Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.EagerGenTower`). Switches:
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_FUSED_PROJECTIONS=0`, `COSMOS3_VAE_CHANNELS_LAST=0`,
 `COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, and the one pass that is off by default and
@@ -112,14 +112,13 @@ def fused_projections(model) -> FusedProjections:
     return model.fused
 
 
-def vae_channels_last(model) -> bool:
+def vae_channels_last(model, options: FastPathOptions) -> bool:
     """Put the VAE's 3-D conv weights in channels-last-3d once, where the fast path allows it.
 
     Why: measured on the H200 (docs/PERFORMANCE.md, VAE decode), cuDNN's channels-last kernels decode
     832x480x121 in 2.44 s instead of 2.67 s (1.09x), within 2.5e-2 of the plain decode on its [-1, 1]
     output; an image decode gains nothing either way.
     """
-    options = FastPathOptions.for_model(model)
     if not (options.enabled and options.vae_channels_last):
         return False
     if not model.vae_channels_last:

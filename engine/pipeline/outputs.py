@@ -122,3 +122,17 @@ def save_result(root: Path, request_id: str, *, frames: np.ndarray, fps: float, 
         shutil.rmtree(staging, ignore_errors=True)
         raise OutputError(f"Saving the result under {str(root)!r} failed: {exc}") from exc
     return {key: final / name for key, name in names.items()}
+
+
+def outputs_stage(result, root: str | Path, *, model_name: str, model_summary: dict, fps: float) -> None:
+    """Save a finished `GenerationResult` under `root` (its own folder) and note where on the result.
+
+    The sidecar names the model as registered, never its source: it carries no server path (issue 19).
+    Actions go in their own file; the sidecar lists it."""
+    result.request_id = new_request_id()
+    sidecar = {k: v for k, v in result.summary().items() if k not in ("actions", "files")}
+    sidecar["model"] = {"name": model_name, **model_summary}
+    sidecar["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    result.outputs = save_result(Path(root), result.request_id, frames=result.frames, fps=fps, actions=result.actions,
+                                 audio=result.audio, sample_rate=result.audio_sample_rate, sidecar=sidecar)
+    result.output_dir = Path(root) / result.request_id

@@ -1,5 +1,7 @@
 """The prompt stage: from a request to the exact text and token ids the model sees.
 
+Light on purpose (no torch): validation previews the prompt text without loading a model.
+
 Prose prompts get the reference's sentence templates (and their "is not" forms on the negative).
 A prompt that is one JSON object (a structured caption) instead gets its canvas and timing
 metadata injected, as the serving engines do, and no sentences: this is where we deliberately
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 
 from ..model.action import action_caption
 from ..model.variants import VariantInfo
+from ..serving.events import SafetyRefusal
 from . import captions
 from .request import Request
 
@@ -87,6 +90,22 @@ def tokenize(tokenizer, text: str, *, is_image: bool, use_system_prompt: bool) -
         messages, tokenize=True, add_generation_prompt=True, add_vision_id=False, return_dict=True
     )
     return list(encoded["input_ids"]) + [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|vision_start|>")]
+
+
+def prompt_stage(state) -> None:
+    """The final texts (on the canvas the conditioning stage settled) and each branch's token ids.
+    `state`: the request's `engine.pipeline.state.RunState` (not imported: the state imports this module)."""
+    model, request, cond = state.model, state.request, state.cond
+    state.texts = texts = build_prompt_texts(model.info, request.replace(width=cond.width, height=cond.height))
+    is_image = request["num_frames"] == 1
+    state.token_ids = tuple(tokenize(model.tokenizer, text, is_image=is_image, use_system_prompt=texts.use_system_prompt)
+                            for text in (texts.prompt_text, texts.negative_prompt_text))
+
+
+def safety_check_prompt(model, prompt: str) -> None:
+    """With a guardrail loaded, refuse an unsafe prompt before any GPU work."""
+    if model.safety_checker is not None and not model.safety_checker.check_text_safety(prompt):
+        raise SafetyRefusal("The safety checker refused this prompt; nothing was generated.")
 
 
 def preview_prompt_texts(info: VariantInfo, request: Request) -> tuple[str, str]:

@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from ..serving.events import JobCancelled
-from .fast_path import GRAPH_MAX_GEN_TOKENS, FastGenTower, FastPathOptions
+from .fast_path import FastGenTower, FastPathOptions
 from .scheduler_tables import SamplerState, sampler_for
 
 # Graphs kept per loaded model; each holds its tower's activations pool, so keep few.
@@ -196,11 +196,14 @@ def _lookup(model, key: StepKey, build: Callable[[], WholeStep]) -> tuple[WholeS
     return cache[key], False
 
 
-def prepare(model, request, latents, layout, tower: FastGenTower, schedulers, cond, generator) -> WholeStep | None:
-    """The request's `WholeStep` (reused when one of the same shape exists), or None where it does not apply."""
+def prepare(state) -> WholeStep | None:
+    """The request's `WholeStep` (reused when one of the same shape exists), or None where it does not apply.
+    `state`: the request's `engine.pipeline.state.RunState`, after the prefill stage."""
+    model, request, latents, layout = state.model, state.request, state.latents, state.layout
+    tower, schedulers, cond = state.tower, state.schedulers, state.cond
     if not applies(model, latents, tower, schedulers):
         return None
-    sampler = sampler_for(schedulers.vision, latents.vision.unsqueeze(0), generator)
+    sampler = sampler_for(schedulers.vision, latents.vision.unsqueeze(0), state.generator)
     if sampler is None:
         return None
     anchored = sampler.kind == "distilled" and bool(cond.condition_frames) and cond.clean is not None

@@ -1,0 +1,130 @@
+"""What the stages of one request pass along: the run state, and the values each stage makes.
+
+`generate` (engine.pipeline.run) makes one `RunState` per request and hands it to each stage in turn;
+a stage reads the fields it needs and sets the ones it makes, so no stage takes a long argument list
+and the order of `generate` is the order of the work:
+
+    conditioning -> prompt -> noise -> layout -> schedule -> prefill -> denoise -> decode -> outputs
+
+Everything that is fixed for the whole request is decided once here and read by the loop: the fast-path
+switches (`options`, read from the environment once, not every step), which rows are noisy and
+whether any are (`GenLayout`, so the loop never asks the device), the padded clean latents.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..model.loader import LoadedModel
+from .fast_path import FastPathOptions
+from .prompts import PromptTexts
+from .request import Request
+from .transformer import GenRotary
+
+VAE_SPATIAL = 16
+VAE_TEMPORAL = 4
+
+
+@dataclass
+class Conditioning:
+    """Clean latents for the conditioned frames, and what is fixed by them."""
+
+    vision_shape: tuple[int, ...]  # [1, 48, T, h, w]
+    clean: torch.Tensor | None  # [1, 48, T_c, h, w] clean latents of the first T_c latent frames
+    condition_frames: list[int]
+    width: int
+    height: int
+    action_latents: torch.Tensor | None = None  # forward dynamics: padded [chunk, width]
+    action_condition_frames: list[int] = field(default_factory=list)
+    raw_action_dim: int | None = None
+    domain_id: int | None = None
+
+
+@dataclass
+class Latents:
+    vision: torch.Tensor  # float32 [1, 48, T, h, w]
+    vision_mask: torch.Tensor  # [T, 1, 1], 1 on conditioned frames
+    sound: torch.Tensor | None = None  # [sound_dim, T_s]
+    sound_mask: torch.Tensor | None = None
+    action: torch.Tensor | None = None  # [chunk, action_dim]
+    action_mask: torch.Tensor | None = None
+    clean: torch.Tensor | None = None  # the conditioning's clean latents padded to the vision shape
+
+
+@dataclass
+class GenLayout:
+    """Where each modality sits in the gen part of one branch's sequence (gen-local indexes), and which
+    rows are noisy: decided here once, from the request, so the loop never reads a mask back."""
+
+    vision_shape: tuple[int, int, int]  # patch grid (T, h/2, w/2)
+    num_vision: int
+    noisy_frames: torch.Tensor
+    vision_noisy_local: torch.Tensor
+    vision_keep: torch.Tensor | None = None  # [T, 1, 1] float32, 1 on noisy latent frames
+    any_noisy_vision: bool = True
+    sound_len: int = 0
+    sound_noisy: torch.Tensor | None = None  # every sound row (sound is never conditioned)
+    sound_keep: torch.Tensor | None = None  # [1, T_s]
+    action_len: int = 0
+    action_noisy: torch.Tensor | None = None
+    action_keep: torch.Tensor | None = None  # [chunk, 1]
+    any_noisy_action: bool = False
+    action_domain: int | None = None  # the action head's domain id (engine.model.action)
+    raw_action_dim: int | None = None  # columns past it are padding, kept at zero
+
+    @property
+    def gen_len(self) -> int:
+        return self.num_vision + self.sound_len + self.action_len
+
+
+@dataclass
+class Branch:
+    """One CFG branch: its text, its positions, and (after prefill) its gen rotary tables."""
+
+    index: int  # row block in the KV cache: 0 = cond, 1 = uncond
+    token_ids: list[int]
+    position_ids: torch.Tensor
+    rotary: GenRotary | None = None
+
+
+@dataclass
+class Schedulers:
+    vision: Any
+    sound: Any = None
+    action: Any = None
+    distilled: bool = False
+
+
+@dataclass
+class RunState:
+    """One request on one loaded model, as the stages fill it in (see the module docstring)."""
+
+    model: LoadedModel
+    request: Request
+    seed: int
+    generator: torch.Generator
+    options: FastPathOptions  # resolved once per request
+    cancel: threading.Event | None = None
+    report: Callable[[int, int], None] = lambda step, total: None  # denoising progress
+    preview: Any = None  # engine.pipeline.preview.Previewer, when previews are asked for
+    cond: Conditioning | None = None
+    texts: PromptTexts | None = None
+    token_ids: tuple[list[int], list[int]] = ([], [])  # cond, uncond
+    latents: Latents | None = None
+    layout: GenLayout | None = None
+    schedulers: Schedulers | None = None
+    plan: list[bool] = field(default_factory=list)  # per step: does it run the unconditional branch?
+    branches: list[Branch] = field(default_factory=list)
+    cache: Any = None  # engine.pipeline.transformer.KVCache, or a GPU group's GroupPrefix
+    tower: Any = None  # the gen tower: (tokens, branch count) -> outputs
+    frames: np.ndarray | None = None
+    audio: np.ndarray | None = None
+    actions: np.ndarray | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()

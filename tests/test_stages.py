@@ -1,0 +1,71 @@
+"""The stages' promises (issue 11): the loop asks the device nothing, options are read once per request."""
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import engine
+from engine.pipeline import denoise, fast_path
+from engine.pipeline.run import generate
+
+
+@pytest.fixture(scope="module")
+def nano(tiny_family):
+    return engine.load_model(tiny_family["nano"], device="cpu")
+
+
+class _HostReads:
+    """Makes any read of a tensor's value on the host (bool, item, tolist, int, float) raise while on."""
+
+    def __init__(self, monkeypatch):
+        self.on = False
+        for name in ("__bool__", "item", "tolist", "__int__", "__float__"):
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._guard(name, original))
+
+    def _guard(self, name, original):
+        def guarded(tensor, *args, **kwargs):
+            if self.on:
+                raise AssertionError(f"Tensor.{name} read a value back to the host inside the step")
+            return original(tensor, *args, **kwargs)
+        return guarded
+
+    def around(self, fn):
+        def wrapped(*args, **kwargs):
+            self.on = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.on = False
+        return wrapped
+
+
+@pytest.mark.parametrize("request_", [dict(mode="t2i", prompt="a red kite", steps=2, seed=1),
+                                      dict(mode="i2v", prompt="the kite climbs", steps=2, seed=1, num_frames=9)],
+                         ids=["t2i", "i2v (conditioned frames)"])
+def test_the_step_reads_nothing_back_from_the_device(nano, request_, monkeypatch, tmp_path):
+    """Gen tokens and velocities (both branches) run without one host sync: which rows are noisy was
+    decided at layout. Before, `_masked` asked `mask.sum() > 0` of every velocity."""
+    if request_["mode"] == "i2v":
+        path = tmp_path / "first.png"
+        Image.fromarray(np.full((64, 64, 3), 120, dtype=np.uint8)).save(path)
+        request_ = dict(request_, image=str(path))
+    reads = _HostReads(monkeypatch)
+    calls = []
+    for name in ("gen_tokens", "velocity"):
+        original = getattr(denoise, name)
+        monkeypatch.setattr(denoise, name, reads.around(lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)))
+    result = generate(nano, dict(request_, guidance_scale=4.0, guidance_interval=None))
+    assert calls.count("gen_tokens") == 2 and calls.count("velocity") == 4  # two steps, two branches each
+    assert np.isfinite(result.frames).all()
+
+
+def test_fast_path_options_are_read_once_per_request(nano, monkeypatch):
+    """The switches come from the environment once per request, not at every step."""
+    reads = []
+    original = fast_path.FastPathOptions.from_env.__func__
+    monkeypatch.setattr(fast_path.FastPathOptions, "from_env",
+                        classmethod(lambda cls, device: reads.append(1) or original(cls, device)))
+    nano.fast_path = None
+    generate(nano, dict(mode="t2i", prompt="a red kite", steps=4, seed=1))
+    assert len(reads) == 1
