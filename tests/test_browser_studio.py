@@ -376,6 +376,14 @@ def test_an_undecodable_image_upload_names_the_image_input(page, tmp_path):
     page.locator("#t2v-image input[type=file]").set_input_files(str(fake))
     message = wait_for_text(page, "#tab-t2v", "could not be decoded", timeout_s=30)
     assert "Conditioning image" in message and "not-an-image.png" in message
+    # Generate anyway: the worker's refusal comes back with its field (RequestError.field "image"), so
+    # the same message stands at the image input and marks it, not only in the status line.
+    page.locator("#t2v-sampling").click()
+    set_number(page, "t2v-steps", 2)
+    page.locator("#t2v-generate").click()
+    wait_for_text(page, "#t2v-status", "could not be decoded", timeout_s=60)
+    assert "Conditioning image" in page.locator("#t2v-canvas-message").inner_text()
+    assert "field-error" in (page.locator("#t2v-image").get_attribute("class") or "")
 
 
 def test_a_t2i_run_shows_a_preview_before_its_result(page):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import os
@@ -9,12 +10,30 @@ from pathlib import Path
 
 import numpy as np
 
+from .request import RequestError
+
 MAX_UPLOAD_BYTES = 200 * 2**20
 MAX_IMAGE_PIXELS = 40_000_000
 MAX_VIDEO_FRAMES = 400
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 VIDEO_SUFFIXES = (".mp4", ".mov", ".webm", ".mkv", ".avi", ".gif")
 ACTION_SUFFIXES = (".json", ".csv", ".npy")
+
+
+def _refusals_name(field: str):
+    """A file a request names that cannot be read is the request's fault: the refusal becomes a
+    `RequestError` naming that request key, so a failed job (`Failed.field`) points at the input too."""
+    def wrap(load):
+        @functools.wraps(load)
+        def named(*args, **kwargs):
+            try:
+                return load(*args, **kwargs)
+            except ValueError as exc:
+                if getattr(exc, "field", None) == field:
+                    raise
+                raise RequestError(field, str(exc)) from exc
+        return named
+    return wrap
 
 
 def _checked_file(path, kind: str, suffixes: tuple[str, ...]) -> Path:
@@ -34,6 +53,7 @@ def _checked_file(path, kind: str, suffixes: tuple[str, ...]) -> Path:
     return file
 
 
+@_refusals_name("image")
 def load_image(source):
     """A PIL RGB image from a PIL image, an [H, W, 3] uint8 array or a file path."""
     from PIL import Image, UnidentifiedImageError
@@ -61,6 +81,7 @@ def load_image(source):
     return image.convert("RGB")
 
 
+@_refusals_name("video")
 def load_video(source, max_frames: int = MAX_VIDEO_FRAMES) -> list:
     """Up to `max_frames` PIL RGB frames from a list of frames, a [T, H, W, 3] array or a file path."""
     from PIL import Image
@@ -92,6 +113,7 @@ def load_video(source, max_frames: int = MAX_VIDEO_FRAMES) -> list:
     return frames
 
 
+@_refusals_name("action.actions")
 def load_actions_file(path, domain: str) -> list[list[float]]:
     """Actions `[T, D]` from a JSON (list of rows, or {"actions": rows}), CSV or NPY file."""
     from .request import validate_action_array
