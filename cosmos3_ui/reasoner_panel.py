@@ -102,7 +102,7 @@ class ReasonerPanel:
 
 async def follow_reasoner(service: StudioService, model: str, request: dict, session: str):
     """Submit a reasoner request and yield ("text", so_far) while it streams, then ("done", result).
-    Refusals and failures raise StudioError; a cancelled job yields ("cancelled", text so far)."""
+    Refusals and failures raise StudioError; a cancelled job yields ("cancelled", (text so far, tokens))."""
     handle = service.submit(model, request, session)
     job = service.active.add(session, handle)
     events = handle.events()
@@ -122,13 +122,19 @@ async def follow_reasoner(service: StudioService, model: str, request: dict, ses
             elif isinstance(event, Failed):
                 raise StudioError(event.message, event.field)
             elif isinstance(event, Cancelled):
-                yield "cancelled", text
+                yield "cancelled", (text, job.status.step)
                 return
     except (anyio.get_cancelled_exc_class(),):
         service.active.mark_cancelled(job)
         raise
     finally:
         service.active.remove(session, handle)
+
+
+def cancelled_note(tokens: int, unchanged: str) -> str:
+    """The one status line of a cancelled reasoner job, whichever of Cancel's handler and the job's own
+    handler reports it last."""
+    return f"Cancelled after {tokens} token{'' if tokens == 1 else 's'}; {unchanged} is unchanged."
 
 
 def reasoner_cancel_outcome(job, unchanged: str, timeout: float = 20.0) -> str:
@@ -139,8 +145,7 @@ def reasoner_cancel_outcome(job, unchanged: str, timeout: float = 20.0) -> str:
     try:
         job.handle.result(timeout=timeout)
     except JobCancelled:
-        count = job.status.step
-        return f"Cancelled after {count} token{'' if count == 1 else 's'}; {unchanged} is unchanged."
+        return cancelled_note(job.status.step, unchanged)
     except TimeoutError:
         return "Cancelling: the reasoner has not stopped yet."
     except Exception as exc:  # noqa: BLE001 - a failure is an ending too
@@ -235,7 +240,7 @@ class ReasonerWiring:
                         if what == "text":
                             yield {box.stream: value}
                         elif what == "cancelled":
-                            yield {box.status: status_html("Cancelled; the instruction is unchanged.", "warn")}
+                            yield {box.status: status_html(cancelled_note(value[1], "the instruction"), "warn")}
                         else:
                             yield {box.stream: value.text, tab.instruction: instruction_from(value.caption),
                                    box.status: status_html("Described; edit the instruction as needed.", "ok")}
@@ -286,8 +291,8 @@ class ReasonerWiring:
                         if what == "text":
                             yield {panel.stream: value}
                         elif what == "cancelled":
-                            yield {panel.stream: value, panel.status: status_html(
-                                "Cancelled; the caption editor is unchanged.", "warn")}
+                            yield {panel.stream: value[0], panel.status: status_html(
+                                cancelled_note(value[1], "the caption editor"), "warn")}
                         else:
                             note = (f"Done: {value.tokens} tokens in {value.seconds:.1f} s, seed {value.seed}"
                                     + (f", {value.attempts} attempts" if value.attempts > 1 else "")
