@@ -19,7 +19,6 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.models import as_loaded_model, build_transformer, build_vae, gen_step_flops, step_inputs  # noqa: E402
 from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
 from engine.pipeline.prefill import EagerGenTower, make_gen_tower  # noqa: E402
+from kernels.timing import time_ms  # noqa: E402
 
 MATMUL_CEILING_TFLOPS = 790.0
 
@@ -42,24 +42,8 @@ WORKLOADS = {
 
 
 def timed(fn, warmup: int, iters: int) -> dict:
-    for _ in range(warmup):
-        fn()
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    sync()
-    samples = []
-    for _ in range(iters):
-        if torch.cuda.is_available():
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            samples.append(start.elapsed_time(stop))
-        else:
-            began = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - began) * 1000)
-    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples), "n": iters}
+    """Median, min and max ms of `fn` (kernels.timing, the helper the kernel dispatcher measures with)."""
+    return time_ms(fn, warmup=warmup, iters=iters).summary()
 
 
 def _max_error(ours, reference) -> float:

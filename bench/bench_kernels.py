@@ -14,11 +14,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
-import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -31,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import norms, prefix_attention as pa, qk_norm_rope as qk  # noqa: E402
 from kernels.dispatch import KernelDispatcher  # noqa: E402
 from kernels.packed_kv import PackedKVLayout  # noqa: E402
+from kernels.timing import Timing, time_ms  # noqa: E402
 
 MODELS = {"Nano": dict(hq=32, hkv=8, d=128, hidden=4096, inter=12288, flavour="diffusers"),
           "Edge": dict(hq=16, hkv=8, d=128, hidden=2048, inter=9216, flavour="nemotron")}
@@ -52,16 +50,6 @@ QK_SWEEP = ((16, 4, 1), (32, 4, 1), (16, 4, 8), (32, 4, 8), (16, 2, 8), (32, 8, 
 
 
 @dataclass
-class Timing:
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-
-    def fmt(self) -> str:
-        return f"{self.median_ms:.3f} ({self.p10_ms:.3f}-{self.p90_ms:.3f})"
-
-
-@dataclass
 class Env:
     smoke: bool
     iters: int
@@ -70,32 +58,10 @@ class Env:
 
 
 def timed(env: Env, fn: Callable[[], object]) -> Timing:
-    """Median per-call time; CUDA events around a batch of calls sized to ~1 ms."""
-    if env.smoke:  # CPU code-path check only: the numbers mean nothing
-        t0 = time.perf_counter()
-        fn()
-        ms = (time.perf_counter() - t0) * 1e3
-        return Timing(ms, ms, ms)
-    for _ in range(env.warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    inner = max(1, min(200, math.ceil(1.0 / max(start.elapsed_time(end), 1e-3))))
-    samples = []
-    for _ in range(env.iters):
-        start.record()
-        for _ in range(inner):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / inner)
-    samples.sort()
-    pick = lambda f: samples[min(len(samples) - 1, int(f * len(samples)))]  # noqa: E731
-    return Timing(statistics.median(samples), pick(0.1), pick(0.9))
+    """Median per-call time (and p10-p90); CUDA events around a batch of calls sized to ~1 ms (kernels.timing)."""
+    if env.smoke:  # CPU code-path check only: one call, the numbers mean nothing
+        return time_ms(fn, warmup=0, iters=1)
+    return time_ms(fn, warmup=env.warmup, iters=env.iters, inner="auto")
 
 
 def device() -> str:

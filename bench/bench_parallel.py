@@ -19,7 +19,6 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import sys
 import time
 from datetime import timedelta
@@ -29,6 +28,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.timing import time_ms  # noqa: E402
 
 NANO_WORKLOADS = [("Nano T2V 1280x720 189f", 1280, 720, 189), ("Nano T2V 832x480 121f", 832, 480, 121),
                   ("Nano T2I 1024x1024", 1024, 1024, 1)]
@@ -41,16 +42,9 @@ SUPER = dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num
 
 
 def timed_ms(fn, iters: int) -> float:
-    fn()  # warm-up: dispatch measurements, graphs, allocator
-    samples = []
-    for _ in range(iters):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
+    """Median ms of `fn` on every rank, the ranks started together by a barrier before each sample
+    (kernels.timing, after one warm-up call: dispatch measurements, graphs, allocator)."""
+    return time_ms(fn, warmup=1, iters=iters, before=dist.barrier).median_ms
 
 
 def rel_err(ours, theirs) -> float:
@@ -122,15 +116,8 @@ def replicated_family(family: str, workloads, context, report) -> None:
 
 
 def timed_ms_local(fn, iters: int) -> float:
-    fn()
-    samples = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
+    """Median ms of `fn` on this rank alone (kernels.timing, after one warm-up call)."""
+    return time_ms(fn, warmup=1, iters=iters).median_ms
 
 
 def _solo(inputs):

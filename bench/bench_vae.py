@@ -9,7 +9,6 @@ both. Each is timed (median of 3 CUDA-event runs after one warm-up) and compared
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.models import build_vae  # noqa: E402
+from kernels.timing import time_ms  # noqa: E402
 
 CASES = (("image 1024x1024", 1, 1024, 1024), ("video 832x480 121f", 121, 480, 832))
 
@@ -31,16 +31,10 @@ def _set_format(module, channels_last: bool) -> None:
 
 
 def _time(fn, iters=3):
-    fn()
-    samples = []
-    for _ in range(iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = fn()
-        stop.record()
-        stop.synchronize()
-        samples.append(start.elapsed_time(stop))
-    return statistics.median(samples), out
+    """Median ms of `fn` after one warm-up (kernels.timing), and its last output."""
+    held = {}
+    timing = time_ms(lambda: held.__setitem__("out", fn()), warmup=1, iters=iters)
+    return timing.median_ms, held["out"]
 
 
 @torch.no_grad()

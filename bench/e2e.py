@@ -215,6 +215,7 @@ def fp8_step(model, width: int, height: int, frames: int, log=print) -> dict:
     from bench.models import step_inputs
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.prefill import make_gen_tower
+    from kernels.timing import time_ms
 
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=(1615, 2866))
     out = {"shape": f"{width}x{height} {frames}f"}
@@ -223,13 +224,8 @@ def fp8_step(model, width: int, height: int, frames: int, log=print) -> dict:
             model.fast_path = FastPathOptions(enabled=True, fp8=fp8)
             try:
                 tower = make_gen_tower(model, inputs.cache, inputs.branches)
-                inputs.engine_step(tower)  # warm-up: dispatch, quantisation
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                inputs.engine_step(tower)
-                stop.record()
-                stop.synchronize()
-                out[label + " ms/step"] = start.elapsed_time(stop)
+                # One warm-up call (dispatch, quantisation), one timed step.
+                out[label + " ms/step"] = time_ms(lambda: inputs.engine_step(tower), warmup=1, iters=1).median_ms
             finally:
                 model.fast_path = None
             del tower

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 import os
-import statistics
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
@@ -28,6 +27,7 @@ import torch
 
 from kernels import norms, prefix_attention as attn, qk_norm_rope as qk
 from kernels.packed_kv import PackedKVLayout
+from kernels.timing import time_ms
 
 MODES = ("auto", "triton", "torch")
 ENV_VAR = "COSMOS3_KERNELS"
@@ -67,22 +67,6 @@ def _device_key(t: torch.Tensor) -> str:
     if t.device.type == "cuda":
         return f"cuda:{t.device.index if t.device.index is not None else torch.cuda.current_device()}"
     return str(t.device)
-
-
-def _time_ms(fn: Callable[[], object], warmup: int, iters: int) -> float:
-    """Median milliseconds of ``fn`` on the current stream, timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 class KernelDispatcher:
@@ -153,10 +137,10 @@ class KernelDispatcher:
 
     def _measure(self, run_triton: dict, run_torch: Callable[[], object]) -> Decision:
         """Time every Triton candidate and the PyTorch path; keep the fastest."""
-        torch_ms = _time_ms(run_torch, self.warmup, self.iters)
+        torch_ms = time_ms(run_torch, warmup=self.warmup, iters=self.iters).median_ms
         best_cfg, best_ms = None, float("inf")
         for cfg, fn in run_triton.items():
-            ms = _time_ms(fn, self.warmup, self.iters)
+            ms = time_ms(fn, warmup=self.warmup, iters=self.iters).median_ms
             if ms < best_ms:
                 best_cfg, best_ms = cfg, ms
         path = Path.TRITON if best_ms < torch_ms else Path.TORCH

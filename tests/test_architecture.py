@@ -204,3 +204,13 @@ def test_no_class_over_300_lines_and_no_function_over_80():
     assert sorted(set(long) - set(KNOWN_LONG)) == [], long
     # A known offender that was fixed leaves the list, so the list only shrinks.
     assert sorted(set(KNOWN_LONG) - set(long)) == []
+
+
+def test_one_timing_helper_for_bench_and_dispatch():
+    """GPU time is measured in one place (kernels.timing), so the dispatcher's choices and the tables in
+    docs/PERFORMANCE.md are measured the same way: no other module times with CUDA events."""
+    timers = sorted(module for module, path in MODULES.items()
+                    if module != "kernels.timing" and ".elapsed_time(" in path.read_text(encoding="utf-8"))
+    assert timers == []
+    uses = {module for module, path in MODULES.items() if "kernels.timing import" in path.read_text(encoding="utf-8")}
+    assert {"kernels.dispatch", "bench.bench_engine", "bench.bench_kernels", "bench.bench_parallel"} <= uses

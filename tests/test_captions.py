@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+import engine
 from engine.pipeline import captions as C
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "captions"
@@ -39,8 +40,8 @@ def test_image_and_video_schemas_split_fields_as_documented():
 @pytest.mark.parametrize("path", sorted(ASSETS.glob("*.json")), ids=lambda p: p.name)
 def test_shipped_captions_are_clean(path):
     kind = "image" if path.name.startswith(("image_", "negative_image")) else "video"
-    caption, warnings = C.check_caption(path.read_text(encoding="utf-8"), kind)
-    assert caption and warnings == []
+    caption = C.parse_caption(path.read_text(encoding="utf-8"))
+    assert caption and C.validate_caption(caption, kind) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,9 +119,11 @@ def test_field_errors_name_the_field(caption, kind, path, fragment):
     issues = [i for i in C.validate_caption(caption, kind) if i.severity == "error"]
     assert [i.path for i in issues] == [path], issues
     assert fragment in issues[0].message
-    with pytest.raises(C.CaptionFieldError) as info:
-        C.check_caption(json.dumps(caption), kind)
-    assert path in str(info.value)
+    # The validator's own path: the request names the field, and the message quotes it.
+    mode = "t2i" if kind == "image" else "t2v"
+    with pytest.raises(engine.RequestError) as info:
+        engine.validate_request(engine.VariantInfo.released("nano"), mode, {"prompt": json.dumps(caption)})
+    assert info.value.field == f"prompt.{path}" and path in str(info.value)
 
 
 def test_cross_kind_fields_and_odd_durations_are_warnings():
@@ -128,8 +131,8 @@ def test_cross_kind_fields_and_odd_durations_are_warnings():
         {"segments": [], "subjects": [{"action": "runs"}], "extra_key": {"anything": 1}}, "image"
     )
     assert {(i.path, i.severity) for i in issues} == {("segments", "warning"), ("subjects[0].action", "warning")}
-    caption, warnings = C.check_caption('{"duration": "30s"}', "video")
-    assert caption == {"duration": "30s"} and warnings[0].path == "duration" and "2s..10s" in warnings[0].message
+    warnings = C.validate_caption(C.parse_caption('{"duration": "30s"}'), "video")
+    assert warnings[0].path == "duration" and warnings[0].severity == "warning" and "2s..10s" in warnings[0].message
 
 
 # ---------------------------------------------------------------------------------------------

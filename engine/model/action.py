@@ -125,13 +125,6 @@ RESOLUTION_TIERS: dict[int, dict[float, tuple[int, int]]] = {
 CHUNK_RANGE = (4, 188)  # frames = chunk + 1 must be 4k+1
 
 
-def tier_canvas(tier: int, source_height: int, source_width: int) -> tuple[int, int]:
-    """The (height, width) canvas of `tier` whose aspect is closest to the source's."""
-    aspect = source_height / source_width
-    closest = min(RESOLUTION_TIERS[tier], key=lambda ratio: abs(ratio - aspect))
-    return RESOLUTION_TIERS[tier][closest]
-
-
 def action_caption(description: str, view_point: str | None, num_frames: int, fps: float, height: int, width: int) -> str:
     """The structured caption the action model was trained on, built the way diffusers builds it."""
     import json

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Tokens the processors put in place of pixels; the shared tiny tokenizer carries them.
-VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>")
-
 # Both processors expand a video slot into timestamped per-frame spans (Edge replaces the whole wrapped
 # slot, Qwen3-VL only the pad token inside it).
 _CHAT_TEMPLATE = (

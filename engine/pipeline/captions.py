@@ -53,7 +53,6 @@ class Field:
     kind: str
     children: tuple["Field", ...] = ()
     item: str | None = None  # for LIST: the item kind (OBJECT, TEXT, TEXT_OR_OBJECT)
-    label: str = ""
 
     def child(self, name: str) -> "Field | None":
         for c in self.children:
@@ -151,8 +150,7 @@ VIDEO_ONLY_FIELDS = tuple(f.name for f in _VIDEO_ONLY_TOP)
 IMAGE_ONLY_FIELDS = tuple(f.name for f in _IMAGE_ONLY_TOP)
 VIDEO_ONLY_SUBJECT_FIELDS = tuple(f.name for f in _SUBJECT_VIDEO_ONLY)
 IMAGE_ONLY_SUBJECT_FIELDS = tuple(f.name for f in _SUBJECT_IMAGE_ONLY)
-# Set by the serving engine from the request's canvas and timing (the caption's own values lose).
-METADATA_FIELDS = ("resolution", "aspect_ratio", "duration", "fps")
+# Metadata an image caption does not carry (`inject_metadata` removes it; video gets the request's).
 IMAGE_DROPPED_METADATA = ("duration", "fps")
 
 
@@ -201,13 +199,10 @@ class FieldIssue:
         return f"{self.path}: {self.message}"
 
 
-class CaptionFieldError(ValueError):
-    """A parsed caption whose fields have the wrong types; every message names its field."""
-
-    def __init__(self, issues: list[FieldIssue]):
-        self.issues = [i for i in issues if i.severity == "error"]
-        lines = "; ".join(str(i) for i in self.issues)
-        super().__init__(f"Caption field error{'s' if len(self.issues) > 1 else ''}: {lines}")
+def describe_field_errors(issues: list[FieldIssue]) -> str:
+    """One message for a caption's wrongly typed fields; each part names its field."""
+    errors = [i for i in issues if i.severity == "error"]
+    return f"Caption field error{'s' if len(errors) > 1 else ''}: {'; '.join(str(i) for i in errors)}"
 
 
 def _position(text: str, offset: int) -> tuple[int, int]:
@@ -377,15 +372,6 @@ def validate_caption(caption: dict, kind: str) -> list[FieldIssue]:
                             "warning",
                         ))
     return issues
-
-
-def check_caption(text: str, kind: str) -> tuple[dict, list[FieldIssue]]:
-    """Parse and validate; raise on parse errors and field errors, return the warnings."""
-    caption = parse_caption(text)
-    issues = validate_caption(caption, kind)
-    if any(i.severity == "error" for i in issues):
-        raise CaptionFieldError(issues)
-    return caption, issues
 
 
 # ----------------------------------------------------------------------------------------------

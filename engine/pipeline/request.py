@@ -374,7 +374,7 @@ def _parse_text(key: str, text: str, mode: str) -> dict | None:
         return caption
     errors = [i for i in captions.validate_caption(caption, captions.kind_for_mode(mode)) if i.severity == "error"]
     if errors:
-        raise RequestError(f"{key}.{errors[0].path}", f"{key}: {captions.CaptionFieldError(errors)}")
+        raise RequestError(f"{key}.{errors[0].path}", f"{key}: {captions.describe_field_errors(errors)}")
     return caption
 
 
