@@ -21,6 +21,7 @@ from engine.reasoner import REASON_TABLE, SAMPLING_LIMITS, ReasonerText
 from engine.reasoner.runtime import reasoner_status
 from engine.serving.events import Cancelled, Failed, Finished, JobCancelled
 
+from .caption_editor import known
 from .common import status_html
 from .files import redact
 from .jobs import session_of
@@ -155,7 +156,8 @@ def reasoner_cancel_outcome(job, unchanged: str, timeout: float = 20.0) -> str:
 
 def _filled_editor(editor, caption: dict) -> dict:
     """The caption editor showing `caption`: JSON style, JSON text and form, all still editable."""
-    out = {editor.style: STYLE_JSON, editor.code: captions.pretty(caption), editor.message: "",
+    text = captions.pretty(caption)
+    out = {editor.style: STYLE_JSON, editor.code: text, editor.parsed: known(text, caption), editor.message: "",
            editor.json_group: gr.update(visible=True), editor.prose: gr.update(visible=False)}
     out.update(editor.form_updates(caption))
     return out
@@ -267,8 +269,8 @@ class ReasonerWiring:
 
     def _wire_panel(self, tab, panel: ReasonerPanel) -> None:
         editor = tab.editor
-        outputs = [panel.stream, panel.status, editor.style, editor.code, editor.message, editor.json_group,
-                   editor.prose, *editor.form_components]
+        outputs = [panel.stream, panel.status, editor.style, editor.code, editor.parsed, editor.message,
+                   editor.json_group, editor.prose, *editor.form_components]
         service = self.service
 
         def runner(task: str, source=None):
