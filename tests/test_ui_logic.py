@@ -290,6 +290,18 @@ def test_events_drive_the_status_text():
     assert info.value.message() == "Cancelled after denoising step 3 of 10; nothing was saved."
 
 
+def test_the_line_beside_generate_gives_the_queue_position_its_wait_and_the_step_eta():
+    from types import SimpleNamespace
+
+    from cosmos3_ui.jobs import JobFollower
+
+    waits = {2: 42.0}
+    follower = JobFollower(SimpleNamespace(queue=SimpleNamespace(eta_seconds=lambda position: waits.get(position))))
+    assert "Waiting for the GPU: 2 jobs ahead · about 42 s" in follower.status_line(JobStatus(position=2))
+    running = JobStatus(stage="denoise", step=3, total=10, eta_s=2.4)
+    assert "Denoising: step 3/10 · about 2 s left" in follower.status_line(running)
+
+
 def test_cancel_reaches_only_the_sessions_own_job():
     jobs = ActiveJobs()
     mine, theirs = FakeHandle("job-1"), FakeHandle("job-2")
