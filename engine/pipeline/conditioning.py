@@ -13,9 +13,10 @@ from diffusers.utils.torch_utils import randn_tensor
 from diffusers.video_processor import VideoProcessor
 
 from ..model.action import ACTION_DOMAINS, RESOLUTION_TIERS
+from ..model.defaults import VAE_SPATIAL, VAE_TEMPORAL
 from ..model.loader import LoadedModel
 from .media import load_image, load_video
-from .state import VAE_SPATIAL, VAE_TEMPORAL, Conditioning, Latents, RunState
+from .state import Conditioning, Latents, RunState
 
 
 def conditioning_stage(state: RunState) -> None:

@@ -18,9 +18,10 @@ import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 from diffusers.video_processor import VideoProcessor
 
+from ..model.defaults import VAE_SPATIAL
 from ..serving.events import SafetyRefusal
 from .fast_path import vae_channels_last
-from .state import VAE_SPATIAL, RunState
+from .state import RunState
 
 
 def decode_stage(state: RunState) -> None:

@@ -12,8 +12,9 @@ import math
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import get_3d_mrope_ids_text_tokens, get_3d_mrope_ids_vae_tokens
 
+from ..model.defaults import VAE_TEMPORAL
 from ..model.loader import LoadedModel
-from .state import VAE_TEMPORAL, Conditioning, GenLayout, Latents, RunState
+from .state import Conditioning, GenLayout, Latents, RunState
 
 
 def layout_stage(state: RunState) -> None:

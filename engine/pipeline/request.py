@@ -28,6 +28,7 @@ from ..model.action import (
 )
 from ..model.defaults import (
     DEFAULT_ACTION_TIER,
+    VAE_SPATIAL,
     Limits,
     distinct_timesteps,
     max_distinct_steps,
@@ -166,15 +167,15 @@ def _size_list(sizes) -> str:
 
 
 def _validate_canvas(params: dict, limits: Limits) -> None:
-    width = _int(params, "width", 16, 4096)
-    height = _int(params, "height", 16, 4096)
+    width = _int(params, "width", VAE_SPATIAL, 4096)
+    height = _int(params, "height", VAE_SPATIAL, 4096)
     allowed = list(limits.resolutions)
     if (width, height) in allowed:
         return
-    if width % 16 or height % 16:
+    if width % VAE_SPATIAL or height % VAE_SPATIAL:
         raise RequestError(
             "width",
-            f"Size {width}x{height} is not a multiple of 16 (the VAE's spatial factor). "
+            f"Size {width}x{height} is not a multiple of {VAE_SPATIAL} (the VAE's spatial factor). "
             f"Allowed sizes (WxH): {_size_list(allowed)}."
         )
     raise RequestError("width", f"Size {width}x{height} is not allowed for this model. Allowed sizes (WxH): {_size_list(allowed)}.")
@@ -194,7 +195,7 @@ def _validate_frames(params: dict, mode: str, limits: Limits) -> None:
         below = max(lo, frames - (frames - 1) % step)
         raise RequestError(
             "num_frames",
-            f"num_frames must be 4k+1 (the VAE compresses time 4x), got {frames}; "
+            f"num_frames must be {step}k+1 (the VAE compresses time {step}x), got {frames}; "
             f"allowed: {lo}..{hi} in steps of {step}, e.g. {below} or {min(hi, below + step)}."
         )
     if not lo <= frames <= hi:

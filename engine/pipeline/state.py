@@ -25,9 +25,6 @@ from .prompts import PromptTexts
 from .request import Request
 from .transformer import GenRotary
 
-VAE_SPATIAL = 16
-VAE_TEMPORAL = 4
-
 
 @dataclass
 class Conditioning:
