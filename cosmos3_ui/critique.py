@@ -14,6 +14,8 @@ from typing import Any
 
 import gradio as gr
 
+from engine.pipeline.outputs import IMAGE_NAME, SIDECAR_NAME, VIDEO_NAME
+
 from .common import status_html
 from .jobs import session_of
 from .reasoner_panel import follow_reasoner
@@ -29,7 +31,7 @@ CREATE TABLE IF NOT EXISTS model_critiques (
     PRIMARY KEY (request_id, reasoner)
 );
 """
-MEDIA = ("video.mp4", "image.png")
+MEDIA = (VIDEO_NAME, IMAGE_NAME)
 
 
 class CritiqueStore:
@@ -64,7 +66,7 @@ def critique_request(store, request_id: str, criteria: tuple[str, ...]) -> tuple
     if media is None:
         raise StudioError(f"Result {request_id!r} has no {' or '.join(MEDIA)} to critique.", "result")
     prompt = ""
-    sidecar = folder / "params.json"
+    sidecar = folder / SIDECAR_NAME
     if sidecar.is_file():
         try:
             params = json.loads(sidecar.read_text(encoding="utf-8"))

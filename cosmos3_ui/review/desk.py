@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .listing import MEDIA_NAMES, Listed, sync_outputs
+from .listing import MEDIA_NAMES, SIDECAR, Listed, sync_outputs
 from .store import ReviewStore
 from .thumbnails import Thumbnails
 
@@ -102,7 +102,7 @@ class ReviewDesk:
         folder = Path(found[0]["folder"])
         media = next((folder / n for n in MEDIA_NAMES if (folder / n).is_file()), None)
         summary = {k: found[0][k] for k in ("request_id", "model", "mode", "origin", "created")}
-        sidecar = folder / "params.json"
+        sidecar = folder / SIDECAR
         if sidecar.is_file():
             try:
                 params = json.loads(sidecar.read_text(encoding="utf-8"))

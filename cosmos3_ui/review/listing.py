@@ -10,10 +10,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.pipeline.outputs import ACTIONS_NAME, IMAGE_NAME, SIDECAR_NAME, VIDEO_NAME
+
 from .store import REQUEST_ID, ReviewStore
 
-MEDIA_NAMES = ("image.png", "video.mp4")
-SIDECAR = "params.json"
+MEDIA_NAMES = (IMAGE_NAME, VIDEO_NAME)  # the file names are the output stage's (engine.pipeline.outputs)
+SIDECAR = SIDECAR_NAME
 MAX_LISTED = 5000
 
 
@@ -54,7 +56,7 @@ def inspect_folder(folder: Path) -> Listed:
     except (OSError, ValueError, AttributeError) as exc:
         return Listed(folder.name, folder, "", "", "", media, f"params.json cannot be read ({exc})")
     if media is None:
-        kind = "actions only (no image or video to look at)" if (folder / "actions.json").is_file() else "no image or video file"
+        kind = "actions only (no image or video to look at)" if (folder / ACTIONS_NAME).is_file() else "no image or video file"
         return Listed(listed.request_id, folder, listed.model, listed.mode, listed.prompt, None, kind, listed.created)
     if not listed.model:
         return Listed(listed.request_id, folder, "", listed.mode, listed.prompt, media,

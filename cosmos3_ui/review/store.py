@@ -17,6 +17,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from engine.pipeline.outputs import SIDECAR_NAME
+
 DEFAULT_CRITERIA = ("prompt_adherence", "visual_quality", "temporal_consistency", "physics_plausibility")
 DB_NAME = "reviews.sqlite3"
 SIDE_FILES = ("-wal", "-shm", "-journal")
@@ -189,7 +191,7 @@ class ReviewStore:
             out.append({"request_id": rid, "reviewer": reviewer, "scores": json.loads(scores), "notes": notes,
                         "updated": updated, "model": model, "mode": mode, "origin": origin, "folder": folder,
                         "files": sorted(p.name for p in Path(folder).glob("*") if p.is_file()),
-                        "sidecar": str(Path(folder) / "params.json")})
+                        "sidecar": str(Path(folder) / SIDECAR_NAME)})
         return out
 
     def results(self) -> list[dict]:

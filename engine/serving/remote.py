@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model.defaults import sampling_defaults
+from ..pipeline.outputs import ACTIONS_NAME, IMAGE_NAME, SIDECAR_NAME, VIDEO_NAME
 from ..pipeline.request import validate_request
 from .events import Cancelled, Failed, Finished, Progress, Queued
 from .registry import ModelEntry
@@ -160,9 +161,9 @@ class RemoteJobQueue(ForwardingQueue):
             handle.put(Cancelled())
             return
         body = answer.json()
-        files = {"image": ("image.png", base64.b64decode(body["data"][0]["b64_json"]))}
+        files = {"image": (IMAGE_NAME, base64.b64decode(body["data"][0]["b64_json"]))}
         if body.get("id") and self.registry.studio_peer[handle.model_name]:
-            files["sidecar"] = ("params.json", self._download(f"images/{body['id']}/content", {"variant": "params"}))
+            files["sidecar"] = (SIDECAR_NAME, self._download(f"images/{body['id']}/content", {"variant": "params"}))
         self._finished(handle)
         handle.put(Finished(self._result(handle, body.get("result") or {}, files)))
 
@@ -193,9 +194,9 @@ class RemoteJobQueue(ForwardingQueue):
             elif status == "completed":
                 break
             time.sleep(POLL_S)
-        files = {"video": ("video.mp4", self._download(f"videos/{job_id}/content"))}
+        files = {"video": (VIDEO_NAME, self._download(f"videos/{job_id}/content"))}
         result = job.get("result") or {}
-        for name, file_name in (("sidecar", "params.json"), ("actions", "actions.json")):
+        for name, file_name in (("sidecar", SIDECAR_NAME), ("actions", ACTIONS_NAME)):
             if file_name in (result.get("files") or {}).values():
                 files[name] = (file_name, self._download(f"videos/{job_id}/content",
                                                          {"variant": "params" if name == "sidecar" else "actions"}))
