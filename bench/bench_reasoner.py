@@ -1,6 +1,8 @@
 """Reasoner speed and the numbers behind its memory policy, at real dimensions with random weights.
 
     python3 bench/bench_reasoner.py --out $OUT        # on a GPU; writes reasoner_bench.json
+    python3 bench/bench_reasoner.py --families nano --out $OUT --budget-s 120    # Nano alone, ~80 s
+
 
 For the Edge (`cosmos3_edge`) and Nano (`cosmos3_omni`, Qwen3-VL-8B sized) reasoners in bf16 on cuda:0:
 time to first token and decode tokens/s through Transformers' `generate` (what `engine.reason` runs),
@@ -8,6 +10,8 @@ for an enhance-sized text prompt and for the same prompt with one 832x480 image;
 and what each memory policy costs per job: host->device and device->host copies of the whole reasoner
 (`offloaded`), and reading it back from a safetensors file (`on_demand`, Edge only: the page cache
 makes it a lower bound). Random weights never stop early: `min_new_tokens` fixes the length.
+The JSON is rewritten after every measurement, so a run stopped by its time limit keeps what it
+measured; `--budget-s` skips what is left once that many seconds have passed (marked in the JSON).
 """
 from __future__ import annotations
 
@@ -20,7 +24,10 @@ from pathlib import Path
 
 import torch
 
-DECODE_TOKENS = 256
+# Tokens forced per measurement. The Transformers generate loop is host-bound (~60 ms a token for Edge,
+# more for Nano's 36 layers), so Nano decodes fewer to keep its run near 80 s of GPU time; tokens/s
+# is a per-token rate either way.
+DECODE_TOKENS = {"edge": 256, "nano": 128}
 PROMPT_TOKENS = 1200  # an enhance request: the schema prompt plus a short idea (measured ~1.1k on tiny)
 IMAGE_GRID = (30, 52)  # 480x832 in 16-pixel patches
 
@@ -51,7 +58,9 @@ def build(config, device):
 
 
 def shrink(config) -> None:
-    """A CPU dry run of this script (`--dry-run`): same code, a few layers."""
+    """A CPU dry run of this script (`--dry-run`): same code, two layers, a short prompt and a small image."""
+    global PROMPT_TOKENS, IMAGE_GRID
+    PROMPT_TOKENS, IMAGE_GRID = 48, (4, 6)
     text, vision = config.text_config, config.vision_config
     text.num_hidden_layers = 2
     for attr in ("num_hidden_layers", "depth"):
@@ -130,32 +139,53 @@ def copies(model, device) -> dict:
     return {"bytes": nbytes, "to_cpu_s": round(d2h, 3), "to_gpu_s": round(h2d, 3)}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--families", default="edge,nano")
-    parser.add_argument("--dry-run", action="store_true", help="CPU, two layers: checks the script only")
-    args = parser.parse_args()
-    device = torch.device("cpu" if args.dry_run else "cuda:0")
-    tokens = 4 if args.dry_run else DECODE_TOKENS
-    report = {"torch": torch.__version__, "gpu": "dry run" if args.dry_run else torch.cuda.get_device_name(0),
-              "decode_tokens": DECODE_TOKENS, "families": {}}
-    import transformers
+class Report:
+    """The JSON, written again after each measurement; `due(what)` says whether the budget allows it."""
 
-    report["transformers"] = transformers.__version__
-    for name in args.families.split(","):
-        config = configs()[name]
-        if args.dry_run:
-            shrink(config)
-        started = time.perf_counter()
-        model = build(config, device)
-        _sync()
-        row = {"build_s": round(time.perf_counter() - started, 1)}
-        timed_generate(model, inputs(name, config, device, False), 8)  # warm-up
-        row["text"] = timed_generate(model, inputs(name, config, device, False), tokens)
-        row["text_image"] = timed_generate(model, inputs(name, config, device, True), tokens)
-        if not args.dry_run:
-            row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    def __init__(self, out: str, budget_s: float | None, head: dict):
+        self.path = Path(out) / "reasoner_bench.json"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.budget_s, self.started = budget_s, time.perf_counter()
+        self.data = dict(head, families={})
+        self.save()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def due(self, row: dict, what: str) -> bool:
+        if self.budget_s is not None and self.elapsed() > self.budget_s:
+            row[what] = f"skipped: the {self.budget_s:.0f} s budget was spent ({self.elapsed():.0f} s)"
+            self.save()
+            return False
+        return True
+
+    def save(self) -> None:
+        self.data["elapsed_s"] = round(self.elapsed(), 1)
+        self.path.write_text(json.dumps(self.data, indent=2))
+
+
+def measure(name: str, report: Report, device, dry_run: bool) -> None:
+    row = report.data["families"].setdefault(name, {})
+    tokens = 4 if dry_run else DECODE_TOKENS[name]
+    config = configs()[name]
+    if dry_run:
+        shrink(config)
+    started = time.perf_counter()
+    model = build(config, device)
+    _sync()
+    row.update(build_s=round(time.perf_counter() - started, 1), decode_tokens=tokens)
+    report.save()
+    # Warm-up of both paths (text, and the vision tower's first call), so neither number is a cold one.
+    timed_generate(model, inputs(name, config, device, False), 4)
+    timed_generate(model, inputs(name, config, device, True), 2)
+    for key, with_image in (("text", False), ("text_image", True)):
+        if report.due(row, key):
+            row[key] = timed_generate(model, inputs(name, config, device, with_image), tokens)
+            print(name, key, json.dumps(row[key]), f"at {report.elapsed():.0f} s", flush=True)
+            report.save()
+    if not dry_run:
+        row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    if report.due(row, "policy_costs"):
         row["policy_costs"] = copies(model, device)
         if name == "edge":
             from safetensors.torch import load_file, save_file
@@ -168,14 +198,31 @@ def main() -> int:
                 _sync()
                 row["policy_costs"]["from_disk_s"] = round(time.perf_counter() - t, 3)
                 del state
-        report["families"][name] = row
-        print(name, json.dumps(row), flush=True)
-        del model
-        if not args.dry_run:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "reasoner_bench.json").write_text(json.dumps(report, indent=2))
+        report.save()
+    print(name, json.dumps(row), flush=True)
+    del model
+    if not dry_run:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--families", default="edge,nano")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="skip the measurements still to come once this many seconds have passed")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, two layers: checks the script only")
+    args = parser.parse_args()
+    device = torch.device("cpu" if args.dry_run else "cuda:0")
+    import transformers
+
+    report = Report(args.out, args.budget_s, {
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "gpu": "dry run" if args.dry_run else torch.cuda.get_device_name(0), "decode_tokens": DECODE_TOKENS})
+    for name in args.families.split(","):
+        if report.due(report.data["families"].setdefault(name, {}), "build"):
+            measure(name, report, device, args.dry_run)
     return 0
 
 
