@@ -110,7 +110,7 @@ class RunState:
     preview: Any = None  # engine.pipeline.preview.Previewer, when previews are asked for
     cond: Conditioning | None = None
     texts: PromptTexts | None = None
-    token_ids: tuple[list[int], list[int]] = ([], [])  # cond, uncond
+    token_ids: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))  # cond, uncond
     latents: Latents | None = None
     layout: GenLayout | None = None
     schedulers: Schedulers | None = None
