@@ -8,6 +8,8 @@ import json
 import re
 import time
 
+import imageio
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -112,9 +114,25 @@ def test_enhance_on_t2v_fills_the_form_and_the_form_generates(studio, scripted, 
                 sent = page.locator("#t2v-prompt-text textarea").input_value()
                 assert "a stormy beach at dusk" in sent and "a red kite with a long tail" in sent
 
-                # Describe beside the Action tab's upload fills its instruction.
+                # Describe beside T2V's conditioning image and video fills the caption editor.
                 frame = tmp_path / "frame.png"
                 Image.new("RGB", (64, 48), (200, 40, 40)).save(frame)
+                clip = tmp_path / "clip.mp4"
+                imageio.mimwrite(clip, [np.full((48, 64, 3), 10 * i, np.uint8) for i in range(8)], fps=8)
+                page.get_by_text("Start from an image or a video (optional)").click()
+                for source, upload in (("image", frame), ("video", clip)):
+                    field.fill("something else")
+                    field.press("Tab")
+                    page.locator(f"#t2v-{source} input[type=file]").set_input_files(str(upload))
+                    page.wait_for_timeout(1000)
+                    page.locator(f"#t2v-describe-{source}").click()
+                    deadline = time.time() + 60
+                    while time.time() < deadline and field.input_value() != "a windy beach at noon":
+                        time.sleep(0.1)
+                    assert field.input_value() == "a windy beach at noon"
+                    assert f"Describe this {source}" in scripted.asked[-1]
+
+                # Describe beside the Action tab's upload fills its instruction.
                 page.get_by_role("tab", name="Action", exact=True).click()
                 page.locator("#action-image input[type=file]").set_input_files(str(frame))
                 page.wait_for_timeout(1000)

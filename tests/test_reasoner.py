@@ -394,6 +394,22 @@ def test_memory_policy_follows_the_room_left():
     assert choose_policy(80 * gib, 31 * gib, 36 * gib, 8 * gib) == "on_demand"
 
 
+def test_every_memory_policy_decodes_the_same_tokens(loaded):
+    """`offloaded` moves the reasoner back to the host after each job, `on_demand` drops it (read again
+    from disk next time); both decode what `resident` decodes."""
+    model = loaded["nano"]
+    expected = reasoner_for(model, policy="resident").chat(None, "A kite.", max_new_tokens=4, temperature=0.0,
+                                                           seed=0).token_ids
+    for policy in ("offloaded", "on_demand", "resident"):
+        reasoner = reasoner_for(model, policy=policy)
+        assert reasoner.policy == policy
+        for _ in range(2):
+            assert reasoner.chat(None, "A kite.", max_new_tokens=4, temperature=0.0, seed=0).token_ids == expected
+            assert (reasoner.model is None) == (policy == "on_demand")
+            if policy == "offloaded":
+                assert next(reasoner.model.parameters()).device.type == "cpu"
+
+
 # -- through the job queue -------------------------------------------------------------------------------
 
 

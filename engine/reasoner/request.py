@@ -125,9 +125,16 @@ def _criteria(params: dict) -> tuple[str, ...]:
     return tuple(v.strip() for v in value)
 
 
-def validate_reason_request(params: dict) -> ReasonRequest:
-    """Check a reasoner request and fill in the task's defaults. A ReasonRequest given back in is
-    returned as it is (the queue validates once at submit; `reason` runs exactly that)."""
+def validate_reason_request(params: dict, info=None) -> ReasonRequest:
+    """Check a reasoner request and fill in the task's defaults. With the checkpoint's `info`
+    (engine.inspect_checkpoint), one without a reasoner is refused at once, saying why. A ReasonRequest
+    given back in is returned as it is (the queue validates once at submit; `reason` runs exactly that)."""
+    if info is not None:
+        from .runtime import reasoner_status
+
+        present, why = reasoner_status(info.path)
+        if not present:
+            raise ReasonRequestError("", why)
     if isinstance(params, ReasonRequest):
         return params
     if not isinstance(params, Mapping):

@@ -179,7 +179,7 @@ class JobQueue:
         if "task" in request:  # a reasoner request (engine/reasoner): same queue, same events
             from ..reasoner import validate_reason_request
 
-            request = validate_reason_request(request)  # a ReasonRequest, run as it is
+            request = validate_reason_request(request, info)  # a ReasonRequest, run as it is
         else:
             mode = request.get("mode")
             if mode is None:
