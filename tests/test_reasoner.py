@@ -18,6 +18,7 @@ from engine.reasoner.tasks import CRITIQUE_SYSTEM, critique_text, read_scores
 
 FAMILIES = {"edge": "Cosmos3EdgeForConditionalGeneration", "nano": "Cosmos3OmniForConditionalGeneration",
             "super": "Cosmos3OmniForConditionalGeneration"}
+CHECKPOINTS = ["edge", "nano", "super", "edge-distilled", "nano-distilled", "super-distilled"]
 RNG = np.random.default_rng(5)
 IMAGE = (RNG.random((48, 64, 3)) * 255).astype(np.uint8)
 VIDEO = (RNG.random((12, 48, 64, 3)) * 255).astype(np.uint8)
@@ -31,16 +32,17 @@ def loaded(tiny_family):
 # -- the tiny checkpoints -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["edge", "nano", "super"])
+@pytest.mark.parametrize("name", CHECKPOINTS)
 def test_tiny_checkpoint_loads_reasoner_in_transformers_and_generator_in_diffusers(tiny_family, name):
-    from diffusers import Cosmos3OmniPipeline
+    from diffusers import Cosmos3OmniPipeline, ModularPipeline
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
     root = tiny_family[name]
+    family = name.split("-")[0]
     model, info = AutoModelForImageTextToText.from_pretrained(root, output_loading_info=True)
-    assert type(model).__name__ == FAMILIES[name]
-    assert model.config.model_type == ("cosmos3_edge" if name == "edge" else "cosmos3_omni")
+    assert type(model).__name__ == FAMILIES[family]
+    assert model.config.model_type == ("cosmos3_edge" if family == "edge" else "cosmos3_omni")
     assert not info["missing_keys"] and not info["mismatched_keys"]
     # The reasoner's language model is the generator's und tower: one weight set, read by both libraries.
     generator = load_file(str(next((root / "transformer").glob("*.safetensors"))))
@@ -48,7 +50,11 @@ def test_tiny_checkpoint_loads_reasoner_in_transformers_and_generator_in_diffuse
     assert torch.equal(reasoner.layers[0].self_attn.q_proj.weight, generator["layers.0.self_attn.to_q.weight"])
     assert torch.equal(reasoner.embed_tokens.weight, generator["embed_tokens.weight"])
     assert torch.equal(model.lm_head.weight, generator["lm_head.weight"])
-    pipe = Cosmos3OmniPipeline.from_pretrained(root, enable_safety_checker=False)
+    if name.endswith("-distilled"):  # diffusers reads a distilled folder through modular_model_index.json
+        pipe = ModularPipeline.from_pretrained(root)
+        pipe.load_components()
+    else:
+        pipe = Cosmos3OmniPipeline.from_pretrained(root, enable_safety_checker=False)
     assert torch.equal(pipe.transformer.state_dict()["layers.0.self_attn.to_q.weight"],
                        generator["layers.0.self_attn.to_q.weight"])
     assert reasoner_status(root)[0]
