@@ -4,6 +4,7 @@ form generates; `/reason` over the scripting API with the tiny checkpoint's real
 The browser test scripts the reasoner's answer (a tiny random-weight reasoner never writes a caption);
 everything else, the queue, the events, the editor and the generation, is the real app.
 """
+import contextlib
 import json
 import re
 import time
@@ -76,7 +77,9 @@ def studio(tiny_family, tmp_path_factory, scripted):
         yield studio
 
 
-def test_enhance_on_t2v_fills_the_form_and_the_form_generates(studio, scripted, tmp_path):
+@contextlib.contextmanager
+def t2v_page(studio, tmp_path):
+    """A fresh browser page on the studio's Text to Video tab (skips where Chromium is missing)."""
     if not chromium_available():
         pytest.skip("Chromium is missing: run scripts/ensure_chromium.sh (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
@@ -88,62 +91,67 @@ def test_enhance_on_t2v_fills_the_form_and_the_form_generates(studio, scripted, 
                 page.goto(studio.url)
                 page.wait_for_selector("#model-picker")
                 page.get_by_role("tab", name="Text to Video", exact=True).click()
-                assert page.locator("#t2v-enhance").is_enabled()
-                page.locator("#t2v-idea textarea").fill("a kite on a windy beach")
-                page.locator("#t2v-enhance").click()
-                deadline = time.time() + 60
-                field = page.locator("#t2v-field-background_setting textarea")
-                while time.time() < deadline and field.input_value() != "a windy beach at noon":
-                    time.sleep(0.1)
-                assert field.input_value() == "a windy beach at noon"
-                assert "Done" in page.locator("#t2v-reasoner-status").inner_text()
-                assert "red kite" in page.locator("#t2v-reasoner-stream textarea").input_value()
-                assert "a kite on a windy beach" in scripted.asked[-1]
-                # The filled form is editable and generates.
-                field.fill("a stormy beach at dusk")
-                field.press("Tab")
-                page.wait_for_timeout(500)
-                page.locator("#t2v-sampling").click()
-                box = page.locator("#t2v-steps input[type=number]").first
-                box.fill("2")
-                box.press("Enter")
-                page.wait_for_timeout(300)
-                page.locator("#t2v-generate").click()
-                page.wait_for_selector("#t2v-output video", timeout=120_000)
-                page.locator("#t2v-final-text").click()
-                sent = page.locator("#t2v-prompt-text textarea").input_value()
-                assert "a stormy beach at dusk" in sent and "a red kite with a long tail" in sent
-
-                # Describe beside T2V's conditioning image and video fills the caption editor.
-                frame = tmp_path / "frame.png"
-                Image.new("RGB", (64, 48), (200, 40, 40)).save(frame)
-                clip = tmp_path / "clip.mp4"
-                imageio.mimwrite(clip, [np.full((48, 64, 3), 10 * i, np.uint8) for i in range(8)], fps=8)
-                page.get_by_text("Start from an image or a video (optional)").click()
-                for source, upload in (("image", frame), ("video", clip)):
-                    field.fill("something else")
-                    field.press("Tab")
-                    page.locator(f"#t2v-{source} input[type=file]").set_input_files(str(upload))
-                    page.wait_for_timeout(1000)
-                    page.locator(f"#t2v-describe-{source}").click()
-                    deadline = time.time() + 60
-                    while time.time() < deadline and field.input_value() != "a windy beach at noon":
-                        time.sleep(0.1)
-                    assert field.input_value() == "a windy beach at noon"
-                    assert f"Describe this {source}" in scripted.asked[-1]
-
-                # Describe beside the Action tab's upload fills its instruction.
-                page.get_by_role("tab", name="Action", exact=True).click()
-                page.locator("#action-image input[type=file]").set_input_files(str(frame))
-                page.wait_for_timeout(1000)
-                page.locator("#action-describe-image").click()
-                instruction = page.locator("#action-instruction textarea")
-                deadline = time.time() + 60
-                while time.time() < deadline and instruction.input_value() != "The kite climbs.":
-                    time.sleep(0.1)
-                assert instruction.input_value() == "The kite climbs."
+                yield page
         finally:
             browser.close()
+
+
+def test_enhance_on_t2v_fills_the_form_and_the_form_generates(studio, scripted, tmp_path):
+    with t2v_page(studio, tmp_path) as page:
+        assert page.locator("#t2v-enhance").is_enabled()
+        page.locator("#t2v-idea textarea").fill("a kite on a windy beach")
+        page.locator("#t2v-enhance").click()
+        deadline = time.time() + 60
+        field = page.locator("#t2v-field-background_setting textarea")
+        while time.time() < deadline and field.input_value() != "a windy beach at noon":
+            time.sleep(0.1)
+        assert field.input_value() == "a windy beach at noon"
+        assert "Done" in page.locator("#t2v-reasoner-status").inner_text()
+        assert "red kite" in page.locator("#t2v-reasoner-stream textarea").input_value()
+        assert "a kite on a windy beach" in scripted.asked[-1]
+        # The filled form is editable and generates.
+        field.fill("a stormy beach at dusk")
+        field.press("Tab")
+        page.wait_for_timeout(500)
+        page.locator("#t2v-sampling").click()
+        box = page.locator("#t2v-steps input[type=number]").first
+        box.fill("2")
+        box.press("Enter")
+        page.wait_for_timeout(300)
+        page.locator("#t2v-generate").click()
+        page.wait_for_selector("#t2v-output video", timeout=120_000)
+        page.locator("#t2v-final-text").click()
+        sent = page.locator("#t2v-prompt-text textarea").input_value()
+        assert "a stormy beach at dusk" in sent and "a red kite with a long tail" in sent
+
+        # Describe beside T2V's conditioning image and video fills the caption editor.
+        frame = tmp_path / "frame.png"
+        Image.new("RGB", (64, 48), (200, 40, 40)).save(frame)
+        clip = tmp_path / "clip.mp4"
+        imageio.mimwrite(clip, [np.full((48, 64, 3), 10 * i, np.uint8) for i in range(8)], fps=8)
+        page.get_by_text("Start from an image or a video (optional)").click()
+        for source, upload in (("image", frame), ("video", clip)):
+            field.fill("something else")
+            field.press("Tab")
+            page.locator(f"#t2v-{source} input[type=file]").set_input_files(str(upload))
+            page.wait_for_timeout(1000)
+            page.locator(f"#t2v-describe-{source}").click()
+            deadline = time.time() + 60
+            while time.time() < deadline and field.input_value() != "a windy beach at noon":
+                time.sleep(0.1)
+            assert field.input_value() == "a windy beach at noon"
+            assert f"Describe this {source}" in scripted.asked[-1]
+
+        # Describe beside the Action tab's upload fills its instruction.
+        page.get_by_role("tab", name="Action", exact=True).click()
+        page.locator("#action-image input[type=file]").set_input_files(str(frame))
+        page.wait_for_timeout(1000)
+        page.locator("#action-describe-image").click()
+        instruction = page.locator("#action-instruction textarea")
+        deadline = time.time() + 60
+        while time.time() < deadline and instruction.input_value() != "The kite climbs.":
+            time.sleep(0.1)
+        assert instruction.input_value() == "The kite climbs."
 
 
 def _press_cancel_while_streaming(page, scripted, prefix: str) -> str:
@@ -174,37 +182,25 @@ def _press_cancel_while_streaming(page, scripted, prefix: str) -> str:
 
 
 def test_cancel_stops_a_streaming_enhance_and_leaves_the_editor(studio, scripted, tmp_path):
-    if not chromium_available():
-        pytest.skip("Chromium is missing: run scripts/ensure_chromium.sh (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
     scripted.delay = 0.5
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                with browser_page(browser, tmp_path) as page:
-                    page.goto(studio.url)
-                    page.wait_for_selector("#model-picker")
-                    page.get_by_role("tab", name="Text to Video", exact=True).click()
-                    before = page.locator("#t2v-field-background_setting textarea").input_value()
-                    page.locator("#t2v-idea textarea").fill("a slow kite")
-                    page.locator("#t2v-enhance").click()
-                    _press_cancel_while_streaming(page, scripted, "t2v")
-                    assert page.locator("#t2v-field-background_setting textarea").input_value() == before
+        with t2v_page(studio, tmp_path) as page:
+            before = page.locator("#t2v-field-background_setting textarea").input_value()
+            page.locator("#t2v-idea textarea").fill("a slow kite")
+            page.locator("#t2v-enhance").click()
+            _press_cancel_while_streaming(page, scripted, "t2v")
+            assert page.locator("#t2v-field-background_setting textarea").input_value() == before
 
-                    # Describe beside the Action tab's upload has its own Cancel.
-                    frame = tmp_path / "frame.png"
-                    Image.new("RGB", (64, 48), (20, 40, 200)).save(frame)
-                    page.get_by_role("tab", name="Action", exact=True).click()
-                    instruction = page.locator("#action-instruction textarea").input_value()
-                    page.locator("#action-image input[type=file]").set_input_files(str(frame))
-                    page.wait_for_timeout(1000)
-                    page.locator("#action-describe-image").click()
-                    _press_cancel_while_streaming(page, scripted, "action")
-                    assert page.locator("#action-instruction textarea").input_value() == instruction
-            finally:
-                browser.close()
+            # Describe beside the Action tab's upload has its own Cancel.
+            frame = tmp_path / "frame.png"
+            Image.new("RGB", (64, 48), (20, 40, 200)).save(frame)
+            page.get_by_role("tab", name="Action", exact=True).click()
+            instruction = page.locator("#action-instruction textarea").input_value()
+            page.locator("#action-image input[type=file]").set_input_files(str(frame))
+            page.wait_for_timeout(1000)
+            page.locator("#action-describe-image").click()
+            _press_cancel_while_streaming(page, scripted, "action")
+            assert page.locator("#action-instruction textarea").input_value() == instruction
     finally:
         scripted.delay = 0.02
 
