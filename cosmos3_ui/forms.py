@@ -16,7 +16,7 @@ from . import history as H
 from .caption_editor import error_html, known
 from .common import status_html
 from .files import publish, publish_all
-from .parts import ActionTab, GenTab, Page, ResultBox, SamplingBox
+from .parts import ActionTab, GenTab, Page, SamplingBox
 from .plots import actions_from_file, actions_plot
 from .requests import (
     STYLE_JSON,

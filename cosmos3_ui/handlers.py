@@ -116,7 +116,6 @@ class Handlers:
     def wire_gen_tab(self, tab: GenTab) -> None:
         page = self.page
         inputs = F.gen_inputs(page, tab)
-        box = tab.result
         outputs = list(dict.fromkeys([*F.result_outputs(tab), tab.editor.code, tab.editor.parsed, *F.error_outputs(tab),
                                       page.history.state, page.history.gallery]))
 
@@ -159,7 +158,6 @@ class Handlers:
 
     def wire_action_tab(self) -> None:
         page, a = self.page, self.page.action
-        box = a.result
         inputs = F.action_inputs(page)
         outputs = list(dict.fromkeys([*F.result_outputs(a), a.plot, a.actions_download, *F.error_outputs(a),
                                       page.history.state, page.history.gallery]))

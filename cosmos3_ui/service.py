@@ -297,7 +297,3 @@ class StudioService:
         except (OSError, ValueError, TypeError):
             return False
         return resolved.is_file() and self.outputs_root in resolved.parents
-
-
-def now_label() -> str:
-    return time.strftime("%H:%M:%S")
