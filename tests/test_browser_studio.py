@@ -165,7 +165,7 @@ def test_unsupported_modes_are_disabled_and_distilled_locks_sampling(page):
     assert page.locator("#t2i-steps input[type=number]").first.is_disabled()
     assert "distilled" in page.locator("#t2i-sampling").inner_text()
     page.locator("#t2i-negative-box").click()
-    assert "do not use a negative prompt" in page.locator("#t2i-negative-box").inner_text()
+    wait_for_text(page, "#t2i-negative-box", "do not use a negative prompt", timeout_s=10)
     # Switching to a full checkpoint takes every distilled note away with the locks.
     pick_model(page, "super")
     wait_for_text(page, "#variant-panel", "full sampler")
