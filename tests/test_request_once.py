@@ -151,3 +151,28 @@ def test_a_request_is_frozen_typed_and_pickles(tiny_family):
         engine.validate_request(info, "t2i", {**REQUEST, "steps": 0})
     assert refused.value.field == "steps"
     assert Failed("x", kind="invalid", field="steps").field == "steps"
+
+
+def test_compare_validates_each_models_request_once_and_submits_it_as_it_is(tiny_family, tmp_path, counts):
+    """Compare plans with `validate_request` (to say why a model cannot run) and submits that Request:
+    one validation and one parse per model, none again in the queue or the worker."""
+    import anyio
+
+    from cosmos3_ui.compare import CompareSettings, plan_compare, run_compare
+
+    registry = ModelRegistry([ModelEntry(name, str(tiny_family["nano"])) for name in ("nano-a", "nano-b")])
+    job_queue = JobQueue(registry, tmp_path, max_size=4)
+    try:
+        service = _service(job_queue)
+        settings = CompareSettings(mode="t2i", prompt=CAPTION, seed=3, steps=2)
+
+        async def run():
+            slots = plan_compare(service, ["nano-a", "nano-b"], settings)
+            follow = lambda handle: anyio.to_thread.run_sync(handle.result)  # noqa: E731
+            return [outcome async for _, outcome in run_compare(service, slots, "session-3", follow)]
+
+        outcomes = asyncio.run(run())
+    finally:
+        job_queue.close()
+    assert [o.status for o in outcomes] == ["done", "done"]
+    assert counts == {"validations": 2, "parses": 2}
