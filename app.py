@@ -319,7 +319,7 @@ def create_studio(args: argparse.Namespace):
         if args.gpus > 1:  # each model loads on a group of worker processes (engine.parallel.runtime)
             from functools import partial
 
-            from engine.model.loader import load_model
+            from engine.parallel.load import load_model
 
             queue_options["loader"] = partial(load_model, gpus=args.gpus)
         job_queue = JobQueue(registry, args.outputs, max_size=args.queue_size, **queue_options)

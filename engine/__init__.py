@@ -22,7 +22,7 @@ from .serving.events import JobCancelled
 from .serving.registry import ModelEntry, ModelRegistry
 
 _LAZY = {
-    "LoadedModel": "model.loader", "load_model": "model.loader", "resolve_source": "model.loader",
+    "LoadedModel": "model.loader", "load_model": "parallel.load", "resolve_source": "model.loader",
     "GenerationResult": "pipeline.run", "generate": "pipeline.run",
     "JobFailed": "serving.queue", "JobHandle": "serving.queue", "JobQueue": "serving.queue",
     "QueueFull": "serving.queue", "load_actions_file": "pipeline.media",

@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    from .model.loader import load_model, resolve_source
+    from .model.loader import resolve_source
+    from .parallel.load import load_model
     from .model.variants import CheckpointError, inspect_checkpoint
 
     if args.command == "inspect":

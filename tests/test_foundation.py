@@ -9,7 +9,7 @@ import torch
 import engine
 from engine.model import variants
 from engine.pipeline.request import validate_request
-from engine.model.loader import CheckpointError, filter_scheduler_config, load_model
+from engine.model.loader import CheckpointError, filter_scheduler_config, load_in_process
 
 EXPECTED = {
     # name: (family, is_edge, is_distilled, modes)
@@ -243,7 +243,7 @@ def test_scheduler_key_filtering():
 def test_load_round_trip(tiny_family, name):
     from safetensors.torch import load_file
 
-    model = load_model(tiny_family[name], device="cpu")
+    model = load_in_process(tiny_family[name], device="cpu")
     assert model.info == engine.inspect_checkpoint(tiny_family[name])
     assert model.dtype == torch.float32 and model.transformer.dtype == torch.float32
     on_disk = load_file(tiny_family[name] / "transformer" / "diffusion_pytorch_model.safetensors")
@@ -278,7 +278,7 @@ def test_quantizer_tensors_are_dropped(tiny_family, tmp_path):
     state["layers.0.self_attn.to_q.input_quantizer._amax"] = torch.tensor(3.0)
     state["layers.1.mlp.up_proj.weight_quantizer._amax"] = torch.ones(4)
     save_file(state, weights, metadata={"format": "pt"})
-    model = load_model(root, device="cpu")
+    model = load_in_process(root, device="cpu")
     assert model.dropped_weight_keys == ["layers.0.self_attn.to_q.input_quantizer._amax",
                                          "layers.1.mlp.up_proj.weight_quantizer._amax"]
     assert not any("_quantizer" in k for k in model.transformer.state_dict())
@@ -290,11 +290,11 @@ def test_corrupt_weights_and_wrong_components_fail_clearly(tiny_family, tmp_path
     weights = root / "transformer" / "diffusion_pytorch_model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(CheckpointError, match=r"transformer/diffusion_pytorch_model.safetensors.*(corrupt|truncated)"):
-        load_model(root, device="cpu")
+        load_in_process(root, device="cpu")
     weights.unlink()
     (root / "transformer" / "weights.bin").write_bytes(b"\x80\x04pickle")
     with pytest.raises(CheckpointError, match="pickled weights are never loaded"):
-        load_model(root, device="cpu")
+        load_in_process(root, device="cpu")
     shutil.rmtree(root)
     shutil.copytree(tiny_family["super"], root)
     index = json.loads((root / "model_index.json").read_text())
@@ -302,16 +302,16 @@ def test_corrupt_weights_and_wrong_components_fail_clearly(tiny_family, tmp_path
     (root / "model_index.json").write_text(json.dumps(index))
     variants.clear_inspection_cache()
     with pytest.raises(CheckpointError, match="component 'vae' is 'AutoencoderKLCogVideoX'"):
-        load_model(root, device="cpu")
+        load_in_process(root, device="cpu")
     shutil.rmtree(root / "vae")
     variants.clear_inspection_cache()
     with pytest.raises(CheckpointError, match=r"lacks the component folder 'vae/'"):
-        load_model(root, device="cpu")
+        load_in_process(root, device="cpu")
 
 
 def test_super_refused_when_memory_budget_is_too_small(tiny_family):
     with pytest.raises(MemoryError, match="GiB"):
-        load_model(tiny_family["super"], device="cpu", memory_budget_bytes=1024)
+        load_in_process(tiny_family["super"], device="cpu", memory_budget_bytes=1024)
 
 
 def test_missing_source_and_offline_hub_fail_clearly():

@@ -127,7 +127,7 @@ def test_one_gpu_refusal_names_the_gpu_count_and_the_flag(tiny_family):
 
 
 def test_the_gpu_count_a_refusal_suggests_is_bounded():
-    from engine.parallel.runtime import MAX_GPUS, gpus_needed
+    from engine.model.loader import MAX_GPUS, gpus_needed
 
     assert gpus_needed(100, 100) == 2 and gpus_needed(400, 100) == 8
     assert gpus_needed(10**12, 0) == MAX_GPUS  # no free memory at all: an answer, not an endless loop
@@ -149,7 +149,7 @@ def test_plan_arithmetic():
 
 def test_the_queue_serves_a_group_and_models_report_it(tiny_family, references):
     """What `app.py --gpus 2` wires: the registry reports the group, the queue loads models on it."""
-    from engine.model.loader import load_model
+    from engine.parallel.load import load_model
     from engine.serving.events import Finished
     from engine.serving.queue import JobQueue
     from engine.serving.registry import ModelEntry, ModelRegistry

@@ -14,7 +14,7 @@ import json
 import secrets
 from dataclasses import dataclass
 
-from .store import MAX_NOTES, Database, check_reviewer, now
+from .db import MAX_NOTES, Database, check_reviewer, now
 
 CHOICES = ("A", "B", "tie")
 

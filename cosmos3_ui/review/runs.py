@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .store import Database, check_reviewer, now
+from .db import Database, check_reviewer, now
 from .suites import Configuration, SuiteItem, build_request, item_from_json, item_to_json
 
 _SCHEMA = """

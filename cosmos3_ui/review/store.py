@@ -14,18 +14,19 @@ import json
 import re
 import sqlite3
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from engine.pipeline.outputs import SIDECAR_NAME
+
+from .db import MAX_NOTES, Database, check_reviewer, now
+from .pairwise import PairStore
+from .runs import RunStore
 
 DEFAULT_CRITERIA = ("prompt_adherence", "visual_quality", "temporal_consistency", "physics_plausibility")
 DB_NAME = "reviews.sqlite3"
 SIDE_FILES = ("-wal", "-shm", "-journal")
 REQUEST_ID = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{12}$")
 _CRITERION = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
-MAX_NOTES = 5000
-MAX_REVIEWER = 100
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -47,10 +48,6 @@ CREATE TABLE IF NOT EXISTS ratings (
 """
 
 
-def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S")
-
-
 def parse_criteria(text: str | None) -> tuple[str, ...]:
     """`"a,b,c"` -> ("a", "b", "c"); None or empty -> the defaults."""
     if not text:
@@ -60,15 +57,6 @@ def parse_criteria(text: str | None) -> tuple[str, ...]:
     if bad or not names:
         raise ValueError(f"Criteria must be lowercase names like 'visual_quality', comma-separated; got {bad or text!r}.")
     return names
-
-
-def check_reviewer(reviewer: str | None) -> str:
-    """The signed-in user's name, as stored; refuses an anonymous or oversized one."""
-    name = (reviewer or "").strip()
-    if not name or len(name) > MAX_REVIEWER:
-        raise ValueError(f"Review data is saved under the signed-in user's name (1-{MAX_REVIEWER} characters); "
-                         f"got {reviewer!r}. Sign in again.")
-    return name
 
 
 def check_db_location(db_path: Path, served: list[Path]) -> None:
@@ -105,37 +93,10 @@ def adopt_legacy_db(outputs_root: Path, db_path: Path) -> Path | None:
     return target
 
 
-class Database:
-    """One SQLite file; each call gets its own short-lived connection."""
-
-    def __init__(self, path: str | Path, schema: str):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.connect() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(schema)
-
-    @contextmanager
-    def connect(self):
-        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-        try:
-            db.execute("PRAGMA busy_timeout=30000")
-            yield db
-        finally:
-            db.close()
-
-    def add_schema(self, schema: str) -> None:
-        with self.connect() as db:
-            db.executescript(schema)
-
-
 class ReviewStore:
     """Results registered for review and their 1-5 ratings; `pairs` and `runs` share the file."""
 
     def __init__(self, db_path: str | Path, criteria: tuple[str, ...] = DEFAULT_CRITERIA):
-        from .pairwise import PairStore
-        from .runs import RunStore
-
         self.path = Path(db_path)
         self.criteria = tuple(criteria)
         self.db = Database(self.path, _SCHEMA)

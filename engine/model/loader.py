@@ -1,9 +1,10 @@
 """Loading a checkpoint: sources, weight checks, components.
 
-`load_model(source)` takes a local folder or a Hugging Face repo id and returns a `LoadedModel`
+`load_in_process(source)` takes a local folder or a Hugging Face repo id and returns a `LoadedModel`
 holding the diffusers components (bf16 on CUDA, fp32 on the CPU) and the `VariantInfo` read once
 at load. Weight files are checked before any tensor is read, so a corrupt or truncated file fails
-with a message naming it instead of a deep traceback.
+with a message naming it instead of a deep traceback. The public `engine.load_model` (one GPU or a
+group of N: `engine.parallel.load`) builds on it; this floor never imports the group runtime.
 """
 from __future__ import annotations
 
@@ -209,6 +210,17 @@ def _transformer_class():
     return QuantizerFreeCosmos3OmniTransformer
 
 
+MAX_GPUS = 64  # the largest group a refusal suggests
+
+
+def gpus_needed(weight_bytes: int, per_gpu_bytes: int) -> int:
+    """The smallest power-of-two group whose shards leave each GPU 40% for gathered layers and activations."""
+    count = 2
+    while weight_bytes / count > per_gpu_bytes * 0.6 and count < MAX_GPUS:
+        count *= 2
+    return count
+
+
 def _check_fits(info, device, need: int, memory_budget_bytes: int | None, weight_shards: int) -> None:
     """Refuse weights that do not fit the device, saying how many GPUs would hold them and how."""
     import torch
@@ -218,8 +230,6 @@ def _check_fits(info, device, need: int, memory_budget_bytes: int | None, weight
     budget = memory_budget_bytes if memory_budget_bytes is not None else torch.cuda.mem_get_info(device)[0]
     # Keep a tenth free for activations of the smallest request; larger ones are checked per request.
     if need > budget * 0.9:
-        from ..parallel.runtime import gpus_needed
-
         shards = gpus_needed(need * weight_shards, budget)
         raise MemoryError(
             f"{info.family} weights need about {need / 2**30:.1f} GiB on {device}, which has "
@@ -228,21 +238,15 @@ def _check_fits(info, device, need: int, memory_budget_bytes: int | None, weight
         )
 
 
-def load_model(source: str | os.PathLike, *, device: str | None = None, safety: bool = False,
-               memory_budget_bytes: int | None = None, gpus: int | str = 1, weights: str | None = None,
-               transformer_loader=None, weight_shards: int = 1):
-    """Load a Cosmos3 checkpoint's components. See the module docstring. `gpus` (int or "auto") > 1:
-    a group of worker processes, one per GPU (`engine.parallel.runtime.GroupModel`; gloo on a CPU),
-    weights replicated or sharded (`weights`); `transformer_loader`/`weight_shards`: a rank's shard."""
+def load_in_process(source: str | os.PathLike, *, device: str | None = None, safety: bool = False,
+                    memory_budget_bytes: int | None = None, transformer_loader=None, weight_shards: int = 1):
+    """Load a Cosmos3 checkpoint's components into this process, on one device. See the module docstring.
+    `engine.load_model` (engine.parallel.load) calls it for one GPU and each rank of a group for its own;
+    `transformer_loader`/`weight_shards`: a rank's shard."""
     import torch
     import diffusers
     from transformers import AutoTokenizer
 
-    from ..parallel.runtime import GroupModel, choose_weights, resolve_gpus
-
-    count = resolve_gpus(gpus)
-    if count > 1:
-        return GroupModel(source, count, weights=weights or choose_weights(source, count, memory_budget_bytes))
     root = resolve_source(source)
     info = inspect_checkpoint(root)
     index = json.loads((root / "model_index.json").read_text(encoding="utf-8"))

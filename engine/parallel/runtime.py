@@ -37,7 +37,6 @@ from .plan import check_group_size, group_schemes
 # How long the others may take to report after one rank failed, before the group is restarted.
 FAILURE_GRACE_S = 10.0
 POLL_S = 0.2
-MAX_GPUS = 64  # the largest group a refusal suggests
 
 
 class GroupWorkerDied(RuntimeError):
@@ -106,7 +105,7 @@ def _worker_main(rank: int, world: int, port: int, root: str, backend: str, weig
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         device = torch.device("cpu")
     try:
-        from ..model.loader import load_model
+        from ..model.loader import load_in_process
         from ..pipeline.run import generate
         from .group import GroupContext
 
@@ -118,7 +117,7 @@ def _worker_main(rank: int, world: int, port: int, root: str, backend: str, weig
 
             model = load_sharded(root, context)
         else:
-            model = load_model(root, device=str(device))
+            model = load_in_process(root, device=str(device))
         model.parallel = context
     except Exception as exc:  # noqa: BLE001 - reported to the app, which fails the load with it
         outbox.put(("load_failed", rank, None, _picklable(exc)))
@@ -327,14 +326,6 @@ class GroupModel:
         if result.outputs:
             result.outputs = {key: Path(value) for key, value in result.outputs.items()}
         return result
-
-
-def gpus_needed(weight_bytes: int, per_gpu_bytes: int) -> int:
-    """The smallest power-of-two group whose shards leave each GPU 40% for gathered layers and activations."""
-    count = 2
-    while weight_bytes / count > per_gpu_bytes * 0.6 and count < MAX_GPUS:
-        count *= 2
-    return count
 
 
 def choose_weights(source, gpus: int, per_gpu_bytes: int | None = None) -> str:

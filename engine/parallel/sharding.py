@@ -99,11 +99,11 @@ def random_filler(rank: int, device: torch.device, std: float = 0.02):
 
 def load_sharded(root, context):
     """`engine.load_model` for one rank of a group whose transformer is sharded."""
-    from ..model.loader import load_model
+    from ..model.loader import load_in_process
 
     def transformer_loader(folder: Path, dtype: torch.dtype):
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         return build_sharded_transformer(config, context, dtype, checkpoint_filler(folder))
 
-    return load_model(root, device=str(context.device), transformer_loader=transformer_loader,
+    return load_in_process(root, device=str(context.device), transformer_loader=transformer_loader,
                       weight_shards=context.world)

@@ -155,7 +155,7 @@ class FastGenTower:
         if options.fp8:  # FP8 GEMMs (engine.pipeline.fp8) read their own fused, quantised weights
             from .fp8 import fp8_weights
 
-            self.fp8 = self.fused = fp8_weights(model)
+            self.fp8 = self.fused = fp8_weights(model, fused_projections(model))
         self._layer_index = {id(layer): i for i, layer in enumerate(tr.layers)}
         self.use_graphs = (options.cuda_graphs and tr.device.type == "cuda"
                            and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS)

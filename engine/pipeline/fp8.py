@@ -71,14 +71,12 @@ class FP8Weights:
     per_layer: list[dict]  # {"to_add_out", "down_proj", and for ReLU² "up_proj"}
 
 
-def fp8_weights(model) -> FP8Weights:
+def fp8_weights(model, fused) -> FP8Weights:
     """Quantise once per loaded model and keep the result on it; the bf16 weights are untouched, so a
-    request without FP8 (or the exact path) still runs bf16."""
+    request without FP8 (or the exact path) still runs bf16. `fused`: the model's fused projections
+    (`engine.pipeline.fast_path.fused_projections`), quantised as they are."""
     if model.fp8_weights is None:
         check_available(model.device)
-        from .fast_path import fused_projections
-
-        fused = fused_projections(model)
         per_layer = []
         for layer in model.transformer.layers:
             attn, mlp = layer.self_attn, layer.mlp_moe_gen

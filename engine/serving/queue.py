@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..model.loader import CheckpointError, LoadedModel, component_parameter_count, load_model, resolve_source
+from ..model.loader import CheckpointError, LoadedModel, component_parameter_count, load_in_process, resolve_source
 from ..pipeline.outputs import OutputError, new_request_id
 from ..pipeline.request import Request, RequestError, validate_request
 from .events import (TERMINAL_EVENTS, Cancelled, Failed, Finished, JobCancelled, JobEvent, Progress, Queued,
@@ -136,7 +136,7 @@ def _default_memory_budget() -> int:
 
 class JobQueue:
     def __init__(self, registry: ModelRegistry, outputs_root: str | Path, *, max_size: int = 16,
-                 memory_budget_bytes: int | None = None, loader: Callable[..., LoadedModel] = load_model,
+                 memory_budget_bytes: int | None = None, loader: Callable[..., LoadedModel] = load_in_process,
                  safety_checker=None):
         """`safety_checker` (e.g. `engine.model.loader.make_safety_checker()`): one guardrail shared by every
         model this queue loads, applied to each prompt and each generated video."""

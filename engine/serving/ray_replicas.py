@@ -86,7 +86,7 @@ class EngineReplica:
     def __init__(self, entries: list[tuple[str, str, str]], outputs_root: str, group_gpus: int = 1):
         from ray import serve
 
-        from ..model.loader import load_model
+        from ..parallel.load import load_model
         from ..pipeline import run  # noqa: F401 - the denoising stack, before this replica reports ready
         from .queue import JobQueue
 
