@@ -1,8 +1,11 @@
 """What every tab of the Studio shares: the GPU event pool, the private API marker, the seed limit
-and the status line."""
+the status line and following a worker thread's progress."""
 from __future__ import annotations
 
+import asyncio
 import html
+import queue
+from collections.abc import AsyncIterator
 
 GPU_POOL = "gpu"  # every event that runs a job shares this one Gradio concurrency slot
 PRIVATE = "private"  # UI events are not public API; only /models and /generate are
@@ -11,3 +14,17 @@ UI_SEED_MAX = 2**53 - 1  # browsers hold numbers as doubles; larger seeds would 
 
 def status_html(message: str, kind: str = "info") -> str:
     return f"<div class='studio-status studio-{kind}' role='status'>{html.escape(message)}</div>"
+
+
+async def latest_counts(task: asyncio.Future, counts: queue.SimpleQueue, every: float = 0.5) -> AsyncIterator[tuple]:
+    """Until `task` (work on an executor thread) ends, yield every `every` seconds the newest item the
+    work put on `counts` since the last look, if any. The handler reports it from its own task: Gradio
+    progress sent from the worker thread would not reach the browser. Older items are dropped, since only
+    the latest count is worth showing."""
+    while not task.done():
+        await asyncio.wait({task}, timeout=every)
+        latest = None
+        while not counts.empty():
+            latest = counts.get()
+        if latest is not None:
+            yield latest

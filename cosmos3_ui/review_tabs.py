@@ -21,7 +21,7 @@ from . import batch as B
 from . import controls as C
 from . import history as H
 from .assets import PROSE_EXAMPLES
-from .common import GPU_POOL, PRIVATE, UI_SEED_MAX, status_html
+from .common import GPU_POOL, PRIVATE, UI_SEED_MAX, latest_counts, status_html
 from .files import publish
 from .compare import (
     COMPARE_MODES,
@@ -250,20 +250,14 @@ class BatchTab:
                    self.status: status_html(f"Running {len(lines)} line(s): {B.counts(lines)}.", "info")}
             ended: stdlib_queue.SimpleQueue = stdlib_queue.SimpleQueue()
             loop = asyncio.get_running_loop()
-            # run_batch blocks until every line ends; it runs on a worker thread while this handler reports
-            # progress from its own task (progress sent from another thread would not reach the browser).
+            # run_batch blocks until every line ends; it runs on a worker thread (see latest_counts)
             stop = threading.Event()
             task = loop.run_in_executor(None, B.run, service, lines, session,
                                         lambda line, done, total: ended.put((done, total)), stop)
             try:
-                while not task.done():
-                    await asyncio.wait({task}, timeout=0.5)
-                    latest = None
-                    while not ended.empty():
-                        latest = ended.get()
-                    if latest is not None:
-                        progress(latest, desc=f"Batch: {latest[0]} of {latest[1]} done", unit="requests")
-                        yield {self.table: table(lines)}
+                async for latest in latest_counts(task, ended):
+                    progress(latest, desc=f"Batch: {latest[0]} of {latest[1]} done", unit="requests")
+                    yield {self.table: table(lines)}
             except (asyncio.CancelledError, GeneratorExit):
                 stop.set()  # the page went away or the run was cancelled: stop the batch's running line
                 raise

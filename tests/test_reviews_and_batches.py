@@ -129,3 +129,32 @@ def test_a_batch_longer_than_the_queue_runs_and_can_be_cancelled(tiny_family, tm
         assert len(steps) < 100  # the running line stopped early; the others never started
     finally:
         queue.close()
+
+
+def test_progress_of_a_worker_thread_reports_the_latest_count_and_ends_with_the_work():
+    import asyncio
+    import queue
+
+    from cosmos3_ui.common import latest_counts
+
+    async def follow():
+        counts, release = queue.SimpleQueue(), threading.Event()
+
+        counts.put((1, 3))  # two counts already waiting at the first look
+        counts.put((2, 3))
+
+        def work():
+            release.wait(10)
+            counts.put((3, 3))
+            return "finished"
+
+        task = asyncio.get_running_loop().run_in_executor(None, work)
+        seen = []
+        async for latest in latest_counts(task, counts, every=0.05):
+            seen.append(latest)
+            release.set()  # the count after this one comes only once the first look has been taken
+        return seen, task.result()
+
+    seen, result = asyncio.run(follow())
+    assert seen == [(2, 3), (3, 3)]  # (1, 3) was superseded before the look; the last count is not lost
+    assert result == "finished"

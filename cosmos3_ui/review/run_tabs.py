@@ -10,7 +10,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..common import GPU_POOL, PRIVATE, status_html
+from ..common import GPU_POOL, PRIVATE, latest_counts, status_html
 from ..service import StudioError, StudioService
 from .desk import ReviewDesk, criterion_label, reviewer_of
 from .report import BOARD_COLUMNS, agreement_rows, board_figure, board_rows, boards, check_summary, html_report, win_rows
@@ -106,14 +106,9 @@ class SuitesTab:
                                                             on_task=lambda d, t: counts.put((d, t)), cancel=stop))
         try:
             yield {self.table: {"headers": RUN_COLUMNS, "data": self.rows()}}
-            while not task.done():
-                await asyncio.wait({task}, timeout=0.5)
-                latest = None
-                while not counts.empty():
-                    latest = counts.get()
-                if latest is not None:
-                    progress(latest, desc=f"Suite run: {latest[0]} of {latest[1]} done", unit="generations")
-                    yield {self.table: {"headers": RUN_COLUMNS, "data": self.rows()}}
+            async for latest in latest_counts(task, counts):
+                progress(latest, desc=f"Suite run: {latest[0]} of {latest[1]} done", unit="generations")
+                yield {self.table: {"headers": RUN_COLUMNS, "data": self.rows()}}
             done, total = task.result()
         except (asyncio.CancelledError, GeneratorExit):
             stop.set()  # the page went away: stop the running item; the run can be resumed later
