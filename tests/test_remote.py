@@ -107,3 +107,24 @@ def test_a_plain_dialect_server_gets_text_modes_and_reasons(tmp_path):
     assert result.outputs["image"].is_file() and result.seed == 3
     assert sent == [{"model": "nvidia/Cosmos3-Nano", "prompt": "a kite", "size": "1024x1024", "seed": 3,
                      "num_inference_steps": 20, "response_format": "b64_json"}]
+
+
+def test_a_forwarding_front_end_keeps_a_validated_request(tiny_family, tmp_path):
+    """Compare submits an `engine.Request`: a front end whose jobs run elsewhere (--remote, --ray) takes it
+    as it is (no second validation) and forwards its plain values; a bad request is refused by field."""
+    import engine
+    from engine.serving.forwarded import ForwardingQueue
+    from engine.serving.registry import ModelEntry, ModelRegistry
+
+    class Held(ForwardingQueue):
+        def _forward(self, handle):  # the test reads the handle; nothing runs
+            pass
+
+    registry = ModelRegistry([ModelEntry("nano", str(tiny_family["nano"]))])
+    request = engine.validate_request(registry.info("nano"), "t2i", {"mode": "t2i", "prompt": "a kite", "steps": 2})
+    front = Held(registry, tmp_path)
+    handle = front.submit("nano", request)
+    assert handle.validated is request and handle.request == request.to_dict()
+    with pytest.raises(engine.RequestError) as refused:
+        front.submit("nano", {"prompt": "a kite"})
+    assert refused.value.field == "mode"

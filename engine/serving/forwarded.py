@@ -14,17 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..pipeline.request import validate_request
+from ..pipeline.request import Request
 from .events import TERMINAL_EVENTS, JobEvent, Queued, Started
-from .queue import QueueFull, drain, result_of, typical_wait
+from .queue import QueueFull, checked_request, drain, result_of, typical_wait
 
 
 class ForwardedHandle:
     """One job as its submitter sees it. `replica` names where it runs, once it runs."""
 
     def __init__(self, job_id: str, model_name: str, request: dict, session_id: str | None,
-                 output_group: str | None, position: Callable[["ForwardedHandle"], int]):
+                 output_group: str | None, position: Callable[["ForwardedHandle"], int], validated: Request):
         self.id, self.model_name, self.request = job_id, model_name, request
+        self.validated = validated  # the Request `request` made at submit, for the front end to read
         self.session_id, self.output_group = session_id, output_group
         self.replica: str | None = None
         self.started_at: float | None = None
@@ -102,13 +103,8 @@ class ForwardingBook:
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def open(self, model_name: str, request: dict, session_id: str | None, output_group: str | None):
-        """Validate like `engine.JobQueue.submit` and return a new handle (not yet forwarded)."""
-        if not isinstance(request, dict):
-            raise ValueError(f"The request must be a JSON object, got {type(request).__name__}.")
-        info = self.registry.info(model_name)
-        if request.get("mode") is None:
-            raise ValueError("The request has no 'mode'; allowed: t2i, t2v, i2v, v2v, action.")
-        validate_request(info, request["mode"], request)
+        """Validate as `engine.JobQueue.submit` does and return a new handle (not yet forwarded)."""
+        validated = checked_request(self.registry, model_name, request)
         with self._lock:
             self._jobs = [job for job in self._jobs if not job.done()]
             waiting = sum(1 for job in self._jobs if job.started_at is None)
@@ -116,7 +112,7 @@ class ForwardingBook:
                 raise QueueFull(f"The queue is full ({waiting} jobs waiting, the limit is {self.max_size}); "
                                 "try again in a minute.")
             handle = ForwardedHandle(f"{self.prefix}-{next(self._ids)}", model_name, dict(request), session_id,
-                                     output_group, self.position)
+                                     output_group, self.position, validated)
             self._jobs.append(handle)
         handle.put(Queued(position=self.position(handle)))
         return handle

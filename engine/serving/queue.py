@@ -36,6 +36,19 @@ class QueueFull(ValueError):
     """The wait list is at its bound; the message says how long it is."""
 
 
+def checked_request(registry, model_name: str, request) -> Request:
+    """What every queue's `submit` does first (this one's and the forwarding front ends'): a JSON
+    object with a mode, for a registered model, validated once into a `Request` (one given back in
+    is kept as it is)."""
+    if not isinstance(request, Mapping):
+        raise RequestError("", f"The request must be a JSON object, got {type(request).__name__}.")
+    info = registry.info(model_name)
+    mode = request.get("mode")
+    if mode is None:
+        raise RequestError("mode", "The request has no 'mode'; allowed: t2i, t2v, i2v, v2v, action.")
+    return validate_request(info, mode, request)
+
+
 class JobFailed(RuntimeError):
     def __init__(self, event: Failed):
         super().__init__(event.message)
@@ -173,18 +186,12 @@ class JobQueue:
             if not _GROUP.match(output_group):
                 raise ValueError(f"output_group must be a plain folder name, got {output_group!r}.")
             outputs_root = outputs_root / output_group
-        if not isinstance(request, Mapping):
-            raise RequestError("", f"The request must be a JSON object, got {type(request).__name__}.")
-        info = self.registry.info(model_name)
-        if "task" in request:  # a reasoner request (engine/reasoner): same queue, same events
+        if isinstance(request, Mapping) and "task" in request:  # a reasoner request (engine/reasoner)
             from ..reasoner import validate_reason_request
 
-            request = validate_reason_request(request, info)  # a ReasonRequest, run as it is
+            request = validate_reason_request(request, self.registry.info(model_name))  # run as it is
         else:
-            mode = request.get("mode")
-            if mode is None:
-                raise RequestError("mode", "The request has no 'mode'; allowed: t2i, t2v, i2v, v2v, action.")
-            request = validate_request(info, mode, request)
+            request = checked_request(self.registry, model_name, request)
         with self._lock:
             if self._closed:
                 raise RuntimeError("The job queue is shut down.")

@@ -23,7 +23,6 @@ import numpy as np
 
 from ..model.defaults import sampling_defaults
 from ..pipeline.outputs import ACTIONS_NAME, IMAGE_NAME, SIDECAR_NAME, VIDEO_NAME
-from ..pipeline.request import validate_request
 from .events import Cancelled, Failed, Finished, Progress, Queued
 from .registry import ModelEntry
 from ..model.variants import REQUEST_MODES, TinyLimits, VariantInfo
@@ -138,7 +137,7 @@ class RemoteJobQueue(ForwardingQueue):
     def _body(self, handle) -> dict:
         request = {k: v for k, v in handle.request.items() if v is not None}
         if not self.registry.studio_peer[handle.model_name]:  # the plain dialect's names
-            full = dict(validate_request(self.registry.info(handle.model_name), request["mode"], request))
+            full = handle.validated
             generic = {"model": handle.model_name, "prompt": request["prompt"], "size": f"{full['width']}x{full['height']}"}
             if request["mode"] == "t2v":
                 generic["seconds"] = round(full["num_frames"] / full["fps"], 3)
@@ -222,8 +221,7 @@ class RemoteJobQueue(ForwardingQueue):
         for file_name, data in files.values():
             (staging / file_name).write_bytes(data)
         staging.rename(folder)
-        params = summary.get("params") or dict(validate_request(self.registry.info(handle.model_name),
-                                                                handle.request["mode"], handle.request))
+        params = summary.get("params") or dict(handle.validated)
         shape = summary.get("frames") or [params.get("num_frames") or 1, params.get("height"), params.get("width"), 3]
         actions = summary.get("actions")
         return GenerationResult(
