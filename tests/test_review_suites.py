@@ -74,6 +74,7 @@ def test_a_run_interrupted_by_a_restart_resumes_skips_finished_items_and_records
     finally:
         first.queue.close()
     assert (done, total) == (2, 6) and len(first.submitted) == 2
+    assert store.runs.done_counts() == {run.run_id: 2} and store.runs.progress(run.run_id) == (2, 6)
     finished = {k: v["request_id"] for k, v in store.runs.done(run.run_id).items()}
     assert store.runs.checks(run.run_id) == []  # no checks on a partial run
 
@@ -86,6 +87,7 @@ def test_a_run_interrupted_by_a_restart_resumes_skips_finished_items_and_records
     finally:
         second.queue.close()
     assert (done, total) == (6, 6) and len(second.submitted) == 4 and len(registered) == 4
+    assert store.runs.done_counts() == {run.run_id: 6} and [r.run_id for r in store.runs.runs()] == [run.run_id]
     after = store.runs.done(run.run_id)
     assert all(after[k]["request_id"] == rid for k, rid in finished.items())  # finished items were not redone
     checks = {(c["item_id"], c["config"], c["metric"]): c for c in store.runs.checks(run.run_id)}

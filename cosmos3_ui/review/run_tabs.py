@@ -67,8 +67,9 @@ class SuitesTab:
 
     def rows(self) -> list[list]:
         rows = []
+        done_counts = self.store.runs.done_counts()
         for run in reversed(self.store.runs.runs()):
-            done, total = self.store.runs.progress(run.run_id)
+            done, total = done_counts.get(run.run_id, 0), len(run.tasks())
             with self._lock:
                 running = run.run_id in self._running
             state = "running" if running else ("finished" if done == total else "interrupted: resume to finish")

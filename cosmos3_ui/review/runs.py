@@ -84,6 +84,15 @@ class Run:
         return plan
 
 
+_RUN_COLUMNS = "run_id, suite, items, configs, reference, repeat_check, created_by, created"
+
+
+def _run_of(row: tuple) -> Run:
+    items = tuple(item_from_json(v) for v in json.loads(row[2]))
+    configs = tuple(Configuration(**v) for v in json.loads(row[3]))
+    return Run(row[0], row[1], items, configs, row[4], bool(row[5]), row[6], row[7])
+
+
 def new_run_id() -> str:
     return "suite-" + time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(4)
 
@@ -115,18 +124,20 @@ class RunStore:
 
     def run(self, run_id: str) -> Run:
         with self.db.connect() as db:
-            row = db.execute("SELECT run_id, suite, items, configs, reference, repeat_check, created_by, created "
-                             "FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            row = db.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
             raise ValueError(f"No suite run {run_id!r}.")
-        items = tuple(item_from_json(v) for v in json.loads(row[2]))
-        configs = tuple(Configuration(**v) for v in json.loads(row[3]))
-        return Run(row[0], row[1], items, configs, row[4], bool(row[5]), row[6], row[7])
+        return _run_of(row)
 
     def runs(self) -> list[Run]:
         with self.db.connect() as db:
-            ids = [r[0] for r in db.execute("SELECT run_id FROM runs ORDER BY created, run_id").fetchall()]
-        return [self.run(i) for i in ids]
+            rows = db.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created, run_id").fetchall()
+        return [_run_of(row) for row in rows]
+
+    def done_counts(self) -> dict[str, int]:
+        """{run id: generations done} for every run with any, in one query (the Suites table per refresh)."""
+        with self.db.connect() as db:
+            return dict(db.execute("SELECT run_id, COUNT(*) FROM run_items WHERE status = 'done' GROUP BY run_id"))
 
     def record(self, run_id: str, item_id: str, config: str, attempt: int, status: str, *,
                request_id: str | None = None, media: str | None = None, sha256: str | None = None,
