@@ -206,8 +206,8 @@ def run_suite(runs: RunStore, queue, run_id: str, *, register: Callable | None =
         item, config, attempt = task_of[line.line]
         if line.status != "done":
             runs.record(run_id, item.id, config.name, attempt, line.status, message=line.message)
-        if on_task is not None:
-            on_task(len(runs.done(run_id)), total)
+        if on_task is not None:  # counted in memory: a line is done here exactly when on_result recorded it
+            on_task(len(done) + sum(entry.status == "done" for entry in lines), total)
 
     if lines:
         run_batch(queue, lines, on_result=on_result, on_line=on_line, session_id=session_id, batch_id=run_id,
