@@ -158,3 +158,25 @@ def test_progress_of_a_worker_thread_reports_the_latest_count_and_ends_with_the_
     seen, result = asyncio.run(follow())
     assert seen == [(2, 3), (3, 3)]  # (1, 3) was superseded before the look; the last count is not lost
     assert result == "finished"
+
+
+def test_a_scan_of_the_outputs_folder_registers_every_reviewable_result_once(tmp_path):
+    from cosmos3_ui.review.listing import sync_outputs
+
+    root = tmp_path / "outputs"
+    made = {"20261129-101500-0123456789ab": root, "20261129-101501-0123456789ab": root / "batch-x",
+            "20261129-101502-0123456789ab": root / "suite-y"}
+    for rid, parent in made.items():
+        folder = parent / rid
+        folder.mkdir(parents=True)
+        (folder / "image.png").write_bytes(b"png")
+        (folder / "params.json").write_text(json.dumps({"model": {"name": "nano"}, "params": {"mode": "t2i"}}))
+    (root / "20261129-101503-0123456789ab").mkdir()  # no params.json: listed with its reason, not registered
+    store = ReviewStore(tmp_path / "db" / "reviews.sqlite3")
+    listed = sync_outputs(store, root)
+    assert [e.reviewable for e in listed] == [False, True, True, True]  # newest first
+    results = {r["request_id"]: r["origin"] for r in store.results()}
+    assert results == {"20261129-101500-0123456789ab": "outputs folder", "20261129-101501-0123456789ab": "batch:batch-x",
+                       "20261129-101502-0123456789ab": "suite:suite-y"}
+    sync_outputs(store, root)
+    assert len(store.results()) == 3

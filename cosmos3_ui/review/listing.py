@@ -96,8 +96,8 @@ def sync_outputs(store: ReviewStore, outputs_root: str | Path) -> list[Listed]:
     root = Path(outputs_root).resolve()
     listed = [inspect_folder(folder) for folder in result_folders(root)]
     known = {r["request_id"] for r in store.results()}
-    for entry in listed:
-        if entry.reviewable and entry.request_id not in known:
-            store.register_result(entry.request_id, entry.folder, model=entry.model, mode=entry.mode,
-                                  origin=origin_of(entry.folder, root))
+    new = [(e.request_id, e.folder, e.model, e.mode, origin_of(e.folder, root)) for e in listed
+           if e.reviewable and e.request_id not in known]
+    if new:
+        store.register_results(new)
     return listed

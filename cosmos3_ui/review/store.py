@@ -108,12 +108,19 @@ class ReviewStore:
 
     def register_result(self, request_id: str, folder: str | Path, *, model: str, mode: str, origin: str) -> None:
         """Make a saved result reviewable (idempotent)."""
-        self._check_id(request_id)
+        self.register_results([(request_id, folder, model, mode, origin)])
+
+    def register_results(self, results: list[tuple[str, str | Path, str, str, str]]) -> None:
+        """Make saved results reviewable, each (request id, folder, model, mode, origin), in one transaction
+        (idempotent): a first scan of an outputs folder registers thousands at once."""
+        for request_id, *_ in results:
+            self._check_id(request_id)
+        created = now()
+        rows = [(rid, model, mode, origin, str(Path(folder).resolve()), created) for rid, folder, model, mode, origin in results]
         with self._connect() as db:
-            db.execute(
-                "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?)",
-                (request_id, model, mode, origin, str(Path(folder).resolve()), now()),
-            )
+            db.execute("BEGIN")  # autocommit connections: without it every row is its own commit
+            db.executemany("INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?)", rows)
+            db.execute("COMMIT")
 
     def rate(self, request_id: str, reviewer: str, scores: dict[str, int], notes: str = "") -> None:
         """Store (or replace) one reviewer's scores and notes for one result."""
