@@ -10,6 +10,7 @@ import asyncio
 import functools
 import logging
 import re
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +18,9 @@ import anyio
 import gradio as gr
 
 from .common import status_html
-from engine.serving.events import Preview
+from engine.serving.events import Cancelled, Failed, Finished, Preview
 
-from .service import JobStatus, StudioError, StudioService, apply_event, cancel_outcome
+from .service import ActiveJobs, JobStatus, StudioError, StudioService, apply_event, cancel_outcome
 
 log = logging.getLogger("cosmos3_ui")
 
@@ -36,6 +37,32 @@ class Watched:
 def session_of(request: gr.Request | None) -> str:
     """The browser session a Gradio request belongs to (its jobs and its Cancel are per session)."""
     return (request.session_hash if request is not None else None) or "anonymous"
+
+
+async def job_events(active: ActiveJobs, handle, session: str, ended: str = "The job ended without a result."):
+    """Read a job's events on this handler's own task as `session`'s job (so its Cancel reaches it):
+    yields (job, event) up to its last event (Finished, Failed or Cancelled).
+
+    The one loop under `JobFollower.watch` and the reasoner's stream. If the handler is cancelled, or
+    stops reading before the last event (Gradio closes it at a yield), the engine job is cancelled
+    too, so the GPU moves on within one step; a reader that stops after the last event cancels nothing.
+    """
+    job = active.add(session, handle)
+    events = handle.events()
+    last = False
+    try:
+        while not last:
+            event = await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)
+            if event is None:
+                raise StudioError(ended)
+            last = isinstance(event, (Finished, Failed, Cancelled))
+            yield job, event
+    except (asyncio.CancelledError, anyio.get_cancelled_exc_class(), GeneratorExit):
+        if not last:
+            active.mark_cancelled(job)
+        raise
+    finally:
+        active.remove(session, handle)
 
 
 class JobFollower:
@@ -59,13 +86,8 @@ class JobFollower:
         reaches the browser. If Gradio cancels this handler (Cancel, or the client went away) the
         engine job is cancelled too, so the GPU moves on within one step.
         """
-        job = self.service.active.add(session, handle)
-        events = handle.events()
-        try:
-            while True:
-                event = await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)
-                if event is None:
-                    raise StudioError("The job ended without a result.")
+        async with aclosing(job_events(self.service.active, handle, session)) as events:
+            async for job, event in events:
                 if isinstance(event, Preview):
                     yield Watched(job.status, preview=event)
                     continue
@@ -75,11 +97,6 @@ class JobFollower:
                     return
                 self.report(progress, job.status)
                 yield Watched(job.status)
-        except (asyncio.CancelledError, anyio.get_cancelled_exc_class(), GeneratorExit):
-            self.service.active.mark_cancelled(job)
-            raise
-        finally:
-            self.service.active.remove(session, handle)
 
     async def drive(self, handle, session: str, progress):
         """Follow a job to its end and return its result (raises StudioError or JobWasCancelled)."""

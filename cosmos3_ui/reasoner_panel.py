@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import gradio as gr
 
 from engine.pipeline import captions
@@ -24,7 +24,7 @@ from engine.serving.events import Cancelled, Failed, Finished, JobCancelled
 from .caption_editor import known
 from .common import status_html
 from .files import redact
-from .jobs import session_of
+from .jobs import job_events, session_of
 from .requests import STYLE_JSON
 from .service import StudioError, StudioService
 
@@ -105,31 +105,20 @@ async def follow_reasoner(service: StudioService, model: str, request: dict, ses
     """Submit a reasoner request and yield ("text", so_far) while it streams, then ("done", result).
     Refusals and failures raise StudioError; a cancelled job yields ("cancelled", (text so far, tokens))."""
     handle = service.submit(model, request, session)
-    job = service.active.add(session, handle)
-    events = handle.events()
     text = ""
-    try:
-        while True:
-            event = await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)
-            if event is None:
-                raise StudioError("The reasoner job ended without a result.")
+    async with aclosing(job_events(service.active, handle, session, "The reasoner job ended without a result.")) \
+            as events:
+        async for job, event in events:
             if isinstance(event, ReasonerText):
                 text = "" if event.restart else text + event.text
                 job.status.stage, job.status.step = "reason", event.tokens  # what Cancel reports
                 yield "text", text
             elif isinstance(event, Finished):
                 yield "done", event.result
-                return
             elif isinstance(event, Failed):
                 raise StudioError(event.message, event.field)
             elif isinstance(event, Cancelled):
                 yield "cancelled", (text, job.status.step)
-                return
-    except (anyio.get_cancelled_exc_class(),):
-        service.active.mark_cancelled(job)
-        raise
-    finally:
-        service.active.remove(session, handle)
 
 
 def cancelled_note(tokens: int, unchanged: str) -> str:

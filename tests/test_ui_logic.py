@@ -316,6 +316,36 @@ def test_cancel_reaches_only_the_sessions_own_job():
     assert jobs.cancel("you") is None  # finished normally: nothing to cancel
 
 
+def test_a_job_read_to_its_end_is_not_counted_cancelled_and_one_abandoned_midway_is():
+    import asyncio
+    from types import SimpleNamespace
+
+    from cosmos3_ui.jobs import JobFollower
+    from cosmos3_ui.reasoner_panel import follow_reasoner
+    from engine.reasoner import ReasonerText
+
+    def handle(events):
+        h = FakeHandle()
+        h.events = lambda: iter(events)
+        return h
+
+    async def drive():
+        # /generate and the review tabs return from `drive` at the result: that job finished.
+        active, done = ActiveJobs(), handle([Queued(position=0), Finished(result="R")])
+        follower = JobFollower(SimpleNamespace(active=active, queue=None))
+        assert await follower.drive(done, "me", lambda *a, **k: None) == "R"
+        await asyncio.sleep(0.05)  # the loop closes the generator `drive` left at its last yield
+        assert active.cancelled_ids == [] and not done.cancelled and active.cancel("me") is None
+        # A reasoner stream whose reader goes away (a closed tab) stops its engine job.
+        active, streaming = ActiveJobs(), handle([ReasonerText("a", 1), ReasonerText("b", 2), Finished(result="R")])
+        stream = follow_reasoner(SimpleNamespace(active=active, submit=lambda *a, **k: streaming), "m", {}, "me")
+        assert await stream.__anext__() == ("text", "a")
+        await stream.aclose()
+        assert active.cancelled_ids == ["job-1"] and streaming.cancelled and active.count() == 0
+
+    asyncio.run(drive())
+
+
 def test_history_keeps_only_files_the_server_wrote(tmp_path):
     from cosmos3_ui import files
 
