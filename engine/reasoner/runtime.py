@@ -226,13 +226,13 @@ def reasoner_for(model, policy: str | None = None) -> Reasoner:
     """The reasoner of a loaded generator (`engine.load_model`), created on first use."""
     import torch
 
-    ok, why = reasoner_status(model.root)
-    if not ok:
-        raise ReasonerUnavailable(why)
     with _REASONERS_LOCK:
         found = _REASONERS.get(id(model))
         if found is not None and (policy is None or found.policy == policy):
-            return found
+            return found  # its checkpoint was checked when it was made: no config read per job
+        ok, why = reasoner_status(model.root)
+        if not ok:
+            raise ReasonerUnavailable(why)
         root = Path(model.root)
         config = json.loads((root / "config.json").read_text(encoding="utf-8"))
         kind = REASONER_MODEL_TYPES[config["model_type"]]
