@@ -55,22 +55,16 @@ def parse_auth(text: str) -> tuple[str, str]:
 
 
 def read_auth_file(path: Path) -> list[tuple[str, str]]:
-    """Lines `user:pass`; blank lines and lines starting with # are skipped."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--auth-file {str(path)!r} could not be read: {exc}") from None
+    """Lines `user:pass`; blank lines and lines starting with # are skipped (a `#` later in a line is
+    part of the password)."""
+    from engine.serving.api_keys import entry_lines
+
     pairs = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
+    for number, line in entry_lines(path, "--auth-file", "user:pass line"):
         try:
             pairs.append(parse_auth(line))
         except argparse.ArgumentTypeError:
             raise ValueError(f"--auth-file {str(path)!r}, line {number}: expected user:pass") from None
-    if not pairs:
-        raise ValueError(f"--auth-file {str(path)!r} holds no user:pass line")
     return pairs
 
 

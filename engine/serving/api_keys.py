@@ -75,21 +75,26 @@ def parse_key_line(line: str, where: str) -> ApiKey:
     return ApiKey(name=name, digest=_digest(key), **limits)
 
 
-def read_keys_file(path: str | Path) -> list[ApiKey]:
-    """Keys from a file (blank lines and `#` comments skipped); a file with no key is refused."""
-    path = Path(path).expanduser()
+def entry_lines(path: Path, flag: str, what: str) -> list[tuple[int, str]]:
+    """The entries of a file that `flag` names, one a line, as (line number, stripped line): blank lines
+    and lines starting with `#` are skipped. An unreadable file, or one with no entry (`what` says what
+    an entry is), is refused naming the flag. Serves this module's keys file and app.py's --auth-file."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--api-keys {str(path)!r} could not be read: {exc}") from None
-    keys = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
-        if line:
-            keys.append(parse_key_line(line, f"--api-keys {str(path)!r}, line {number}"))
-    if not keys:
-        raise ValueError(f"--api-keys {str(path)!r} holds no key")
-    return keys
+        raise ValueError(f"{flag} {str(path)!r} could not be read: {exc}") from None
+    entries = [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1)
+               if line.strip() and not line.strip().startswith("#")]
+    if not entries:
+        raise ValueError(f"{flag} {str(path)!r} holds no {what}")
+    return entries
+
+
+def read_keys_file(path: str | Path) -> list[ApiKey]:
+    """Keys from a file (blank lines and `#` comments, also after a key, skipped); a file with no key is refused."""
+    path = Path(path).expanduser()
+    return [parse_key_line(line.split("#", 1)[0].strip(), f"--api-keys {str(path)!r}, line {number}")
+            for number, line in entry_lines(path, "--api-keys", "key")]
 
 
 def keys_from_env(text: str) -> list[ApiKey]:
