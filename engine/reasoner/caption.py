@@ -9,7 +9,6 @@ bounded number of retries.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
@@ -173,9 +172,5 @@ def feedback(problem: CaptionProblem, answer: str) -> str:
             "Write the whole caption again as one JSON object and nothing else.")
 
 
-def to_text(caption: dict) -> str:
-    return json.dumps(caption, ensure_ascii=False, indent=2)
-
-
 __all__ = ["CaptionProblem", "EnhanceError", "MAX_ATTEMPTS", "REQUIRED_FIELDS", "caption_from_answer",
-           "extract_json", "feedback", "repair_types", "to_text"]
+           "extract_json", "feedback", "repair_types"]

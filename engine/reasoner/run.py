@@ -34,10 +34,6 @@ class ReasonResult:
     first_token_s: float | None = None
     seconds: float = 0.0
 
-    @property
-    def tokens_per_s(self) -> float | None:
-        return self.tokens / self.seconds if self.seconds > 0 else None
-
 
 @dataclass(frozen=True)
 class Media:
