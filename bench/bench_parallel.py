@@ -66,7 +66,7 @@ def bandwidth(rank: int, world: int) -> dict:
 
 
 def replicated_family(family: str, workloads, context, report) -> None:
-    from bench.models import as_loaded_model, build_transformer, step_inputs
+    from bench.models import as_loaded_model, build_transformer
 
     transformer = build_transformer(family, device=f"cuda:{context.rank}")
     model = as_loaded_model(transformer, family)
@@ -75,44 +75,56 @@ def replicated_family(family: str, workloads, context, report) -> None:
         iters = 2 if frames > 121 else 3
         if context.rank == 0:
             model.parallel = None
-            torch.cuda.reset_peak_memory_stats()
-            torch.cuda.synchronize()
-            began = time.perf_counter()
-            one = step_inputs(model, width=width, height=height, frames=frames)
-            torch.cuda.synchronize()
-            row["prefill_1gpu_ms"] = (time.perf_counter() - began) * 1000
-            row["step_1gpu_ms"] = timed_ms_local(lambda: one.engine_step(), iters)
-            row["solo_1gpu_ms"] = timed_ms_local(lambda: _solo(one), iters)
-            reference, reference_solo = one.engine_step(), _solo(one)
-            row["peak_1gpu_GiB"] = torch.cuda.max_memory_allocated() / 2**30
-            del one
+            times, (reference, reference_solo) = measure(model, width, height, frames, iters, timed_ms_local)
+            row.update(zip(ONE_GPU_KEYS, times))
             gc.collect()
             torch.cuda.empty_cache()
         dist.barrier()
         model.parallel = context
-        torch.cuda.reset_peak_memory_stats()
-        torch.cuda.synchronize()
-        began = time.perf_counter()
-        two = step_inputs(model, width=width, height=height, frames=frames)
-        torch.cuda.synchronize()
-        row["prefill_2gpu_ms"] = (time.perf_counter() - began) * 1000
-        row["step_2gpu_cfg_ms"] = timed_ms(lambda: two.engine_step(), iters)
-        row["solo_2gpu_ulysses_ms"] = timed_ms(lambda: _solo(two), iters)
-        ours, ours_solo = two.engine_step(), _solo(two)
-        row["peak_2gpu_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+        times, (ours, ours_solo) = measure(model, width, height, frames, iters, timed_ms)
+        row.update(zip(TWO_GPU_KEYS, times))
         if context.rank == 0:
             row["velocity_rel_err_cfg"] = rel_err(ours, reference)
             row["velocity_rel_err_solo"] = rel_err(ours_solo, reference_solo)
             row["scaling_cfg"] = row["step_1gpu_ms"] / (2 * row["step_2gpu_cfg_ms"])
             row["scaling_solo"] = row["solo_1gpu_ms"] / (2 * row["solo_2gpu_ulysses_ms"])
             report(row)
-        del two, ours, ours_solo
+        del ours, ours_solo
         gc.collect()
         torch.cuda.empty_cache()
         dist.barrier()
     del model, transformer
     gc.collect()
     torch.cuda.empty_cache()
+
+
+ONE_GPU_KEYS = ("prefill_1gpu_ms", "step_1gpu_ms", "solo_1gpu_ms", "peak_1gpu_GiB")
+TWO_GPU_KEYS = ("prefill_2gpu_ms", "step_2gpu_cfg_ms", "solo_2gpu_ulysses_ms", "peak_2gpu_GiB")
+
+
+def timed_prefill(model, width: int, height: int, frames: int):
+    """The step inputs (prompt prefill included) and the ms they took, the GPU synchronized around them."""
+    from bench.models import step_inputs
+
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    inputs = step_inputs(model, width=width, height=height, frames=frames)
+    torch.cuda.synchronize()
+    return inputs, (time.perf_counter() - began) * 1000
+
+
+def measure(model, width: int, height: int, frames: int, iters: int, timer):
+    """One configuration as `model.parallel` is set: (prefill ms, engine-step ms, single-branch-step ms,
+    peak GiB) in the order of ONE_GPU_KEYS / TWO_GPU_KEYS, and both steps' velocities (for the agreement).
+    `timer` is timed_ms (all ranks together) or timed_ms_local (this rank alone); the inputs are freed on
+    return."""
+    torch.cuda.reset_peak_memory_stats()
+    inputs, prefill_ms = timed_prefill(model, width, height, frames)
+    step = timer(lambda: inputs.engine_step(), iters)
+    solo = timer(lambda: _solo(inputs), iters)
+    velocities = inputs.engine_step(), _solo(inputs)
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    return (prefill_ms, step, solo, peak), velocities
 
 
 def timed_ms_local(fn, iters: int) -> float:
@@ -133,7 +145,7 @@ def _solo(inputs):
 
 
 def super_sharded(context, report, workloads) -> None:
-    from bench.models import as_loaded_model, step_inputs
+    from bench.models import as_loaded_model
     from engine.parallel.sharding import build_sharded_transformer, random_filler
     from engine.pipeline.fast_path import FastPathOptions
 
@@ -146,11 +158,7 @@ def super_sharded(context, report, workloads) -> None:
     model.parallel = context
     weights_gib = torch.cuda.memory_allocated() / 2**30
     for label, width, height, frames in workloads:
-        torch.cuda.synchronize()
-        began = time.perf_counter()
-        inputs = step_inputs(model, width=width, height=height, frames=frames)
-        torch.cuda.synchronize()
-        prefill = (time.perf_counter() - began) * 1000
+        inputs, prefill = timed_prefill(model, width, height, frames)
         step = timed_ms(lambda: inputs.engine_step(), 1 if frames > 121 else 2)
         peak = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device=context.device)
         peaks = [torch.zeros_like(peak) for _ in range(context.world)]
