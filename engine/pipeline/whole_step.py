@@ -66,7 +66,6 @@ class WholeStep:
         self.sample = sample.clone()              # [1, 48, T, h, w] float32, updated in place
         self.vision_mask = vision_mask.clone()
         self.clean = None if clean is None else clean.clone()
-        self.any_noisy = bool((1.0 - vision_mask).sum() > 0)  # once per request, not per step
         self.t = timestep.clone()                 # 0-d float32
         self.scale = torch.zeros((), device=sample.device, dtype=torch.float32)
         self.use_graphs = tower.use_graphs and sample.is_cuda
@@ -98,7 +97,7 @@ class WholeStep:
         packed = tr.proj_out(out[layout.vision_noisy_local])
         vision = tr._unpatchify_and_unpack_latents(packed, [layout.vision_shape], [layout.noisy_frames],
                                                    [tuple(self.sample.shape[2:])])[0]
-        if not self.any_noisy:
+        if not layout.any_noisy_vision:  # decided at layout; a later request of this key has the same frames
             return torch.zeros_like(vision).float()
         return (vision * (1.0 - self.vision_mask).to(vision.dtype)).float()
 
@@ -169,7 +168,6 @@ class WholeStep:
         self.tower.sin.copy_(tower.sin)
         self.sample.copy_(sample)
         self.vision_mask.copy_(vision_mask)
-        self.any_noisy = bool((1.0 - vision_mask).sum() > 0)
         if clean is not None:
             self.clean.copy_(clean)
         static = self.sampler
