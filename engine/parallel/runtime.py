@@ -155,8 +155,7 @@ class GroupModel:
 
         self.root = resolve_source(source)
         self.info = inspect_checkpoint(self.root)
-        config = _transformer_config(self.root)
-        check_group_size(gpus, config["num_attention_heads"], config["num_key_value_heads"], self.info.family)
+        check_group_size(gpus, self.info.num_attention_heads, self.info.num_key_value_heads, self.info.family)
         self.gpus, self.weights = gpus, weights
         from ..model.loader import component_parameter_count
 
@@ -341,12 +340,6 @@ def choose_weights(source, gpus: int, per_gpu_bytes: int | None = None) -> str:
     root = resolve_source(source)
     need = sum(component_parameter_count(root / c) for c in ("transformer", "vae")) * 2
     return "replicated" if need <= per_gpu_bytes * 0.9 else "sharded"
-
-
-def _transformer_config(root: Path) -> dict:
-    import json
-
-    return json.loads((root / "transformer" / "config.json").read_text(encoding="utf-8"))
 
 
 def resolve_gpus(gpus) -> int:
