@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from ..model.loader import load_in_process
-from .runtime import GroupModel, choose_weights, resolve_gpus
+from .runtime import GroupModel, resolve_gpus
 
 
 def load_model(source: str | os.PathLike, *, gpus: int | str = 1, weights: str | None = None, **in_process):
@@ -17,6 +17,5 @@ def load_model(source: str | os.PathLike, *, gpus: int | str = 1, weights: str |
     this process: `load_in_process(source, **in_process)` (device, safety, memory_budget_bytes)."""
     count = resolve_gpus(gpus)
     if count > 1:
-        budget = in_process.get("memory_budget_bytes")
-        return GroupModel(source, count, weights=weights or choose_weights(source, count, budget))
+        return GroupModel(source, count, weights=weights, per_gpu_bytes=in_process.get("memory_budget_bytes"))
     return load_in_process(source, **in_process)

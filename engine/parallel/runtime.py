@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..pipeline.request import validate_request
 from ..serving.events import JobCancelled
-from ..model.loader import resolve_source
+from ..model.loader import component_parameter_count, resolve_source
 from ..model.variants import inspect_checkpoint
 from .plan import check_group_size, group_schemes
 
@@ -150,16 +150,18 @@ class GroupModel:
 
     is_group = True
 
-    def __init__(self, source, gpus: int, *, weights: str = "replicated", start_timeout_s: float = 1800.0):
+    def __init__(self, source, gpus: int, *, weights: str | None = None, per_gpu_bytes: int | None = None,
+                 start_timeout_s: float = 1800.0):
+        """`weights`: "replicated" or "sharded"; None chooses from the fit (`choose_weights`, against
+        `per_gpu_bytes`, else the first GPU's free memory)."""
         import torch
 
         self.root = resolve_source(source)
         self.info = inspect_checkpoint(self.root)
         check_group_size(gpus, self.info.num_attention_heads, self.info.num_key_value_heads, self.info.family)
+        weight_bytes = _weight_bytes(self.root)
+        weights = weights or choose_weights(weight_bytes, per_gpu_bytes)
         self.gpus, self.weights = gpus, weights
-        from ..model.loader import component_parameter_count
-
-        weight_bytes = sum(component_parameter_count(self.root / c) for c in ("transformer", "vae")) * 2
         self.bytes_per_gpu = weight_bytes // gpus if weights == "sharded" else weight_bytes
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
         if self.backend == "nccl" and torch.cuda.device_count() < gpus:
@@ -327,19 +329,20 @@ class GroupModel:
         return result
 
 
-def choose_weights(source, gpus: int, per_gpu_bytes: int | None = None) -> str:
+def _weight_bytes(root: Path) -> int:
+    """bf16 bytes of the transformer and VAE weights, from the safetensors headers."""
+    return sum(component_parameter_count(root / c) for c in ("transformer", "vae")) * 2
+
+
+def choose_weights(weight_bytes: int, per_gpu_bytes: int | None = None) -> str:
     """"replicated" where the weights fit one GPU (with a tenth to spare), else "sharded"."""
     import torch
-
-    from ..model.loader import component_parameter_count
 
     if per_gpu_bytes is None:
         if not torch.cuda.is_available():
             return "replicated"
         per_gpu_bytes = torch.cuda.mem_get_info(0)[0]
-    root = resolve_source(source)
-    need = sum(component_parameter_count(root / c) for c in ("transformer", "vae")) * 2
-    return "replicated" if need <= per_gpu_bytes * 0.9 else "sharded"
+    return "replicated" if weight_bytes <= per_gpu_bytes * 0.9 else "sharded"
 
 
 def resolve_gpus(gpus) -> int:
