@@ -209,9 +209,9 @@ def main() -> None:
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     world = torch.cuda.device_count()
-    from engine.parallel.runtime import _free_port
+    from engine.parallel.runtime import free_port
 
-    torch.multiprocessing.spawn(rank_main, args=(world, _free_port(), args.out, args.sections.split(",")),
+    torch.multiprocessing.spawn(rank_main, args=(world, free_port(), args.out, args.sections.split(",")),
                                 nprocs=world)
 
 

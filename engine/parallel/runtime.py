@@ -43,7 +43,8 @@ class GroupWorkerDied(RuntimeError):
     """A worker of the group exited during a job; the group restarts and the job fails."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a group's rendezvous (bench/bench_parallel.py uses it too)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -191,7 +192,7 @@ class GroupModel:
     # -- the processes ---------------------------------------------------------------------------
 
     def _start(self) -> None:
-        port = _free_port()
+        port = free_port()
         self._outbox = self._context.Queue()
         self._inboxes = [self._context.Queue() for _ in range(self.gpus)]
         self._cancel = self._context.Event()
