@@ -156,7 +156,6 @@ class FastGenTower:
             from .fp8 import fp8_weights
 
             self.fp8 = self.fused = fp8_weights(model, fused_projections(model))
-        self._layer_index = {id(layer): i for i, layer in enumerate(tr.layers)}
         self.use_graphs = (options.cuda_graphs and tr.device.type == "cuda"
                            and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS)
         self._graphs: dict[tuple[int, int], tuple] = {}
@@ -206,27 +205,27 @@ class FastGenTower:
                 eps=attn.norm_added_q.eps, flavour=flavour, round_norm_before_rope=True,
             )
             out = d.prefix_attention(q, buffers[index], layout)
-            out = self._linear(layer, "to_add_out", attn.to_add_out, out.reshape(count * n, heads * head_dim))
+            out = self._linear(index, "to_add_out", attn.to_add_out, out.reshape(count * n, heads * head_dim))
             post = layer.post_attention_layernorm_moe_gen
             normed, hidden = d.add_rms_norm(out, hidden, post.weight, eps=post.eps, flavour=flavour)
             mlp = layer.mlp_moe_gen
             if mlp.hidden_act == "silu" and self.fused is not None:
                 gate_up = torch.nn.functional.linear(normed, self.fused.gate_up[index])
                 half = gate_up.shape[-1] // 2
-                out = self._linear(layer, "down_proj", mlp.down_proj, d.swiglu(gate_up[:, :half], gate_up[:, half:]))
+                out = self._linear(index, "down_proj", mlp.down_proj, d.swiglu(gate_up[:, :half], gate_up[:, half:]))
             elif mlp.hidden_act == "silu":
                 out = mlp.down_proj(d.swiglu(mlp.gate_proj(normed), mlp.up_proj(normed)))
             else:
-                up = self._linear(layer, "up_proj", mlp.up_proj, normed)
-                out = self._linear(layer, "down_proj", mlp.down_proj, d.relu2(up))
+                up = self._linear(index, "up_proj", mlp.up_proj, normed)
+                out = self._linear(index, "down_proj", mlp.down_proj, d.relu2(up))
             following = layers[index + 1].input_layernorm_moe_gen if index + 1 < len(layers) else tr.norm_moe_gen
             normed, hidden = d.add_rms_norm(out, hidden, following.weight, eps=following.eps, flavour=flavour)
         return normed.view(count, n, width)
 
-    def _linear(self, layer, name: str, module, x: torch.Tensor) -> torch.Tensor:
-        """The module's GEMM, or its FP8 twin when the FP8 pass is on (the module keeps its bf16 weight)."""
+    def _linear(self, index: int, name: str, module, x: torch.Tensor) -> torch.Tensor:
+        """Layer `index`'s GEMM, or its FP8 twin when the FP8 pass is on (the module keeps its bf16 weight)."""
         if self.fp8 is not None:
-            return torch.nn.functional.linear(x, self.fp8.per_layer[self._layer_index[id(layer)]][name])
+            return torch.nn.functional.linear(x, self.fp8.per_layer[index][name])
         return module(x)
 
     # -- CUDA graphs ---------------------------------------------------------------------------
