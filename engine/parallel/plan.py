@@ -31,10 +31,6 @@ class StepLayout:
     def seq_rank(self, rank: int) -> int:
         return rank % self.degree
 
-    def seq_ranks(self, rank: int) -> list[int]:
-        first = self.branch_of(rank) * self.degree
-        return list(range(first, first + self.degree))
-
     @property
     def name(self) -> str:
         parts = []
