@@ -48,13 +48,14 @@ def gen_inputs(page: Page, tab: GenTab) -> list:
     return items
 
 
-def gen_request(tab: GenTab, v: dict) -> dict:
+def gen_request(tab: GenTab, v: dict, sent_json: str | None = None) -> dict:
     """The engine request a generation tab's values describe, built once and sent as it is: the
-    engine parses its caption once, into the `Request` the queue keeps. Raises StudioError naming
-    the input when a box is empty."""
+    engine parses its caption once, into the `Request` the queue keeps. `sent_json` is the editor's
+    `sent` text when the caller already has it (Generate merges the form once per run). Raises
+    StudioError naming the input when a box is empty."""
     s = tab.sampling
     style, prose = v[tab.editor.style], v[tab.editor.prose]
-    prompt = prompt_from_editor(style, tab.editor.sent_json(v), prose)
+    prompt = prompt_from_editor(style, tab.editor.sent_json(v) if sent_json is None else sent_json, prose)
     negative = negative_from_text(v[tab.negative])
     sampling = Sampling(
         resolution=v[tab.resolution], steps=v[s.steps], guidance_scale=v[s.guidance], flow_shift=v[s.flow_shift],
@@ -69,16 +70,17 @@ def gen_request(tab: GenTab, v: dict) -> dict:
                          sound=bool(v[tab.sound]))
 
 
-def gen_ui_state(tab: GenTab, v: dict) -> dict:
-    """What a history entry keeps to restore a generation tab's inputs."""
+def gen_ui_state(tab: GenTab, v: dict, sent_json: str) -> dict:
+    """What a history entry keeps to restore a generation tab's inputs (`sent_json`: the JSON the run sent)."""
     style, prose = v[tab.editor.style], v[tab.editor.prose]
-    return {"editor": {"style": style, "json": tab.editor.sent_json(v), "prose": prose}, "negative": v[tab.negative]}
+    return {"editor": {"style": style, "json": sent_json, "prose": prose}, "negative": v[tab.negative]}
 
 
-def synced_caption(tab: GenTab, v: dict) -> dict:
-    """The JSON box made to show what was sent, when a form edit had not reached it yet."""
-    sent, caption = tab.editor.sent(v)
-    return {} if sent == v[tab.editor.code] else {tab.editor.code: sent, tab.editor.parsed: known(sent, caption)}
+def synced_caption(tab: GenTab, v: dict, sent: tuple[str, dict | None]) -> dict:
+    """The JSON box made to show what was sent (`sent`: the editor's `sent(v)`), when a form edit had
+    not reached it yet."""
+    text, caption = sent
+    return {} if text == v[tab.editor.code] else {tab.editor.code: text, tab.editor.parsed: known(text, caption)}
 
 
 def action_inputs(page: Page) -> list:

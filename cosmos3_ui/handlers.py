@@ -121,10 +121,13 @@ class Handlers:
 
         async def generate(v: dict, request: gr.Request, progress=gr.Progress()):
             model = v[page.model]
-            async for update in self.run(tab, v, lambda: F.gen_request(tab, v), request, progress):
+            # The form merged into the JSON once: the request, the history entry and the JSON box share
+            # it (each merged, and when the JSON was written from outside the editor parsed, again).
+            sent = tab.editor.sent(v)
+            async for update in self.run(tab, v, lambda: F.gen_request(tab, v, sent[0]), request, progress):
                 if isinstance(update, tuple):
-                    out = self.finish(tab, model, update[1], F.gen_ui_state(tab, v), v[page.history.state], v)
-                    yield {**out, **F.synced_caption(tab, v)}
+                    out = self.finish(tab, model, update[1], F.gen_ui_state(tab, v, sent[0]), v[page.history.state], v)
+                    yield {**out, **F.synced_caption(tab, v, sent)}
                 else:
                     yield update
 
