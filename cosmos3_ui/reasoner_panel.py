@@ -127,6 +127,32 @@ def cancelled_note(tokens: int, unchanged: str) -> str:
     return f"Cancelled after {tokens} token{'' if tokens == 1 else 's'}; {unchanged} is unchanged."
 
 
+async def reasoner_updates(service: StudioService, model: str, request: dict, session: str, box, unchanged: str,
+                           done):
+    """The updates of one reasoner run shown in `box` (its `stream` and `status`): the text as it is
+    written, then `done(result)`; a cancelled run keeps its text and says `unchanged` is unchanged, a
+    refused or failed one says why in the status."""
+    yield {box.stream: "", box.status: status_html("Queued for the reasoner ...", "info")}
+    try:
+        async for what, value in follow_reasoner(service, model, request, session):
+            if what == "text":
+                yield {box.stream: value}
+            elif what == "cancelled":
+                text, tokens = value
+                yield {box.stream: text, box.status: status_html(cancelled_note(tokens, unchanged), "warn")}
+            else:
+                yield done(value)
+    except StudioError as exc:
+        yield {box.status: status_html(str(exc), "error")}
+
+
+def done_note(result) -> str:
+    """The status line of a finished Enhance or Describe: tokens, time, seed, and any retries or repairs."""
+    return (f"Done: {result.tokens} tokens in {result.seconds:.1f} s, seed {result.seed}"
+            + (f", {result.attempts} attempts" if result.attempts > 1 else "")
+            + (f"; repaired: {'; '.join(result.repairs)}" if result.repairs else "") + ".")
+
+
 def reasoner_cancel_outcome(job, unchanged: str, timeout: float = 20.0) -> str:
     """Wait (at most `timeout`) for a cancelled reasoner job to end and say how it ended; `unchanged`
     names what the job would have filled."""
@@ -225,18 +251,14 @@ class ReasonerWiring:
                     yield {box.status: status_html(f"Upload a {source} first, then press Describe.", "warn")}
                     return
                 req = {"task": "describe", "mode": "action", source: upload}
-                yield {box.stream: "", box.status: status_html("Queued for the reasoner ...", "info")}
-                try:
-                    async for what, value in follow_reasoner(service, model, req, session_of(request)):
-                        if what == "text":
-                            yield {box.stream: value}
-                        elif what == "cancelled":
-                            yield {box.status: status_html(cancelled_note(value[1], "the instruction"), "warn")}
-                        else:
-                            yield {box.stream: value.text, tab.instruction: instruction_from(value.caption),
-                                   box.status: status_html("Described; edit the instruction as needed.", "ok")}
-                except StudioError as exc:
-                    yield {box.status: status_html(str(exc), "error")}
+
+                def done(result):
+                    return {box.stream: result.text, tab.instruction: instruction_from(result.caption),
+                            box.status: status_html("Described; edit the instruction as needed.", "ok")}
+
+                async for update in reasoner_updates(service, model, req, session_of(request), box, "the instruction",
+                                                     done):
+                    yield update
             return run
 
         for button, source, component in ((box.describe_image, "image", tab.image),
@@ -264,34 +286,21 @@ class ReasonerWiring:
 
         def runner(task: str, source=None):
             async def run(model, idea, max_new, temperature, seed, upload=None, request: gr.Request = None):
-                req = {"task": task, "mode": tab.mode, "max_new_tokens": int(max_new),
+                req = {"task": task, "mode": tab.mode, "prompt": idea or "", "max_new_tokens": int(max_new),
                        "temperature": float(temperature), "seed": int(seed if seed is not None else -1)}
-                if task == "enhance":
-                    req["prompt"] = idea or ""
-                    if upload:
-                        req["image"] = upload
-                else:
-                    req["prompt"] = idea or ""
-                    if not upload:
-                        yield {panel.status: status_html(f"Upload a {source} first, then press Describe.", "warn")}
-                        return
-                    req[source] = upload
-                yield {panel.stream: "", panel.status: status_html("Queued for the reasoner ...", "info")}
-                try:
-                    async for what, value in follow_reasoner(service, model, req, session_of(request)):
-                        if what == "text":
-                            yield {panel.stream: value}
-                        elif what == "cancelled":
-                            yield {panel.stream: value[0], panel.status: status_html(
-                                cancelled_note(value[1], "the caption editor"), "warn")}
-                        else:
-                            note = (f"Done: {value.tokens} tokens in {value.seconds:.1f} s, seed {value.seed}"
-                                    + (f", {value.attempts} attempts" if value.attempts > 1 else "")
-                                    + (f"; repaired: {'; '.join(value.repairs)}" if value.repairs else "") + ".")
-                            yield {panel.stream: value.text, panel.status: status_html(note, "ok"),
-                                   **_filled_editor(editor, value.caption)}
-                except StudioError as exc:
-                    yield {panel.status: status_html(str(exc), "error")}
+                if task == "describe" and not upload:
+                    yield {panel.status: status_html(f"Upload a {source} first, then press Describe.", "warn")}
+                    return
+                if upload:  # Enhance's optional first frame, or what Describe looks at
+                    req["image" if task == "enhance" else source] = upload
+
+                def done(result):
+                    return {panel.stream: result.text, panel.status: status_html(done_note(result), "ok"),
+                            **_filled_editor(editor, result.caption)}
+
+                async for update in reasoner_updates(service, model, req, session_of(request), panel,
+                                                     "the caption editor", done):
+                    yield update
             return run
 
         sampling = [self.page.model, panel.idea, panel.max_new_tokens, panel.temperature, panel.seed]
