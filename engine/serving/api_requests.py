@@ -41,37 +41,10 @@ class ApiError(Exception):
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
 
 
-_DOTTED = re.compile(r"\b(action\.[a-z_]+)")
-
-
-def field_of(exc: Exception) -> str | None:
-    """The request key an engine validation error is about: its `.field` where the engine names it,
-    else read from the message, whose first words name the key ("steps must be ...")."""
-    named = getattr(exc, "field", None)
-    if named:
-        return named
-    text = str(exc)
-    dotted = _DOTTED.search(text)
-    if dotted:
-        return dotted.group(1)
-    unknown = re.match(r"Unknown request keys \['([^']+)'", text)
-    if unknown:
-        return unknown.group(1)
-    if text.startswith("Size ") or "sizes" in text.split(".")[0]:
-        return "size"
-    if text.startswith("Unknown model"):
-        return "model"
-    quoted = re.search(r"request key '(\w+)'", text)
-    if quoted:
-        return quoted.group(1)
-    # The first request key the message names, before it lists what is allowed.
-    said = re.split(r"allowed|supports|;", text.lower(), maxsplit=1)[0]
-    found = [(m.start(), key) for key in REQUEST_KEYS for m in [re.search(rf"\b{key}\b", said)] if m]
-    return min(found)[1] if found else None
-
-
-def client_field(field: str | None, body: dict) -> str | None:
-    """The field as the client sent it: `size` stands for width and height, `seconds` for num_frames."""
+def client_field(exc: Exception, body: dict) -> str | None:
+    """The request key an engine refusal names (`RequestError.field`), as the client sent it: `size`
+    stands for width and height, `seconds` for num_frames."""
+    field = getattr(exc, "field", None) or None
     if field in ("width", "height") and "size" in body:
         return "size"
     if field == "num_frames" and "seconds" in body:

@@ -32,7 +32,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from .registry import ModelRegistry
 from .api_jobs import TERMINAL_STATES, ApiJob, JobBook, new_job_id
 from .api_keys import ApiKey, KeyRing, LimitExceeded, Unauthorized
-from .api_requests import ApiError, client_field, field_of, image_request, video_request
+from .api_requests import ApiError, client_field, image_request, video_request
 from .api_schema import IMAGE_BODY, VIDEO_BODY
 
 API_GROUP = "api"  # API results go to <outputs>/api/<request id>/
@@ -134,7 +134,7 @@ class HttpApi:
         except ValueError as exc:
             self.keys.unsubmit(key, job.id)
             self._remove(uploads)
-            raise ApiError(400, str(exc), client_field(field_of(exc), body)) from None
+            raise ApiError(400, str(exc), client_field(exc, body)) from None
         self.book.follow(job, lambda ended: self.keys.release(key, ended.id))
         return job
 
