@@ -58,10 +58,10 @@ class CritiqueStore:
 
 def critique_request(store, request_id: str, criteria: tuple[str, ...]) -> tuple[str, dict]:
     """(model name, reasoner request) for a registered result: its media, the prompt it came from."""
-    found = [r for r in store.results() if r["request_id"] == request_id]
-    if not found:
+    found = store.result(request_id)
+    if found is None:
         raise StudioError(f"No result {request_id!r} is registered for review; press Refresh.", "result")
-    folder = Path(found[0]["folder"])
+    folder = Path(found["folder"])
     media = next((folder / name for name in MEDIA if (folder / name).is_file()), None)
     if media is None:
         raise StudioError(f"Result {request_id!r} has no {' or '.join(MEDIA)} to critique.", "result")
@@ -76,7 +76,7 @@ def critique_request(store, request_id: str, criteria: tuple[str, ...]) -> tuple
     if not prompt:
         raise StudioError(f"Result {request_id!r} has no readable prompt in params.json to judge it against.", "result")
     key = "video" if media.suffix == ".mp4" else "image"
-    return found[0]["model"], {"task": "critique", "prompt": prompt, key: str(media), "criteria": list(criteria),
+    return found["model"], {"task": "critique", "prompt": prompt, key: str(media), "criteria": list(criteria),
                                "temperature": 0.0}
 
 

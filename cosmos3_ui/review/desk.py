@@ -96,12 +96,12 @@ class ReviewDesk:
     def view(self, request_id: str | None, reviewer: str | None = None) -> ResultView | None:
         if not request_id:
             return None
-        found = [r for r in self.store.results() if r["request_id"] == request_id]
-        if not found:
+        found = self.store.result(request_id)
+        if found is None:
             raise StudioError(f"No result {request_id!r} is registered for review; press Refresh.", "result")
-        folder = Path(found[0]["folder"])
+        folder = Path(found["folder"])
         media = next((folder / n for n in MEDIA_NAMES if (folder / n).is_file()), None)
-        summary = {k: found[0][k] for k in ("request_id", "model", "mode", "origin", "created")}
+        summary = {k: found[k] for k in ("request_id", "model", "mode", "origin", "created")}
         sidecar = folder / SIDECAR
         if sidecar.is_file():
             try:

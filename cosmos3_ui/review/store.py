@@ -28,6 +28,8 @@ SIDE_FILES = ("-wal", "-shm", "-journal")
 REQUEST_ID = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{12}$")
 _CRITERION = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 
+_RESULT_KEYS = ("request_id", "model", "mode", "origin", "folder", "created")
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
     request_id TEXT PRIMARY KEY,
@@ -164,8 +166,15 @@ class ReviewStore:
 
     def results(self) -> list[dict]:
         with self._connect() as db:
-            rows = db.execute("SELECT request_id, model, mode, origin, folder, created FROM results ORDER BY created").fetchall()
-        return [dict(zip(("request_id", "model", "mode", "origin", "folder", "created"), row)) for row in rows]
+            rows = db.execute(f"SELECT {', '.join(_RESULT_KEYS)} FROM results ORDER BY created").fetchall()
+        return [dict(zip(_RESULT_KEYS, row)) for row in rows]
+
+    def result(self, request_id: str) -> dict | None:
+        """One registered result (as in `results()`), or None."""
+        with self._connect() as db:
+            row = db.execute(f"SELECT {', '.join(_RESULT_KEYS)} FROM results WHERE request_id = ?",
+                             (request_id,)).fetchone()
+        return dict(zip(_RESULT_KEYS, row)) if row else None
 
     # -- exports --------------------------------------------------------------------------------
 
