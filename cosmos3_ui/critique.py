@@ -8,7 +8,6 @@ store's public `db.add_schema` and a box in the Review tab (three wiring lines i
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from engine.pipeline.outputs import IMAGE_NAME, SIDECAR_NAME, VIDEO_NAME
 from .common import status_html
 from .jobs import session_of
 from .reasoner_panel import follow_reasoner
+from .review.db import now
 from .service import StudioError, StudioService
 
 _SCHEMA = """
@@ -45,8 +45,7 @@ class CritiqueStore:
         with self.store.db.connect() as db:
             db.execute("INSERT INTO model_critiques VALUES (?, ?, ?, ?, ?) ON CONFLICT(request_id, reasoner) DO UPDATE "
                        "SET text = excluded.text, scores = excluded.scores, created = excluded.created",
-                       (request_id, reasoner, text, json.dumps(scores, sort_keys=True),
-                        time.strftime("%Y-%m-%dT%H:%M:%S")))
+                       (request_id, reasoner, text, json.dumps(scores, sort_keys=True), now()))
 
     def for_result(self, request_id: str) -> list[dict]:
         with self.store.db.connect() as db:
