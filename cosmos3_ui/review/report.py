@@ -13,12 +13,13 @@ from collections import defaultdict
 
 import numpy as np
 
-from .leaderboard import Board, Judgement, leaderboard
+from .leaderboard import BOOTSTRAP_ROUNDS, Board, Judgement, leaderboard
 from .runs import Run
 from .store import ReviewStore
 from .thumbnails import data_uri
 
 BOARD_COLUMNS = ["rank", "configuration", "score", "95% interval", "judgements"]
+CHECK_COLUMNS = ["configuration", "model", "PSNR (mean)", "SSIM (mean)", "determinism", "note"]
 
 
 def boards(store: ReviewStore, run: Run, *, rounds: int | None = None) -> dict[str, Board | None]:
@@ -59,7 +60,7 @@ def agreement_rows(board: Board | None) -> list[list]:
 
 
 def check_summary(store: ReviewStore, run: Run) -> list[list]:
-    """Per configuration: mean PSNR, mean SSIM (against the reference) and the determinism verdict."""
+    """CHECK_COLUMNS per configuration: mean PSNR, mean SSIM (against the reference) and the determinism verdict."""
     values: dict[tuple[str, str], list[float]] = defaultdict(list)
     notes: dict[str, str] = {}
     for check in store.runs.checks(run.run_id):
@@ -148,8 +149,6 @@ td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}t
 
 def html_report(store: ReviewStore, run: Run, *, rounds: int | None = None) -> str:
     """The whole report for one run as a single self-contained HTML document."""
-    from .leaderboard import BOOTSTRAP_ROUNDS
-
     by_criterion = boards(store, run, rounds=rounds)
     done, total = store.runs.progress(run.run_id)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Cosmos3 review: {html.escape(run.run_id)}</title>"
@@ -161,8 +160,7 @@ def html_report(store: ReviewStore, run: Run, *, rounds: int | None = None) -> s
              "<h2>Configurations</h2>",
              _table(["configuration", "model", "overrides"], [[c.name, c.model, c.overrides or "-"] for c in run.configs]),
              "<h2>Automatic checks</h2>",
-             _table(["configuration", "model", "PSNR (mean)", "SSIM (mean)", "determinism", "note"],
-                    check_summary(store, run)),
+             _table(CHECK_COLUMNS, check_summary(store, run)),
              "<p><small>PSNR and SSIM against the reference configuration (torchmetrics). LPIPS is not computed: "
              "its backbone weights cannot be fetched here.</small></p>",
              "<h2>Blind pairwise leaderboard</h2>",

@@ -13,12 +13,12 @@ import gradio as gr
 from ..common import GPU_POOL, PRIVATE, latest_counts, status_html
 from ..service import StudioError, StudioService
 from .desk import ReviewDesk, criterion_label, reviewer_of
-from .report import BOARD_COLUMNS, agreement_rows, board_figure, board_rows, boards, check_summary, html_report, win_rows
+from .report import (BOARD_COLUMNS, CHECK_COLUMNS, agreement_rows, board_figure, board_rows, boards, check_summary,
+                     html_report, win_rows)
 from .runs import run_suite
 from .suites import SuiteError, load_shipped, parse_configurations, parse_suite, shipped_suites
 
 RUN_COLUMNS = ["run", "suite", "items", "configurations", "done", "state"]
-CHECK_COLUMNS = ["configuration", "model", "PSNR (mean)", "SSIM (mean)", "determinism", "note"]
 MAX_SUITE_BYTES = 4 * 2**20
 
 
