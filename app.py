@@ -227,6 +227,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.remote and (args.model or args.model_root or args.ray):
         parser.error("--remote serves the remote server's models: it does not combine with --model, --model-root "
                      "or --ray")
+    if args.safety and (args.ray or args.remote):
+        parser.error("--safety is not available with --ray or --remote yet: the guardrail runs in this process's "
+                     "job queue, which neither uses (Ray replicas do not load it; a remote studio applies its own "
+                     "--safety)")
     if args.allow_hub and not args.model_root:
         parser.error("--allow-hub only applies with --model-root")
     return args
@@ -346,8 +350,6 @@ def ray_queue(args: argparse.Namespace, registry):
     """Engine replicas on Ray Serve behind the UI and the API (docs/SERVING.md)."""
     from engine.serving.ray_replicas import RayConfig, RayJobQueue
 
-    if args.safety:
-        raise ValueError("--safety is not available with --ray yet: the replicas do not load the guardrail.")
     return RayJobQueue.start(RayConfig.parse(args.ray), registry, args.outputs, max_size=args.queue_size)
 
 

@@ -41,6 +41,8 @@ def test_bad_model_arguments_are_refused(text):
         (["--queue-size", "0"], "--queue-size"),
         (["--port", "70000"], "--port"),
         (["--model", "nano"], "NAME=SOURCE"),
+        (["--ray", "local", "--safety"], "--safety is not available with --ray or --remote"),
+        (["--remote", "http://peer:7860", "--safety"], "--safety is not available with --ray or --remote"),
     ],
 )
 def test_usage_errors(argv, fragment, capsys):
