@@ -65,14 +65,14 @@ class ReviewDesk:
         self.listed = sync_outputs(self.store, self.outputs_root)
         return self.listed
 
-    def gallery(self) -> list[tuple[str, str]]:
-        """(thumbnail, caption) for the newest reviewable results; the caption starts with the id."""
+    def gallery(self) -> list[tuple[str, str, str]]:
+        """(request id, thumbnail, caption) for the newest reviewable results; the caption starts with the id."""
         out = []
         for entry in [e for e in self.listed if e.reviewable][:GALLERY_SIZE]:
             prompt = entry.prompt if len(entry.prompt) <= PROMPT_CHARS else entry.prompt[:PROMPT_CHARS - 1] + "…"
             thumb = self.thumbnails.of(entry.request_id, entry.media)
             if thumb is not None:
-                out.append((str(thumb), f"{entry.request_id} · {entry.model} · {entry.mode} · {prompt}"))
+                out.append((entry.request_id, str(thumb), f"{entry.request_id} · {entry.model} · {entry.mode} · {prompt}"))
         return out
 
     def unreviewable(self) -> list[list[str]]:

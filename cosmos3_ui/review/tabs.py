@@ -95,8 +95,8 @@ class ReviewTab:
             choices = self.desk.choices()
             keep = current if current in [value for _, value in choices] else None
             gallery = self.desk.gallery()
-            ids = [caption.split(" · ")[0] for _, caption in gallery]
-            return {self.pick: gr.update(choices=choices, value=keep), self.gallery: gallery, self.ids: ids,
+            return {self.pick: gr.update(choices=choices, value=keep), self.gallery: [(t, c) for _, t, c in gallery],
+                    self.ids: [request_id for request_id, _, _ in gallery],
                     self.unreviewable: {"headers": ["folder", "why"], "data": self.desk.unreviewable()},
                     self.signed_in: f"Signed in as **{getattr(request, 'username', None) or '?'}**."}
 
