@@ -282,12 +282,6 @@ class StudioService:
         self.reviews.register_result(result.request_id, result.output_dir, model=model_name,
                                      mode=result.params.get("mode", ""), origin=origin)
 
-    def wait_position(self, handle) -> float | None:
-        try:
-            return self.queue.eta_seconds(handle.position(), None)
-        except Exception:  # noqa: BLE001 - an estimate only
-            return None
-
     # -- files ----------------------------------------------------------------------------------
 
     def owns(self, path: str | Path) -> bool:
