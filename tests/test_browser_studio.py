@@ -123,6 +123,13 @@ def set_number(page, elem_id: str, value) -> None:
     raise AssertionError(f"#{elem_id} did not keep the value {value}")
 
 
+def edge_t2i_with_steps(page, steps: int) -> None:
+    """Edge picked, the Text to Image tab's sampling opened and its steps set."""
+    pick_model(page, "edge")
+    page.locator("#t2i-sampling").click()
+    set_number(page, "t2i-steps", steps)
+
+
 def wait_for_text(page, selector: str, fragment: str, timeout_s: float = 60) -> str:
     deadline = time.time() + timeout_s
     text = ""
@@ -201,9 +208,7 @@ def test_malformed_json_caption_shows_a_positioned_error(page, tmp_path):
 
 
 def test_an_image_and_a_video_are_generated_and_shown(page, tmp_path):
-    pick_model(page, "edge")
-    page.locator("#t2i-sampling").click()
-    set_number(page, "t2i-steps", 3)
+    edge_t2i_with_steps(page, 3)
     page.locator("#t2i-generate").click()
     page.wait_for_selector("#t2i-output img", timeout=90_000)
     status = wait_for_text(page, "#t2i-status", "Done")
@@ -322,6 +327,11 @@ def test_closing_the_tab_cancels_its_running_job(browser, studio, tmp_path):
 # issue 18: nothing typed is lost or silently changed, errors at their field, preview, downloads
 # ---------------------------------------------------------------------------------------------
 
+def result_names(studio) -> set:
+    """The names of the result folders the server has written so far."""
+    return {p.name for p in studio.service.outputs_root.iterdir()}
+
+
 def newest_result(studio, before: set) -> Path:
     new = [p for p in studio.service.outputs_root.iterdir() if p.is_dir() and p.name not in before]
     assert len(new) == 1, new
@@ -330,9 +340,7 @@ def newest_result(studio, before: set) -> Path:
 
 def test_a_pasted_form_field_reaches_the_sent_prompt_and_the_sidecar(page, studio):
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=studio.url.rstrip("/"))
-    pick_model(page, "edge")
-    page.locator("#t2i-sampling").click()
-    set_number(page, "t2i-steps", 2)
+    edge_t2i_with_steps(page, 2)
     page.locator("#tab-t2i").get_by_role("tab", name="Form", exact=True).click()
     field = page.locator("#t2i-field-context textarea")
     field.click()
@@ -340,7 +348,7 @@ def test_a_pasted_form_field_reaches_the_sent_prompt_and_the_sidecar(page, studi
     page.keyboard.press("Control+A")
     page.keyboard.press("Control+V")
     assert field.input_value() == "PASTEDCONTEXT at a wedding"
-    before = {p.name for p in studio.service.outputs_root.iterdir()}
+    before = result_names(studio)
     # Generate straight after the paste: the box's blur sync and the run race; Generate merges the Form
     # into the JSON itself (forms.gen_request; tests/test_request_once.py checks it without a browser).
     page.locator("#t2i-generate").click()
@@ -355,17 +363,15 @@ def test_a_pasted_form_field_reaches_the_sent_prompt_and_the_sidecar(page, studi
 
 
 def test_steps_out_of_range_is_refused_naming_steps_and_nothing_runs(page, studio):
-    pick_model(page, "edge")
-    page.locator("#t2i-sampling").click()
-    set_number(page, "t2i-steps", 99999)
-    before = {p.name for p in studio.service.outputs_root.iterdir()}
+    edge_t2i_with_steps(page, 99999)
+    before = result_names(studio)
     page.locator("#t2i-generate").click()
     message = wait_for_text(page, "#t2i-sampling-message", "99999", timeout_s=30)
     assert "steps" in message.lower() and "200" in message  # the API's words: what came, what is allowed
     assert "99999" in page.locator("#t2i-status").inner_text()
     assert "field-error" in (page.locator("#t2i-steps").get_attribute("class") or "")
     page.wait_for_timeout(1500)
-    assert {p.name for p in studio.service.outputs_root.iterdir()} == before  # nothing ran
+    assert result_names(studio) == before  # nothing ran
     assert page.locator("#t2i-steps input[type=number]").first.input_value() == "99999"  # the input stays
 
 
@@ -389,9 +395,7 @@ def test_an_undecodable_image_upload_names_the_image_input(page, tmp_path):
 
 
 def test_a_t2i_run_shows_a_preview_before_its_result(page):
-    pick_model(page, "edge")
-    page.locator("#t2i-sampling").click()
-    set_number(page, "t2i-steps", 8)
+    edge_t2i_with_steps(page, 8)
     # Record, in the page, the order in which a preview image and the final "Done" appear.
     page.evaluate("""() => {
         window.seen = [];
@@ -412,10 +416,8 @@ def test_a_t2i_run_shows_a_preview_before_its_result(page):
 
 
 def test_downloads_are_named_by_model_mode_seed_and_request_id(page, studio):
-    pick_model(page, "edge")
-    page.locator("#t2i-sampling").click()
-    set_number(page, "t2i-steps", 2)
-    before = {p.name for p in studio.service.outputs_root.iterdir()}
+    edge_t2i_with_steps(page, 2)
+    before = result_names(studio)
     page.locator("#t2i-generate").click()
     wait_for_text(page, "#t2i-status", "Done", timeout_s=90)
     request_id = newest_result(studio, before).name
