@@ -87,8 +87,7 @@ class EngineReplica:
         from ray import serve
 
         from ..parallel.load import load_model
-        from ..pipeline import run  # noqa: F401 - the denoising stack, before this replica reports ready
-        from .queue import JobQueue
+        from .queue import JobQueue  # JobQueue() imports the denoising stack, before this replica is ready
 
         registry = ModelRegistry([ModelEntry(*entry) for entry in entries])
         # A group of more than one GPU: the engine's multi-GPU path over the GPUs Ray gave this replica
