@@ -15,6 +15,7 @@ from itertools import combinations
 from pathlib import Path
 
 from ..service import StudioError
+from .runs import Run
 from .store import ReviewStore
 
 
@@ -44,8 +45,8 @@ class BlindDesk:
                 out.append((label, run.run_id))
         return out
 
-    def _candidates(self, run_id: str, reviewer: str) -> list[tuple[str, tuple, tuple]]:
-        run = self.store.runs.run(run_id)
+    def _candidates(self, run: Run, reviewer: str) -> list[tuple[str, tuple, tuple]]:
+        run_id = run.run_id
         done = self.store.runs.done(run_id)
         judged = self.store.pairs.judged(run_id, reviewer)
         out = []
@@ -61,9 +62,10 @@ class BlindDesk:
         if not run_id:
             raise StudioError("Pick a suite run first.", "run")
         try:
-            candidates = self._candidates(run_id, reviewer)
+            run = self.store.runs.run(run_id)
         except ValueError as exc:
             raise StudioError(str(exc), "run") from None
+        candidates = self._candidates(run, reviewer)
         if not candidates:
             return None
         item_id, first, second = candidates[secrets.randbelow(len(candidates))]
@@ -80,7 +82,7 @@ class BlindDesk:
             target = folder / f"{letter}{source.suffix.lower()}"
             shutil.copyfile(source, target)  # bytes only: no name, path or timestamp of the original
             shown.append(str(target))
-        item = next(i for i in self.store.runs.run(run_id).items if i.id == item_id)
+        item = next(i for i in run.items if i.id == item_id)
         prompt = item.prompt if isinstance(item.prompt, str) else json.dumps(item.prompt, ensure_ascii=False, indent=1)
         return BlindView(pair.pair_id, shown[0], shown[1], shown[0].endswith(".mp4"), prompt, item.mode,
                          len(candidates))
