@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .listing import MEDIA_NAMES, SIDECAR, Listed, sync_outputs
+from engine.pipeline.outputs import SIDECAR_NAME
+
+from .listing import MEDIA_NAMES, Listed, sync_outputs
 from .store import ReviewStore
 from .thumbnails import Thumbnails
 
@@ -102,7 +104,7 @@ class ReviewDesk:
         folder = Path(found["folder"])
         media = next((folder / n for n in MEDIA_NAMES if (folder / n).is_file()), None)
         summary = {k: found[k] for k in ("request_id", "model", "mode", "origin", "created")}
-        sidecar = folder / SIDECAR
+        sidecar = folder / SIDECAR_NAME
         if sidecar.is_file():
             try:
                 params = json.loads(sidecar.read_text(encoding="utf-8"))

@@ -15,7 +15,6 @@ from engine.pipeline.outputs import ACTIONS_NAME, IMAGE_NAME, SIDECAR_NAME, VIDE
 from .store import REQUEST_ID, ReviewStore
 
 MEDIA_NAMES = (IMAGE_NAME, VIDEO_NAME)  # the file names are the output stage's (engine.pipeline.outputs)
-SIDECAR = SIDECAR_NAME
 MAX_LISTED = 5000
 
 
@@ -44,7 +43,7 @@ def _prompt_text(prompt) -> str:
 def inspect_folder(folder: Path) -> Listed:
     """What review can do with one result folder, and why not when it cannot."""
     media = next((folder / n for n in MEDIA_NAMES if (folder / n).is_file()), None)
-    sidecar = folder / SIDECAR
+    sidecar = folder / SIDECAR_NAME
     if not sidecar.is_file():
         return Listed(folder.name, folder, "", "", "", media, "no params.json: not a finished Cosmos3 Studio result")
     try:
