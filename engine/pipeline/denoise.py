@@ -20,6 +20,7 @@ from ..serving.events import JobCancelled
 from . import whole_step
 from .preview import Previewer
 from .state import GenLayout, Latents, RunState, Schedulers
+from .transformer import time_embeds
 
 
 def cfg_plan(timesteps: list[float], guidance: float, interval) -> list[bool]:
@@ -66,9 +67,7 @@ def _time_embeds(transformer, timestep: float, count: int, dtype, once: bool = F
     exact path keeps the reference's per-row computation so that it stays bit for bit.
     """
     rows = 1 if once else count
-    steps = torch.full((rows,), timestep, device=transformer.device) * transformer.config.timestep_scale
-    embedder_dtype = next(transformer.time_embedder.parameters()).dtype
-    embeds = transformer.time_embedder(transformer.time_proj(steps).to(embedder_dtype)).to(dtype)
+    embeds = time_embeds(transformer, torch.full((rows,), timestep, device=transformer.device), dtype)
     return embeds.expand(count, -1) if once else embeds
 
 

@@ -73,6 +73,15 @@ def rotary_tables(transformer, position_ids: torch.Tensor, dtype: torch.dtype) -
     return cos.squeeze(0), sin.squeeze(0)
 
 
+def time_embeds(transformer, timesteps: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[rows, hidden] timestep embeddings of `timesteps` [rows] (float32, unscaled), in `dtype`: the embedder
+    runs in its own dtype (fp32, as diffusers keeps it). The eager loop (engine.pipeline.denoise) and the
+    whole step (engine.pipeline.whole_step, from a device buffer) both embed through here."""
+    embedder_dtype = next(transformer.time_embedder.parameters()).dtype
+    steps = timesteps * transformer.config.timestep_scale
+    return transformer.time_embedder(transformer.time_proj(steps).to(embedder_dtype)).to(dtype)
+
+
 @torch.no_grad()
 def prefill(transformer, cache: KVCache, branch: int, input_ids: torch.Tensor, position_ids: torch.Tensor) -> GenRotary:
     """Run the und tower once, writing branch `branch`'s prefix K/V; return its gen rotary tables."""

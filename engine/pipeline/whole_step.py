@@ -32,6 +32,7 @@ import torch
 from ..serving.events import JobCancelled
 from .fast_path import FastGenTower, FastPathOptions
 from .scheduler_tables import SamplerState, sampler_for
+from .transformer import time_embeds
 
 # Graphs kept per loaded model; each holds its tower's activations pool, so keep few.
 MAX_CACHED_STEPS = 2
@@ -86,9 +87,7 @@ class WholeStep:
         vision = tr.proj_in(vision)
         count = int(self.layout.vision_noisy_local.numel())
         # The timestep embedding once, broadcast (as the fast path's `_time_embeds(once=True)`).
-        steps = self.t.reshape(1) * tr.config.timestep_scale
-        embedder_dtype = next(tr.time_embedder.parameters()).dtype
-        embeds = tr.time_embedder(tr.time_proj(steps).to(embedder_dtype)).to(tr.dtype).expand(count, -1)
+        embeds = time_embeds(tr, self.t.reshape(1), tr.dtype).expand(count, -1)
         return tr._apply_timestep_embeds_to_noisy_tokens(
             vision, embeds, [self.layout.noisy_frames], [self.layout.vision_shape])
 
