@@ -241,12 +241,15 @@ class CaptionEditor:
         self.code.input(on_code, inputs=self.code, outputs=[self.message, self.parsed, *choices, *self.form_components],
                         trigger_mode="always_last", queue=False, api_visibility=PRIVATE)
 
-        def on_form(text, *values):
-            try:
-                base = captions.parse_caption(text)
-            except captions.CaptionParseError as exc:
-                return {self.message: error_html(
-                    f"The form cannot update the JSON until it parses. {exc}", exc.excerpt())}
+        def on_form(text, last, *values):
+            # Each form keystroke reuses the editor's last parse of this very JSON (`parsed`), as `sent` does.
+            base = (last or {}).get("caption") if (last or {}).get("text") == text else None
+            if base is None:
+                try:
+                    base = captions.parse_caption(text)
+                except captions.CaptionParseError as exc:
+                    return {self.message: error_html(
+                        f"The form cannot update the JSON until it parses. {exc}", exc.excerpt())}
             texts = dict(zip(text_keys, values[: len(text_keys)]))
             tables = dict(zip(table_names, values[len(text_keys):]))
             caption = captions.form_to_caption(base, texts, tables, kind)
@@ -256,7 +259,7 @@ class CaptionEditor:
             return {self.code: text, self.parsed: known(text, caption),
                     self.message: caption_message(caption, kind), **self.choice_updates(caption)}
 
-        form_sync = dict(inputs=[self.code, *self.form_components],
+        form_sync = dict(inputs=[self.code, self.parsed, *self.form_components],
                          outputs=[self.code, self.parsed, self.message, *choices],
                          trigger_mode="always_last", queue=False, api_visibility=PRIVATE)
         for component in self.form_components:
