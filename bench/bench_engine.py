@@ -278,6 +278,15 @@ def main_e2e(args) -> int:
         if args.fp8_step and family == "nano":
             width, height, frames = (int(v) for v in args.fp8_step.split("x"))
             results["fp8_step"] = e2e.fp8_step(model, width, height, frames, log=log)
+        # Which attention each shape got (dispatch measures Triton, SDPA and flash-attn-4 where installed).
+        dispatcher = model.dispatchers.get("auto")
+        if dispatcher is not None:
+            results.setdefault("attention_paths", {})[family] = [
+                dict(gen=key[3][1], heads=key[3][2], longest_kv=key[-1], path=d.path.value, triton_ms=d.triton_ms,
+                     torch_ms=d.torch_ms, flash4_ms=d.flash4_ms)
+                for key, d in dispatcher.decisions().items() if key[0] == "prefix_attention"
+            ]
+            log({"attention_paths": results["attention_paths"][family]})
         del model
         gc.collect()
         torch.cuda.empty_cache()

@@ -44,9 +44,17 @@ ATTN_SWEEP = (
     pa.AttentionConfig(128, 64, 4, 3, use_tma=False),
     pa.AttentionConfig(128, 128, 8, 3, use_tma=False),
     pa.AttentionConfig(64, 64, 4, 3, use_tma=False),
+    # Triton's automatic warp specialisation (producer/consumer warp groups, as FA3): issue 17 point 3.
+    pa.AttentionConfig(128, 128, 8, 3, use_tma=True, warp_specialize=True),
+    pa.AttentionConfig(128, 128, 4, 3, use_tma=True, warp_specialize=True),
+    pa.AttentionConfig(128, 64, 4, 3, use_tma=True, warp_specialize=True),
 )
 # (block_t, num_warps, heads_per_program) for the QK kernel
 QK_SWEEP = ((16, 4, 1), (32, 4, 1), (16, 4, 8), (32, 4, 8), (16, 2, 8), (32, 8, 8), (64, 8, 8), (8, 2, 8))
+
+
+def cfg_label(c: pa.AttentionConfig) -> str:
+    return f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}{'tma' if c.use_tma else ''}{'ws' if c.warp_specialize else ''}"
 
 
 @dataclass
@@ -222,13 +230,34 @@ def bench_attention(env: Env, models: dict, cases, configs, ceilings) -> list[di
             row = dict(model=name, gen=n, prefixes=list(prefixes), triton=ok[best].fmt(),
                        triton_tflop_s=tflops(ok[best]), triton_config=asdict(best),
                        pct_matmul_ceiling=100 * tflops(ok[best]) / ceilings["matmul_tflop_s"],
-                       sweep={f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}{'tma' if c.use_tma else ''}":
+                       sweep={cfg_label(c):
                               (t.median_ms if isinstance(t, Timing) else t) for c, t in per_cfg.items()})
             for label, t in sdpa.items():
                 row[f"sdpa_{label}"] = t.fmt() if isinstance(t, Timing) else t
                 if isinstance(t, Timing):
                     row[f"sdpa_{label}_tflop_s"] = tflops(t)
                     row[f"triton_vs_{label}"] = t.median_ms / ok[best].median_ms
+            why = pa.flash4_unsupported(q, buf, layout)
+            if why is None:
+                try:
+                    t4 = timed(env, lambda: pa.prefix_attention_flash4(q, buf, layout, out=out))
+                except Exception as err:  # noqa: BLE001 - a library that refuses this shape is reported
+                    why = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:80]}"
+            row["flash4"] = why if why is not None else t4.fmt()
+            if why is None:
+                row["flash4_tflop_s"] = tflops(t4)
+                if isinstance(sdpa["CUDNN_ATTENTION"], Timing):
+                    row["flash4_vs_CUDNN_ATTENTION"] = sdpa["CUDNN_ATTENTION"].median_ms / t4.median_ms
+                # Accuracy under the dispatch's rule (bf16 relative error vs an fp32 reference, <= 1e-2).
+                # fp32 SDPA falls back to the math kernel (the whole score matrix): go 2048 queries at a time.
+                buf32 = buf.float()
+                ref = torch.cat([pa.prefix_attention_reference(q[:, i : i + 2048].float(), buf32, layout)
+                                 for i in range(0, n, 2048)], dim=1)
+                got = pa.prefix_attention_flash4(q, buf, layout, out=out).float()
+                row["flash4_rel_err"] = ((got - ref).norm() / ref.norm()).item()
+                tri = pa.prefix_attention(q, buf, layout, out=torch.empty_like(q), config=best).float()
+                row["triton_rel_err"] = ((tri - ref).norm() / ref.norm()).item()
+                del ref, got, tri, buf32
             rows.append(row)
             del q, buf, out
     return rows
@@ -293,6 +322,7 @@ def bench_dispatch(env: Env, models: dict, cases, configs) -> list[dict]:
             ):
                 out.append(dict(model=name, gen=n, prefixes=list(prefixes), op=op, path=dec.path.value,
                                 reason=dec.reason, triton_ms=dec.triton_ms, torch_ms=dec.torch_ms,
+                                flash4_ms=dec.flash4_ms,
                                 config=asdict(dec.config) if dec.config else None))
             del q, k, buf
     return out
@@ -313,15 +343,16 @@ def markdown(results: dict) -> str:
         lines.append(f"| {r['model']} | {r['gen']} | {r['rounded']} | {r['split_cat']} | {r['torch_path']} | {r['fused']} | "
                      f"{r['speedup_vs_split']:.2f} | {r['speedup_vs_torch_path']:.2f} | {r['fused_gb_s']:.0f} | {r['pct_copy_ceiling']:.0f}% |")
     lines += ["", "**Prefix attention** (bf16, head_dim 128; ms median (p10-p90); TFLOP/s = 4·N·ΣL·D·Hq / t)", "",
-              "| model | gen | prefixes | Triton (one launch) | TFLOP/s | SDPA default | cuDNN | FA2 | Triton vs cuDNN | Triton vs default | config |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| model | gen | prefixes | Triton (one launch) | TFLOP/s | SDPA default | cuDNN | FA2 | FA4 (flash-attn-4) | FA4 TFLOP/s | Triton vs cuDNN | FA4 vs cuDNN | config |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["attention"]:
         cfgd = r["triton_config"]
-        cfg = f"{cfgd['block_m']}x{cfgd['block_n']} w{cfgd['num_warps']} s{cfgd['num_stages']}{' tma' if cfgd['use_tma'] else ''}"
+        cfg = cfg_label(pa.AttentionConfig(**cfgd))
         vs = lambda k: f"{r[k]:.2f}x" if k in r else "n/a"  # noqa: E731
         lines.append(f"| {r['model']} | {r['gen']} | {'/'.join(map(str, r['prefixes']))} | {r['triton']} | {r['triton_tflop_s']:.0f} | "
                      f"{r['sdpa_default']} | {r['sdpa_CUDNN_ATTENTION']} | {r['sdpa_FLASH_ATTENTION']} | "
-                     f"{vs('triton_vs_CUDNN_ATTENTION')} | {vs('triton_vs_default')} | {cfg} |")
+                     f"{r.get('flash4', 'n/a')} | {r.get('flash4_tflop_s', 0):.0f} | "
+                     f"{vs('triton_vs_CUDNN_ATTENTION')} | {vs('flash4_vs_CUDNN_ATTENTION')} | {cfg} |")
     lines += ["", "**Residual add + RMSNorm, activations** (bf16)", "",
               "| op | model | shape | torch path | fused | speedup | GB/s |", "|---|---|---|---|---|---|---|"]
     for r in results["norms"]:
@@ -329,11 +360,11 @@ def markdown(results: dict) -> str:
                      f"{r['speedup']:.2f} | {r['fused_gb_s']:.0f} |")
     if results.get("dispatch"):
         lines += ["", "**Dispatch decisions (auto mode, measured on this GPU)**", "",
-                  "| model | gen | prefixes | op | path | triton ms | torch ms | reason |", "|---|---|---|---|---|---|---|---|"]
+                  "| model | gen | prefixes | op | path | triton ms | torch ms | flash4 ms | reason |", "|---|---|---|---|---|---|---|---|---|"]
         for r in results["dispatch"]:
             ms = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
             lines.append(f"| {r['model']} | {r['gen']} | {'/'.join(map(str, r['prefixes']))} | {r['op']} | {r['path']} | "
-                         f"{ms(r['triton_ms'])} | {ms(r['torch_ms'])} | {r['reason']} |")
+                         f"{ms(r['triton_ms'])} | {ms(r['torch_ms'])} | {ms(r.get('flash4_ms'))} | {r['reason']} |")
     return "\n".join(lines)
 
 
@@ -353,7 +384,8 @@ def main() -> None:
     gen = (20, 33) if args.smoke else GEN_TOKENS
     prefixes = (5, 19) if args.smoke else PREFIXES
     attn_cases = ([(20, (5, 19)), (33, (7,))] if args.smoke else
-                  [(400, PREFIXES), (1024, PREFIXES), (12090, (1615,)), (12090, PREFIXES), (44160, (1615,))])
+                  [(400, PREFIXES), (1024, PREFIXES), (12090, (1615,)), (12090, PREFIXES), (44160, (1615,)),
+                   (44160, PREFIXES)])
     configs = tuple(pa.AttentionConfig(16, 16, 4, 2, t) for t in (False, True)) if args.smoke else ATTN_SWEEP
     results: dict = {
         "date": datetime.date.today().isoformat(),
@@ -392,7 +424,7 @@ def main() -> None:
         score = {c: 0.0 for c in configs}
         for r in results["attention"]:
             for c in configs:
-                t = r["sweep"][f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}{'tma' if c.use_tma else ''}"]
+                t = r["sweep"][cfg_label(c)]
                 score[c] += t if isinstance(t, float) else float("inf")
         configs = tuple(sorted(configs, key=score.get)[:3])
         if rest:
@@ -401,7 +433,7 @@ def main() -> None:
     results["norms"] = bench_norms(env, models, (2 * 12090, 2 * 44160) if not args.smoke else (40,), results["ceilings"]) \
         if "norms" in sections else []
     dump()
-    disp_cases = [(1024, PREFIXES), (12090, (1615,))] if not args.smoke else []
+    disp_cases = [(1024, PREFIXES), (12090, PREFIXES), (44160, PREFIXES)] if not args.smoke else []
     results["dispatch"] = bench_dispatch(env, models, disp_cases, configs[:2]) if "dispatch" in sections else []
     dump()
     md = markdown(results)

@@ -10,7 +10,9 @@ cached in the dispatcher instance. Rules, in order:
 2. mode "torch" (forced): the PyTorch path;
 3. a shape, dtype or device the kernel does not handle: the PyTorch path, with the reason recorded;
 4. mode "triton" (forced): the kernel (on a CPU only under ``TRITON_INTERPRET=1``, for tests);
-5. "auto" on a CPU: the PyTorch path; "auto" on CUDA: the measured winner, cached per shape.
+5. "auto" on a CPU: the PyTorch path; "auto" on CUDA: the measured winner, cached per shape. For
+   attention the candidates also include flash-attn-4's kernel where it is installed and the GPU is
+   SM90+ (``prefix_attention.flash4_unsupported``; ``COSMOS3_FLASH4=0`` leaves it out).
 
 The engine owns one ``KernelDispatcher`` per loaded model (no module-level state), calls each entry
 point once eagerly before any CUDA-graph capture (a capture cannot time anything: an unmeasured shape
@@ -36,6 +38,7 @@ ENV_VAR = "COSMOS3_KERNELS"
 class Path(str, enum.Enum):
     TRITON = "triton"
     TORCH = "torch"
+    FLASH4 = "flash4"  # flash-attn-4's kernel: attention only, never forced
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class Decision:
     triton_ms: float | None = None
     torch_ms: float | None = None
     config: attn.AttentionConfig | None = None
+    flash4_ms: float | None = None
 
 
 # Candidate launch shapes for attention, timed against each other and SDPA on first use of a shape.
@@ -135,16 +139,22 @@ class KernelDispatcher:
         self._decisions[key] = decision
         return decision
 
-    def _measure(self, run_triton: dict, run_torch: Callable[[], object]) -> Decision:
-        """Time every Triton candidate and the PyTorch path; keep the fastest."""
+    def _measure(
+        self, run_triton: dict, run_torch: Callable[[], object], run_flash4: Callable[[], object] | None = None
+    ) -> Decision:
+        """Time every Triton candidate, the PyTorch path and flash-attn-4 if offered; keep the fastest."""
         torch_ms = time_ms(run_torch, warmup=self.warmup, iters=self.iters).median_ms
         best_cfg, best_ms = None, float("inf")
         for cfg, fn in run_triton.items():
             ms = time_ms(fn, warmup=self.warmup, iters=self.iters).median_ms
             if ms < best_ms:
                 best_cfg, best_ms = cfg, ms
-        path = Path.TRITON if best_ms < torch_ms else Path.TORCH
-        return Decision(path, "measured", triton_ms=best_ms, torch_ms=torch_ms, config=best_cfg)
+        flash4_ms = None if run_flash4 is None else time_ms(run_flash4, warmup=self.warmup, iters=self.iters).median_ms
+        path = min(  # in this order, so that a tie keeps PyTorch
+            ((Path.TORCH, torch_ms), (Path.TRITON, best_ms), (Path.FLASH4, flash4_ms)),
+            key=lambda c: float("inf") if c[1] is None else c[1],
+        )[0]
+        return Decision(path, "measured", triton_ms=best_ms, torch_ms=torch_ms, config=best_cfg, flash4_ms=flash4_ms)
 
     # ---------------------------------------------------------------------------------------------
     # QK-norm + RoPE + K/V pack
@@ -254,8 +264,13 @@ class KernelDispatcher:
                 cfg: (lambda cfg=cfg: attn.prefix_attention(q, kv_buffer, layout, scale=scale, out=scratch, config=cfg))
                 for cfg in self.attention_configs
             }
+            run_flash4 = None
+            if attn.flash4_unsupported(q, kv_buffer, layout) is None:
+                run_flash4 = lambda: attn.prefix_attention_flash4(q, kv_buffer, layout, scale=scale, out=scratch)  # noqa: E731
             return self._measure(
-                candidates, lambda: attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=scratch)
+                candidates,
+                lambda: attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=scratch),
+                run_flash4,
             )
 
         return self._decide(key, q, unsupported, timers)
@@ -273,6 +288,8 @@ class KernelDispatcher:
         decision = self.choose_prefix_attention(q, kv_buffer, layout, scale=scale)
         if decision.path is Path.TRITON:
             return attn.prefix_attention(q, kv_buffer, layout, scale=scale, out=out, config=decision.config)
+        if decision.path is Path.FLASH4:
+            return attn.prefix_attention_flash4(q, kv_buffer, layout, scale=scale, out=out)
         return attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=out)
 
     # ---------------------------------------------------------------------------------------------

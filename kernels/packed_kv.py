@@ -105,6 +105,15 @@ class PackedKVLayout:
         """
         return _index_tensors(self, str(torch.device(device)))
 
+    def cu_seqlens(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cu_seqlens_q, cu_seqlens_k)``: int32 [branches + 1] offsets, as varlen attention takes them.
+
+        The packed buffer is already the varlen layout: branch b's keys are rows ``cu_k[b]:cu_k[b+1]``
+        and its queries are rows ``b*N:(b+1)*N`` of q flattened to ``[B*N, H, D]``. Cached per device for
+        the reasons ``index_tensors`` gives.
+        """
+        return _cu_seqlens(self, str(torch.device(device)))
+
 
 @functools.lru_cache(maxsize=64)
 def _index_tensors(
@@ -117,3 +126,11 @@ def _index_tensors(
     order = sorted(branches, key=lambda b: -layout.kv_len(b))
     longest_first = torch.tensor(order, dtype=torch.int32, device=device)
     return starts, lens, gen_offsets, longest_first
+
+
+@functools.lru_cache(maxsize=64)
+def _cu_seqlens(layout: PackedKVLayout, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    branches = range(layout.num_branches + 1)
+    cu_q = torch.tensor([b * layout.gen_len for b in branches], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([layout.branch_start(b) for b in branches], dtype=torch.int32, device=device)
+    return cu_q, cu_k

@@ -11,9 +11,11 @@ kernel is bound by the tensor cores and the exp units, and its ceiling is the me
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -127,6 +129,7 @@ def _prefix_attention_kernel(
     s_ob, s_on, s_oh,
     HQ: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
     # Query blocks vary fastest in launch order: the programs in flight together share one (branch,
     # head), so that head's K/V rows are read from HBM about once and then served from L2.
@@ -155,7 +158,9 @@ def _prefix_attention_kernel(
 
     # Full tiles first, with no masks in the hot loop; then at most one masked tail tile.
     n_full = (kv_len // BLOCK_N) * BLOCK_N
-    for start in range(0, n_full, BLOCK_N):
+    # WARP_SPECIALIZE asks Triton to split the loop into producer (TMA loads) and consumer (MMA, softmax)
+    # warp groups, FA3's scheme; on Hopper that is Triton's automatic warp specialisation pass.
+    for start in tl.range(0, n_full, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         row0 = kv_start + start
         k = _load_kv_tile(k_ptr, desc_k, row0, rows, head_col, s_kv_row, offs_d, kv_end, False, USE_TMA)
         v = _load_kv_tile(v_ptr, desc_v, row0, rows, head_col, s_kv_row, offs_d, kv_end, False, USE_TMA)
@@ -188,6 +193,7 @@ class AttentionConfig:
     num_warps: int = 8
     num_stages: int = 3
     use_tma: bool = True
+    warp_specialize: bool = False
 
 
 def check_prefix_attention_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout) -> None:
@@ -265,6 +271,72 @@ def prefix_attention(
         HQ=hq, GROUP=hq // hkv, HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, USE_TMA=use_tma,
         UPCAST_DOT=_interpreting() and q.dtype == torch.bfloat16,
+        WARP_SPECIALIZE=bool(config.warp_specialize) and not _interpreting(),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# FlashAttention-4 (the maintained `flash-attn-4` package, CuTe DSL kernels for SM90 and SM100)
+# --------------------------------------------------------------------------------------------------
+# Why a library kernel beside ours: at 12k-44k gen tokens cuDNN's SDPA and our Triton kernel both run
+# at ~70% of the bf16 matmul rate, and the remaining gap needs a warp-specialised, ping-pong scheduled
+# kernel (FA3's design), which flash-attn-4 ships for Hopper. It is optional: when it is not installed,
+# or the GPU is not SM90+, dispatch simply does not offer it. The packed buffer is already the varlen
+# layout it takes (PackedKVLayout.cu_seqlens), so one call covers every branch with no copy of K/V.
+FLASH4_ENV_VAR = "COSMOS3_FLASH4"
+
+
+@functools.cache
+def _flash4_varlen() -> tuple[Callable | None, str | None]:
+    """flash-attn-4's varlen entry point, or None and why not (import cost is paid once, on first use)."""
+    if os.environ.get(FLASH4_ENV_VAR, "1") == "0":
+        return None, f"{FLASH4_ENV_VAR}=0"
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except Exception as err:  # ImportError, or the CuTe DSL failing to load its compiler libraries
+        return None, f"flash-attn-4 not importable ({type(err).__name__}: {err})"
+    return flash_attn_varlen_func, None
+
+
+def flash4_unsupported(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout) -> str | None:
+    """Why flash-attn-4 cannot run this call (None when it can); inputs already pass the shared checks."""
+    if q.device.type != "cuda":
+        return f"device {q.device} (flash-attn-4 needs CUDA)"
+    major, _ = torch.cuda.get_device_capability(q.device)
+    if major < 9:
+        return f"compute capability {major}.x (flash-attn-4 needs SM90 or newer)"
+    if q.shape[-1] % 8:
+        return f"head_dim {q.shape[-1]} is not a multiple of 8"
+    fn, why = _flash4_varlen()
+    return why if fn is None else None
+
+
+def prefix_attention_flash4(
+    q: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    layout: PackedKVLayout,
+    *,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The same op as ``prefix_attention`` through flash-attn-4's varlen forward; returns [B, N, Hq, D]."""
+    check_prefix_attention_inputs(q, kv_buffer, layout)
+    why = flash4_unsupported(q, kv_buffer, layout)
+    if why is not None:
+        raise ValueError(f"flash-attn-4 cannot run this call: {why}")
+    fn, _ = _flash4_varlen()
+    batch, n_gen, hq, head_dim = q.shape
+    cu_q, cu_k = layout.cu_seqlens(q.device)
+    result = fn(
+        q.reshape(batch * n_gen, hq, head_dim), kv_buffer[0], kv_buffer[1],
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+        max_seqlen_q=n_gen, max_seqlen_k=max(layout.kv_len(b) for b in range(batch)),
+        softmax_scale=scale if scale is not None else 1.0 / math.sqrt(head_dim), causal=False,
+    )
+    o = result[0] if isinstance(result, tuple) else result
+    if out is None:
+        return o.view(batch, n_gen, hq, head_dim)
+    out.copy_(o.view(batch, n_gen, hq, head_dim))
     return out

@@ -114,3 +114,44 @@ def test_gpu_long_video_branch_bf16():
     ref = pa.prefix_attention_reference(q.float(), buf.float(), layout)
     assert not out.isnan().any()
     assert _rel_err(out, ref) <= 1e-2
+
+
+# ------------------------------------------------------------------------------------------------
+# flash-attn-4 (optional library kernel): same op, same bound; runs where it is installed on SM90+
+# ------------------------------------------------------------------------------------------------
+def _flash4_missing() -> str | None:
+    if not torch.cuda.is_available():
+        return "needs CUDA"
+    layout, q, buf = _inputs((3,), 16, 2, 2, 128, torch.bfloat16)
+    return pa.flash4_unsupported(q, buf, layout)
+
+
+def test_flash4_is_refused_with_the_reason_on_cpu():
+    layout = PackedKVLayout((5, 9), 16)
+    q = torch.randn(2, 16, 4, 32, dtype=torch.bfloat16)
+    buf = torch.randn(2, layout.total_rows, 2, 32, dtype=torch.bfloat16)
+    assert "needs CUDA" in pa.flash4_unsupported(q, buf, layout)
+    with pytest.raises(ValueError, match="flash-attn-4 cannot run this call: device cpu"):
+        pa.prefix_attention_flash4(q, buf, layout)
+
+
+def test_cu_seqlens_are_the_packed_rows():
+    layout = PackedKVLayout((5, 9, 0), 16)
+    cu_q, cu_k = layout.cu_seqlens("cpu")
+    assert cu_q.tolist() == [0, 16, 32, 48]
+    assert cu_k.tolist() == [layout.branch_start(b) for b in range(4)] == [0, 21, 46, 62]
+    assert cu_q.dtype == cu_k.dtype == torch.int32
+    assert layout.cu_seqlens("cpu")[0] is cu_q  # cached: no host-to-device copy per layer and step
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_flash4_missing() is not None, reason=f"flash-attn-4: {_flash4_missing()}")
+@pytest.mark.parametrize("hq", [32, 16])
+@pytest.mark.parametrize("prefixes,n", [((1615, 2866), 1024), ((1615, 2866), 4096), ((1615,), 12090)])
+def test_gpu_flash4_matches_fp32_per_branch(hq, prefixes, n):
+    layout, q, buf = _inputs(prefixes, n, hq, 8, 128, torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    pa.prefix_attention_flash4(q, buf, layout, out=out)
+    ref = _sdpa_per_branch_fp32(q, buf, layout) if n <= 4096 else pa.prefix_attention_reference(q.float(), buf.float(), layout)
+    assert not out.isnan().any()
+    assert _rel_err(out, ref) <= 1e-2

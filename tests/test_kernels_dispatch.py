@@ -107,6 +107,33 @@ def test_torch_compile_runs_the_split_path(monkeypatch):
     assert torch.equal(args[7], buf_ref)
 
 
+def test_measure_keeps_the_fastest_of_torch_triton_and_flash4(monkeypatch):
+    from kernels.timing import Timing
+
+    ms = {}
+    monkeypatch.setattr(dsp, "time_ms", lambda fn, **kw: Timing((ms[fn],)))
+    d = dsp.KernelDispatcher("auto")
+    run_torch, run_triton, run_flash4 = (lambda: "torch"), (lambda: "triton"), (lambda: "flash4")
+    ms.update({run_torch: 2.0, run_triton: 1.5, run_flash4: 1.0})
+    won = d._measure({"cfg": run_triton}, run_torch, run_flash4)
+    assert (won.path, won.flash4_ms, won.triton_ms, won.torch_ms, won.config) == (dsp.Path.FLASH4, 1.0, 1.5, 2.0, "cfg")
+    ms[run_flash4] = 3.0
+    assert d._measure({"cfg": run_triton}, run_torch, run_flash4).path is dsp.Path.TRITON
+    assert d._measure({"cfg": run_triton}, run_torch).flash4_ms is None  # not offered: not timed
+    ms.update({run_triton: 2.0, run_flash4: 2.0})
+    assert d._measure({"cfg": run_triton}, run_torch, run_flash4).path is dsp.Path.TORCH  # a tie keeps PyTorch
+
+
+def test_a_flash4_decision_runs_flash4(monkeypatch):
+    layout = PackedKVLayout((3, 5), 8)
+    q = torch.randn(2, 8, 4, 16, dtype=torch.bfloat16)
+    buf = torch.randn(2, layout.total_rows, 2, 16, dtype=torch.bfloat16)
+    d = dsp.KernelDispatcher("auto")
+    monkeypatch.setattr(d, "choose_prefix_attention", lambda *a, **k: dsp.Decision(dsp.Path.FLASH4, "measured"))
+    monkeypatch.setattr(pa, "prefix_attention_flash4", lambda *a, **k: "flash4 ran")
+    assert d.prefix_attention(q, buf, layout) == "flash4 ran"
+
+
 @pytest.mark.gpu
 @gpu
 def test_gpu_auto_measures_once_per_shape_and_caches():
@@ -121,6 +148,7 @@ def test_gpu_auto_measures_once_per_shape_and_caches():
     assert att.reason == "measured"
     if att.path is dsp.Path.TRITON:
         assert att.config in d.attention_configs
+    assert (att.flash4_ms is None) == (pa.flash4_unsupported(q, buf, layout) is not None)
     out = d.prefix_attention(q, buf, layout)
     ref = pa.prefix_attention_reference(q.float(), buf.float(), layout)
     assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-2
