@@ -21,6 +21,12 @@ TRANSFORMERS = {
                  head_dim=128, intermediate_size=12288, rms_norm_eps=1e-6, rope_theta=5000000.0,
                  hidden_act="silu", qk_norm_for_text=True, use_und_k_norm_for_gen=False, vocab_size=151936,
                  action_gen=True, action_dim=64, sound_gen=True, sound_dim=64),
+    # Super: built FP8-only on one GPU (engine.pipeline.fp8.build_fp8_transformer; bench/bench_fp8.py), or
+    # sharded (engine.parallel.sharding); `build_transformer("super")` would need ~128 GB of bf16 on one GPU.
+    "super": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8,
+                  head_dim=128, intermediate_size=25600, rms_norm_eps=1e-6, rope_theta=5000000.0,
+                  hidden_act="silu", qk_norm_for_text=True, use_und_k_norm_for_gen=False, vocab_size=151936,
+                  action_gen=False, sound_gen=False),
     "edge": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                  head_dim=128, intermediate_size=9216, rms_norm_eps=1e-5, rope_theta=100000000.0,
                  hidden_act="relu2", qk_norm_for_text=False, use_und_k_norm_for_gen=True, vocab_size=131072,
@@ -33,6 +39,11 @@ WAN22_VAE = dict(base_dim=160, decoder_base_dim=256, z_dim=48, dim_mult=[1, 2, 4
                  out_channels=12, patch_size=2, scale_factor_spatial=16, scale_factor_temporal=4)
 
 
+def transformer_config(family: str) -> dict:
+    """The `Cosmos3OmniTransformer` config of a full-size family."""
+    return dict(latent_channel=48, latent_patch_size=2, patch_latent_dim=192, **TRANSFORMERS[family])
+
+
 def build_transformer(family: str, device: str = "cuda", dtype: torch.dtype = torch.bfloat16):
     from diffusers import Cosmos3OmniTransformer
 
@@ -41,8 +52,7 @@ def build_transformer(family: str, device: str = "cuda", dtype: torch.dtype = to
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = Cosmos3OmniTransformer(latent_channel=48, latent_patch_size=2, patch_latent_dim=192,
-                                           **TRANSFORMERS[family])
+            model = Cosmos3OmniTransformer(**transformer_config(family))
     finally:
         torch.set_default_dtype(previous)
     with torch.no_grad():
@@ -146,4 +156,4 @@ def gen_step_flops(model: LoadedModel, inputs: StepInputs) -> float:
 
 
 __all__ = ["EagerGenTower", "TRANSFORMERS", "WAN22_VAE", "as_loaded_model", "build_transformer", "build_vae",
-           "gen_step_flops", "step_inputs"]
+           "gen_step_flops", "step_inputs", "transformer_config"]

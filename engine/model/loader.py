@@ -212,6 +212,27 @@ def _transformer_class():
 
 MAX_GPUS = 64  # the largest group a refusal suggests
 
+# The gen tower's per-layer GEMM weights: what an FP8-only model (engine.pipeline.fp8) holds in float8.
+GEN_LINEAR = re.compile(r"^layers\.\d+\.(self_attn\.(add_[qkv]_proj|to_add_out)|mlp_moe_gen\.(gate|up|down)_proj)\.weight$")
+
+
+def fp8_weight_bytes(root: Path, dtype_bytes: int = 2) -> int:
+    """Bytes of the transformer and VAE when the gen tower's GEMM weights are float8 (one byte, plus a
+    4-byte scale per row) and everything else stays bf16: what `load_in_process(..., fp8_loader=...)` holds."""
+    total = 0
+    for part in ("transformer", "vae"):
+        for file in weight_files(root / part):
+            for name, info in check_safetensors(file).items():
+                if QUANTIZER_KEY.search(name):
+                    continue
+                shape = [int(d) for d in info.get("shape", [])]
+                count = 1
+                for dim in shape:
+                    count *= dim
+                gen = part == "transformer" and GEN_LINEAR.match(name) and len(shape) == 2
+                total += count + 4 * shape[0] if gen else count * dtype_bytes
+    return total
+
 
 def gpus_needed(weight_bytes: int, per_gpu_bytes: int) -> int:
     """The smallest power-of-two group whose shards leave each GPU 40% for gathered layers and activations."""
@@ -221,28 +242,46 @@ def gpus_needed(weight_bytes: int, per_gpu_bytes: int) -> int:
     return count
 
 
-def _check_fits(info, device, need: int, memory_budget_bytes: int | None, weight_shards: int) -> None:
-    """Refuse weights that do not fit the device, saying how many GPUs would hold them and how."""
+def _budget(device, memory_budget_bytes: int | None) -> int | None:
     import torch
 
     if device.type != "cuda" and memory_budget_bytes is None:
-        return
-    budget = memory_budget_bytes if memory_budget_bytes is not None else torch.cuda.mem_get_info(device)[0]
+        return None
+    return memory_budget_bytes if memory_budget_bytes is not None else torch.cuda.mem_get_info(device)[0]
+
+
+def fits(need: int, budget: int | None) -> bool:
     # Keep a tenth free for activations of the smallest request; larger ones are checked per request.
-    if need > budget * 0.9:
-        shards = gpus_needed(need * weight_shards, budget)
-        raise MemoryError(
-            f"{info.family} weights need about {need / 2**30:.1f} GiB on {device}, which has "
-            f"{budget / 2**30:.1f} GiB free. Shard them over {shards} GPUs of this size: pass --gpus {shards} "
-            f"(or engine.load_model(source, gpus={shards})); see docs/PERFORMANCE.md, Multi-GPU."
-        )
+    return budget is None or need <= budget * 0.9
+
+
+def _check_fits(info, device, need: int, budget: int | None, weight_shards: int, fp8_need: int | None = None) -> None:
+    """Refuse weights that do not fit the device, saying how many GPUs would hold them and how, and
+    (on one GPU) whether the FP8-only model would fit instead (`fp8_need`, its bytes)."""
+    if fits(need, budget):
+        return
+    shards = gpus_needed(need * weight_shards, budget)
+    fp8 = ""
+    if fp8_need is not None and weight_shards == 1:
+        fp8 = (f" Or run it on this one GPU in FP8 (faster, approximate), about {fp8_need / 2**30:.1f} GiB: "
+               f"COSMOS3_FP8=1 (or engine.load_model(source, fp8=True); a GPU with FP8 tensor cores and torchao)."
+               if fits(fp8_need, budget) else
+               f" In FP8 (faster, approximate) it would still need about {fp8_need / 2**30:.1f} GiB, too much for this GPU.")
+    raise MemoryError(
+        f"{info.family} weights need about {need / 2**30:.1f} GiB on {device}, which has "
+        f"{budget / 2**30:.1f} GiB free. Shard them over {shards} GPUs of this size: pass --gpus {shards} "
+        f"(or engine.load_model(source, gpus={shards})); see docs/PERFORMANCE.md, Multi-GPU.{fp8}"
+    )
 
 
 def load_in_process(source: str | os.PathLike, *, device: str | None = None, safety: bool = False,
-                    memory_budget_bytes: int | None = None, transformer_loader=None, weight_shards: int = 1):
+                    memory_budget_bytes: int | None = None, transformer_loader=None, weight_shards: int = 1,
+                    fp8_loader=None):
     """Load a Cosmos3 checkpoint's components into this process, on one device. See the module docstring.
     `engine.load_model` (engine.parallel.load) calls it for one GPU and each rank of a group for its own;
-    `transformer_loader`/`weight_shards`: a rank's shard."""
+    `transformer_loader`/`weight_shards`: a rank's shard. `fp8_loader(folder, device) -> (transformer,
+    fp8_weights)` (engine.pipeline.fp8): FP8 was asked for; where the bf16 weights do not fit but the
+    FP8-only model does, it builds the transformer (the bf16 model never whole on the device)."""
     import torch
     import diffusers
     from transformers import AutoTokenizer
@@ -259,12 +298,19 @@ def load_in_process(source: str | os.PathLike, *, device: str | None = None, saf
     sound_class = _component_class(root, "sound_tokenizer", index)
     if sound_class:
         parameters += component_parameter_count(root / "sound_tokenizer")
-    _check_fits(info, device, parameters * dtype.itemsize // weight_shards, memory_budget_bytes, weight_shards)
+    budget = _budget(device, memory_budget_bytes)
+    need = parameters * dtype.itemsize // weight_shards
+    fp8_weights = None
+    fp8_need = fp8_weight_bytes(root, dtype.itemsize) if weight_shards == 1 and not fits(need, budget) else None
+    if fp8_loader is None or fp8_need is None or not fits(fp8_need, budget):
+        _check_fits(info, device, need, budget, weight_shards, fp8_need)
 
     dropped_weights = quantizer_keys(root / "transformer")
     try:
         # safetensors only: a pickled weight file is never opened.
-        if transformer_loader is not None:
+        if fp8_loader is not None and fp8_need is not None:
+            transformer, fp8_weights = fp8_loader(root / "transformer", device)
+        elif transformer_loader is not None:
             transformer = transformer_loader(root / "transformer", dtype)
         else:
             transformer = _transformer_class().from_pretrained(root / "transformer", torch_dtype=dtype,
@@ -297,7 +343,7 @@ def load_in_process(source: str | os.PathLike, *, device: str | None = None, saf
     if safety:
         safety_checker = make_safety_checker()
 
-    if transformer_loader is None:  # a rank's shards are built in place on its device
+    if transformer_loader is None and fp8_weights is None:  # a rank's shards, an FP8-only model: built in place
         transformer.to(device)
     transformer.eval()
     vae.to(device).eval()
@@ -308,6 +354,7 @@ def load_in_process(source: str | os.PathLike, *, device: str | None = None, saf
         scheduler_class=scheduler_class, scheduler_config=scheduler_config, sound_tokenizer=sound_tokenizer,
         safety_checker=safety_checker, device=device, dtype=dtype, dropped_scheduler_keys=dropped,
         dropped_weight_keys=dropped_weights, native_flow_schedule=bool(index.get("use_native_flow_schedule", False)),
+        fp8_weights=fp8_weights,
     )
 
 

@@ -11,11 +11,29 @@ from ..model.loader import load_in_process
 from .runtime import GroupModel, resolve_gpus
 
 
-def load_model(source: str | os.PathLike, *, gpus: int | str = 1, weights: str | None = None, **in_process):
+def load_model(source: str | os.PathLike, *, gpus: int | str = 1, weights: str | None = None, fp8: bool | None = None,
+               **in_process):
     """`gpus` (int or "auto") > 1: a group of worker processes, one per GPU (`runtime.GroupModel`; gloo on a
     CPU), weights replicated or sharded (`weights`, else chosen from the fit). Otherwise the checkpoint in
-    this process: `load_in_process(source, **in_process)` (device, safety, memory_budget_bytes)."""
+    this process: `load_in_process(source, **in_process)` (device, safety, memory_budget_bytes).
+    `fp8` (None: `COSMOS3_FP8`): on one GPU, a model whose bf16 weights do not fit is built FP8-only
+    (`engine.pipeline.fp8.build_fp8_transformer`, faster, approximate) where that fits."""
     count = resolve_gpus(gpus)
     if count > 1:
         return GroupModel(source, count, weights=weights, per_gpu_bytes=in_process.get("memory_budget_bytes"))
+    if fp8 is None:
+        fp8 = os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes")
+    if fp8:
+        in_process.setdefault("fp8_loader", fp8_only_loader)
     return load_in_process(source, **in_process)
+
+
+def fp8_only_loader(folder, device):
+    """The transformer of a checkpoint folder built FP8-only on `device` (engine.pipeline.fp8)."""
+    import json
+
+    from ..pipeline.fp8 import build_fp8_transformer, check_available, checkpoint_fill
+
+    check_available(device)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    return build_fp8_transformer(config, device, checkpoint_fill(folder))

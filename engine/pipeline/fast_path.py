@@ -33,6 +33,7 @@ import torch
 from kernels.dispatch import KernelDispatcher
 from kernels.packed_kv import PackedKVLayout
 
+from .fp8 import tower_weights
 from .transformer import KVCache
 
 # Why a bound: a graph pays where launches dominate (T2I: ~1k gen tokens, ~15 launches per layer and
@@ -55,6 +56,7 @@ class FastPathOptions:
     whole_step: bool = True
     uint8_frames: bool = True
     fp8: bool = False  # approximate: off unless asked for (engine.pipeline.fp8)
+    fp8_policy: str = ""  # which GEMMs and how (engine.pipeline.fp8.FP8Policy); "": COSMOS3_FP8_POLICY or the default
 
     @classmethod
     def from_env(cls, device: torch.device) -> "FastPathOptions":
@@ -68,6 +70,7 @@ class FastPathOptions:
             whole_step=_env_on("COSMOS3_WHOLE_STEP"),
             uint8_frames=_env_on("COSMOS3_UINT8_FRAMES"),
             fp8=os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes"),
+            fp8_policy=os.environ.get("COSMOS3_FP8_POLICY", "").strip(),
         )
 
     @classmethod
@@ -150,12 +153,13 @@ class FastGenTower:
         # Per-branch rotary tables [B, N, D]: positions differ between branches by their text lengths.
         self.cos = torch.stack([b.rotary.cos.squeeze(1) for b in branches])
         self.sin = torch.stack([b.rotary.sin.squeeze(1) for b in branches])
-        self.fused = fused_projections(model) if options.fused_projections else None
-        self.fp8 = None
-        if options.fp8:  # FP8 GEMMs (engine.pipeline.fp8) read their own fused, quantised weights
-            from .fp8 import fp8_weights
-
-            self.fp8 = self.fused = fp8_weights(model, fused_projections(model))
+        # FP8 GEMMs (engine.pipeline.fp8) read their own fused, quantised weights; a model built FP8-only
+        # has no others.
+        self.fp8 = tower_weights(model, options, lambda: fused_projections(model))
+        if self.fp8 is not None:
+            self.fused = self.fp8
+        else:
+            self.fused = fused_projections(model) if options.fused_projections else None
         self.use_graphs = (options.cuda_graphs and tr.device.type == "cuda"
                            and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS)
         self._graphs: dict[tuple[int, int], tuple] = {}

@@ -1,32 +1,100 @@
 """Opt-in FP8 GEMMs for the gen tower, through torchao's float8 (a switchable pass; off by default).
 
-What it changes: every GEMM of the gen tower that runs per step (fused q|k|v, attention output,
-fused gate|up or ReLU² up, down) becomes a row-wise scaled float8 (e4m3) GEMM with dynamically
-quantised activations (`torchao.quantization.Float8DynamicActivationFloat8WeightConfig` with
-`PerRow` granularity), Hopper's FP8 tensor cores through `torch._scaled_mm`. The text tower (once per
-request), the embeddings and the output projection stay bf16. The result is approximate, so it is
-never on unless asked for (`COSMOS3_FP8=1` or `FastPathOptions(fp8=True)`) and every result made
-with it says so: `FP8_LABEL` as the result's `precision`, in its summary (the API's answer) and sidecar.
+What it changes: the gen tower's per-step GEMMs (fused q|k|v, attention output, the MLP's input GEMM
+(fused gate|up, or ReLU²'s up) and its down projection) become scaled float8 (e4m3) GEMMs with
+dynamically quantised activations: torchao's `Float8Tensor` (what
+`Float8DynamicActivationFloat8WeightConfig` makes), Hopper's FP8 tensor cores through
+`torch._scaled_mm`. Which GEMMs, which scaling and which accumulation is an `FP8Policy`
+(`COSMOS3_FP8_POLICY`, default `DEFAULT_POLICY`); a GEMM the policy leaves out reads the bf16 weight.
+The text tower (once per request), the embeddings and the output projection stay bf16. The result is
+approximate, so it is never on unless asked for (`COSMOS3_FP8=1` or `FastPathOptions(fp8=True)`) and
+every result made with it says so: `FP8_LABEL` as the result's `precision`, in its summary (the API's
+answer) and sidecar.
+
+Two ways to hold the weights:
+- beside the bf16 ones (`fp8_weights`, built on the first FP8 request): requests without FP8 and the
+  exact path keep running bf16; FP8 adds about half the gen tower's bf16 bytes;
+- FP8 only (`build_fp8_transformer`, for a model whose bf16 weights do not fit the GPU: Super on one
+  H200): built layer by layer, each layer's bf16 gen weights quantised and freed before the next is
+  made, so the bf16 model never exists whole; every path of such a model runs the FP8 GEMMs.
 
 Numeric gate (tests/test_gpu_fp8.py, full-size random weights on the H200): one step's velocity
 against an fp32 forward of the same weights stays within 3x the relative error of diffusers' own
-bf16 forward against that fp32 forward.
-
-Memory: the float8 weights are a second set beside the bf16 ones (requests without FP8 and the exact
-path keep running bf16), so FP8 adds about half the gen tower's bf16 bytes rather than saving them.
+bf16 forward against that fp32 forward. `bench/bench_fp8.py --gate` measures every candidate policy.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import torch
 
 FP8_LABEL = "FP8 (faster, approximate)"
 BF16_LABEL = "bf16"
 
+# A layer's GEMMs by role: "qkv" (fused q|k|v), "out" (attention output), "in" (the MLP's input: fused
+# gate|up, or ReLU²'s up), "down" (the MLP's output).
+GEMMS = ("qkv", "out", "in", "down")
+
 
 class FP8Unavailable(RuntimeError):
     """FP8 was asked for where it cannot run; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class FP8Policy:
+    """Which GEMMs run in FP8 and how. `granularity`: "row" (a scale per token and per output channel)
+    or "tensor" (one scale each); `fast_accum`: Hopper's reduced-precision FP8 accumulation (torchao's
+    default) or full fp32 accumulation; `gemms`: the roles in FP8; `bf16_edges`: that many first and
+    last layers kept wholly bf16. Its `name` is its spelling in `COSMOS3_FP8_POLICY`, e.g.
+    "row", "row-exact", "row:qkv+in", "tensor-exact@2"."""
+
+    granularity: str = "row"
+    fast_accum: bool = True
+    gemms: frozenset = frozenset(GEMMS)
+    bf16_edges: int = 0
+
+    def __post_init__(self):
+        if self.granularity not in ("row", "tensor"):
+            raise ValueError(f"FP8 granularity {self.granularity!r}: allowed 'row' or 'tensor'")
+        unknown = set(self.gemms) - set(GEMMS)
+        if unknown or not self.gemms:
+            raise ValueError(f"FP8 GEMMs {sorted(self.gemms)}: allowed a non-empty subset of {list(GEMMS)}")
+
+    @property
+    def name(self) -> str:
+        text = self.granularity + ("" if self.fast_accum else "-exact")
+        if set(self.gemms) != set(GEMMS):
+            text += ":" + "+".join(g for g in GEMMS if g in self.gemms)
+        return text + (f"@{self.bf16_edges}" if self.bf16_edges else "")
+
+    @classmethod
+    def parse(cls, text: str) -> "FP8Policy":
+        """`name`'s inverse; a malformed spelling raises ValueError quoting it and the grammar."""
+        grammar = "GRANULARITY[-exact][:GEMM+GEMM...][@EDGES], e.g. 'row', 'row-exact:qkv+in', 'tensor@2'"
+        body, _, edges = text.strip().partition("@")
+        body, _, gemms = body.partition(":")
+        granularity, _, accum = body.partition("-")
+        try:
+            if accum not in ("", "exact") or (edges and int(edges) < 0):
+                raise ValueError
+            return cls(granularity, accum != "exact", frozenset(gemms.split("+")) if gemms else frozenset(GEMMS),
+                       int(edges) if edges else 0)
+        except ValueError as error:
+            raise ValueError(f"FP8 policy {text!r} is not valid ({error or 'malformed'}); allowed: {grammar}") from None
+
+    def gemms_of_layer(self, index: int, count: int) -> frozenset:
+        if index < self.bf16_edges or index >= count - self.bf16_edges:
+            return frozenset()
+        return self.gemms
+
+
+# Chosen by measurement (bench/bench_fp8.py --gate; docs/PERFORMANCE.md): the default of COSMOS3_FP8_POLICY.
+DEFAULT_POLICY = "row"
+
+
+def policy_from_env() -> FP8Policy:
+    return FP8Policy.parse(os.environ.get("COSMOS3_FP8_POLICY", DEFAULT_POLICY) or DEFAULT_POLICY)
 
 
 def check_available(device) -> None:
@@ -46,48 +114,193 @@ def check_available(device) -> None:
                              f"it is not installed: {error}") from error
 
 
-def _config():
-    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow
+def quantize_weight(weight: torch.Tensor, policy: FP8Policy) -> torch.Tensor:
+    """One bf16 weight [out, in] -> torchao's float8 weight tensor (F.linear on it quantises the
+    activation as the policy says and runs the FP8 GEMM). The same tensor torchao's
+    `Float8DynamicActivationFloat8WeightConfig` puts on a Linear, built directly so that the
+    accumulation switch and the granularity come from the policy."""
+    from torchao.float8.inference import Float8MMConfig
+    from torchao.quantization import Float8Tensor, PerRow, PerTensor
+    from torchao.quantization.quantize_.common import KernelPreference
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
 
-    return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
-
-
-def quantize_weight(weight: torch.Tensor) -> torch.Tensor:
-    """One bf16 weight [out, in] -> torchao's float8 weight tensor (F.linear on it runs the FP8 GEMM)."""
-    from torchao.quantization import quantize_
-
-    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
-    linear.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)
-    quantize_(linear, _config())
-    return linear.weight
+    granularity = PerRow() if policy.granularity == "row" else PerTensor()
+    # Why TORCH kernels: the same `torch._scaled_mm` path whether or not an optional kernel library is present.
+    activation = QuantizeTensorToFloat8Kwargs(torch.float8_e4m3fn, granularity, kernel_preference=KernelPreference.TORCH)
+    return Float8Tensor.from_hp(weight.detach(), float8_dtype=torch.float8_e4m3fn, granularity=granularity,
+                                mm_config=Float8MMConfig(use_fast_accum=policy.fast_accum),
+                                kernel_preference=KernelPreference.TORCH, act_quant_kwargs=activation)
 
 
 @dataclass
 class FP8Weights:
-    """The gen tower's per-step GEMM weights in float8, beside (not instead of) the bf16 ones."""
+    """The weights the FP8 gen tower reads, per layer: float8 where the policy says, else the bf16 one.
+    `resident`: the model holds no other copy (built FP8-only), so every path must read these."""
 
+    policy: FP8Policy
     qkv: list
     gate_up: list
-    per_layer: list[dict]  # {"to_add_out", "down_proj", and for ReLU² "up_proj"}
+    per_layer: list[dict] = field(default_factory=list)  # {"to_add_out", "down_proj", and for ReLU² "up_proj"}
+    resident: bool = False
 
 
-def fp8_weights(model, fused) -> FP8Weights:
-    """Quantise once per loaded model and keep the result on it; the bf16 weights are untouched, so a
-    request without FP8 (or the exact path) still runs bf16. `fused`: the model's fused projections
-    (`engine.pipeline.fast_path.fused_projections`), quantised as they are."""
-    if model.fp8_weights is None:
-        check_available(model.device)
-        per_layer = []
-        for layer in model.transformer.layers:
-            attn, mlp = layer.self_attn, layer.mlp_moe_gen
-            weights = {"to_add_out": quantize_weight(attn.to_add_out.weight),
-                       "down_proj": quantize_weight(mlp.down_proj.weight)}
-            if mlp.hidden_act != "silu":
-                weights["up_proj"] = quantize_weight(mlp.up_proj.weight)
-            per_layer.append(weights)
-        model.fp8_weights = FP8Weights(
-            qkv=[quantize_weight(w) for w in fused.qkv],
-            gate_up=[None if w is None else quantize_weight(w) for w in fused.gate_up], per_layer=per_layer)
-    return model.fp8_weights
+def _layer_weights(layer, qkv: torch.Tensor, gate_up, gemms: frozenset, quantize) -> tuple:
+    """One layer's (qkv, gate_up, per-layer dict), float8 where `gemms` says."""
+    attn, mlp = layer.self_attn, layer.mlp_moe_gen
+
+    def pick(role, weight):
+        return quantize(weight) if role in gemms and weight is not None else weight
+
+    per_layer = {"to_add_out": pick("out", attn.to_add_out.weight), "down_proj": pick("down", mlp.down_proj.weight)}
+    if mlp.hidden_act != "silu":
+        per_layer["up_proj"] = pick("in", mlp.up_proj.weight)
+    return pick("qkv", qkv), pick("in", gate_up), per_layer
 
 
+def fp8_weights(model, fused, policy: FP8Policy | None = None) -> FP8Weights:
+    """Quantise once per loaded model and policy and keep the result on it; the bf16 weights are
+    untouched, so a request without FP8 (or the exact path) still runs bf16. `fused`: the model's fused
+    projections (`engine.pipeline.fast_path.fused_projections`), quantised as they are."""
+    policy = policy or policy_from_env()
+    held = model.fp8_weights
+    if held is not None and (held.resident or held.policy == policy):
+        return held
+    check_available(model.device)
+    model.fp8_weights = None  # a previous policy's tensors go before the new ones are made
+    layers = model.transformer.layers
+    weights = FP8Weights(policy, [], [])
+    for index, layer in enumerate(layers):
+        qkv, gate_up, per_layer = _layer_weights(layer, fused.qkv[index], fused.gate_up[index],
+                                                 policy.gemms_of_layer(index, len(layers)),
+                                                 lambda w: quantize_weight(w, policy))
+        weights.qkv.append(qkv)
+        weights.gate_up.append(gate_up)
+        weights.per_layer.append(per_layer)
+    model.fp8_weights = weights
+    return weights
+
+
+def tower_weights(model, options, fused) -> FP8Weights | None:
+    """The FP8 weights a request's gen tower reads: the model's own when it holds only FP8 weights,
+    else built (or reused) when the request's options ask for FP8, else None (bf16). `fused()`: the
+    model's fused bf16 projections (called only when they are needed)."""
+    held = model.fp8_weights
+    if held is not None and held.resident:
+        return held
+    if not options.fp8:
+        return None
+    policy = FP8Policy.parse(options.fp8_policy) if options.fp8_policy else policy_from_env()
+    return fp8_weights(model, fused(), policy)
+
+
+def precision_label(model, tower) -> str:
+    held = getattr(model, "fp8_weights", None)
+    fp8 = getattr(tower, "fp8", None) is not None or (held is not None and held.resident)
+    return FP8_LABEL if fp8 else BF16_LABEL
+
+
+# -- an FP8-only model, built layer by layer ---------------------------------------------------------
+
+
+
+def _materialise(module, device, fill, prefix: str) -> None:
+    """Allocate `module`'s own parameters (not its children's unless listed) on `device` and fill them."""
+    module.to_empty(device=device, recurse=True)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            fill(prefix + name, param)
+
+
+def _build_layer(layer, index: int, count: int, policy: FP8Policy, device, fill, quantize) -> tuple:
+    """Layer `index` in bf16 on `device`, its gen GEMMs quantised, its bf16 gen weights dropped: the
+    modules' weights become views of the quantised fused tensors (torchao slices keep their scales)."""
+    _materialise(layer, device, fill, f"layers.{index}.")
+    attn, mlp = layer.self_attn, layer.mlp_moe_gen
+    gemms = policy.gemms_of_layer(index, count)
+    qkv_parts = [attn.add_q_proj, attn.add_k_proj, attn.add_v_proj]
+    in_parts = [mlp.gate_proj, mlp.up_proj] if mlp.hidden_act == "silu" else []
+    qkv = torch.cat([m.weight.data for m in qkv_parts])
+    gate_up = torch.cat([m.weight.data for m in in_parts]) if in_parts else None
+    qkv, gate_up, per_layer = _layer_weights(layer, qkv, gate_up, gemms, quantize)
+    with torch.no_grad():
+        for parts, fused in ((qkv_parts, qkv), (in_parts, gate_up)):
+            start = 0
+            for module in parts:
+                rows = module.weight.shape[0]
+                module.weight = torch.nn.Parameter(fused[start:start + rows], requires_grad=False)
+                start += rows
+        modules = {"to_add_out": attn.to_add_out, "down_proj": mlp.down_proj, "up_proj": mlp.up_proj}
+        for name, weight in per_layer.items():
+            modules[name].weight = torch.nn.Parameter(weight, requires_grad=False)
+    return qkv, gate_up, per_layer
+
+
+def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy | None = None, *, quantize=None,
+                          on_layer=None):
+    """A Cosmos3 transformer whose gen tower holds only the policy's FP8 weights, never whole in bf16:
+    built on the meta device, then the non-layer modules and one layer at a time allocated on `device`,
+    filled by `fill(name, param)` (a checkpoint's tensors or random ones) and, layer by layer, quantised.
+    Peak memory: the model so far plus one layer in bf16. `on_layer(index)`: called after each layer
+    (progress; tests count memory there). Returns (transformer, FP8Weights); put the weights on the
+    loaded model as its `fp8_weights`."""
+    from accelerate import init_empty_weights
+    from diffusers import Cosmos3OmniTransformer
+
+    policy = policy or policy_from_env()
+    quantize = quantize or (lambda w: quantize_weight(w, policy))
+    device = torch.device(device)
+    with init_empty_weights(include_buffers=False):
+        transformer = Cosmos3OmniTransformer.from_config(config)
+    transformer.to(torch.bfloat16)
+    transformer.time_embedder.float()  # diffusers keeps it in fp32 (`_keep_in_fp32_modules`)
+    buffers = {name: buffer.clone() for name, buffer in transformer.named_buffers()}
+    for name, module in transformer.named_children():
+        if name != "layers":
+            _materialise(module, device, fill, name + ".")
+    weights = FP8Weights(policy, [], [], resident=True)
+    count = len(transformer.layers)
+    for index, layer in enumerate(transformer.layers):
+        qkv, gate_up, per_layer = _build_layer(layer, index, count, policy, device, fill, quantize)
+        weights.qkv.append(qkv)
+        weights.gate_up.append(gate_up)
+        weights.per_layer.append(per_layer)
+        if on_layer is not None:
+            on_layer(index)
+    with torch.no_grad():
+        for name, buffer in transformer.named_buffers():
+            buffer.copy_(buffers[name].to(buffer.device))
+    return transformer.eval(), weights
+
+
+def random_fill(device, std: float = 0.02, seed: int = 0):
+    """Random weights for benchmarks, drawn on `device`: norm weights near one, so no weight path can hide."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def fill(name: str, param: torch.Tensor) -> None:
+        values = torch.randn(param.shape, generator=generator, device=param.device, dtype=torch.float32)
+        values = values.mul_(0.05 if "norm" in name and name.endswith("weight") else std)
+        if "norm" in name and name.endswith("weight"):
+            values.add_(1.0)
+        param.copy_(values)
+
+    return fill
+
+
+def checkpoint_fill(folder):
+    """Fill from a diffusers checkpoint folder's safetensors, one tensor at a time."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    index = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(file, framework="pt") as handle:
+            index.update({key: file for key in handle.keys()})
+
+    def fill(name: str, param: torch.Tensor) -> None:
+        if name not in index:
+            raise KeyError(f"{str(folder)!r} has no tensor {name!r}")
+        with safe_open(index[name], framework="pt", device=str(param.device)) as handle:
+            param.copy_(handle.get_tensor(name).to(param.dtype))
+
+    return fill

@@ -33,7 +33,7 @@ from .conditioning import conditioning_stage, noise_stage
 from .decode import decode_stage
 from .denoise import denoise_stage, schedule_stage
 from .fast_path import FastPathOptions
-from .fp8 import BF16_LABEL, FP8_LABEL
+from .fp8 import BF16_LABEL, precision_label
 from .layout import layout_stage
 from .outputs import outputs_stage
 from .prefill import prefill_stage
@@ -171,5 +171,5 @@ def _result(state: RunState, timings: dict) -> GenerationResult:
         audio_sample_rate=model.sound_tokenizer.config.sampling_rate if audio is not None else None,
         seed=state.seed, prompt_text=state.texts.prompt_text, negative_prompt_text=state.texts.negative_prompt_text,
         params=dict(request, width=cond.width, height=cond.height, seed=state.seed), timings=timings,
-        precision=FP8_LABEL if getattr(state.tower, "fp8", None) is not None else BF16_LABEL,
+        precision=precision_label(model, state.tower),
     )

@@ -1,0 +1,270 @@
+"""FP8 on one H200 (issue 17, point 5): the numeric gate per candidate policy, and Super in FP8.
+
+    python bench/bench_fp8.py --gate --json $OUT/gate.json          # every policy in POLICIES, one process
+    python bench/bench_fp8.py --super --steps 3 --json $OUT/super.json
+    python bench/bench_fp8.py --smoke                               # tiny dims on the CPU: checks the script
+
+--gate: for each family and the shapes of tests/test_gpu_fp8.py (one step, both CFG branches, prefixes
+301/517), the relative L2 error of the velocity against an fp32 forward of the same weights, for
+diffusers' bf16 forward (the yardstick), the engine's bf16 fast tower, and the fast tower under each
+FP8 policy (`engine.pipeline.fp8.FP8Policy`); a policy passes where its error is <= 3x the yardstick's
+on every shape. Then each policy's step time (CUDA events, warm) at 832x480/121f, prefixes 1615/2866.
+
+--super: Super (5120/64/64, intermediate 25600) with full-size random weights, built FP8-only on one GPU
+layer by layer (`engine.pipeline.fp8.build_fp8_transformer`: the bf16 model never exists whole), then
+T2V 832x480/121f through `engine.generate` with `--steps` steps, and T2I 1024x1024: prefill, per-step
+times, denoise, decode, peak memory, and the default-step total as a projection from the measured steps.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import models  # noqa: E402
+from bench.models import as_loaded_model, build_transformer, step_inputs, transformer_config  # noqa: E402
+from engine.pipeline import fp8  # noqa: E402
+from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
+from engine.pipeline.prefill import make_gen_tower  # noqa: E402
+from kernels.timing import time_ms  # noqa: E402
+
+GATE = 3.0
+# Candidates: the current default, fp32 accumulation, tensor-wise scales, bf16 for the GEMMs that write the
+# residual stream (out, down) or for everything but the MLP's input, and bf16 first/last layers.
+POLICIES = ("row", "row-exact", "tensor", "tensor-exact", "row:qkv+in+out", "row-exact:qkv+in+out",
+            "row:qkv+in", "row-exact:qkv+in", "row:in", "row-exact:in", "row@4", "row-exact@4")
+GATE_SHAPES = {"edge": [(640, 640, 1)], "nano": [(1024, 1024, 1), (832, 480, 17)]}
+GATE_PREFIXES = (301, 517)
+TIMING = (832, 480, 121)
+TIMING_PREFIXES = (1615, 2866)
+
+
+def _rel(ours, reference) -> float:
+    return max(float((a - b).norm() / b.norm()) for a, b in zip(ours, reference))
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _fp32_references(family, transformer, device, shapes, prefixes):
+    """diffusers' forward of an fp32 copy of the same weights, per shape (the copy freed after)."""
+    refs = {}
+    with torch.no_grad():
+        upcast = build_transformer(family, device=device, dtype=torch.float32)
+        source = dict(transformer.named_parameters())
+        for name, param in upcast.named_parameters():
+            param.copy_(source[name])  # bf16 -> fp32 is exact; one tensor at a time
+        reference_model = as_loaded_model(upcast, family)
+        for shape in shapes:
+            width, height, frames = shape
+            inputs = step_inputs(reference_model, width=width, height=height, frames=frames, prefix_lens=prefixes)
+            refs[shape] = inputs.diffusers_step()
+            del inputs
+    del upcast, reference_model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return refs
+
+
+def gate_family(family, policies, device, log, *, shapes=None, timing=TIMING, prefixes=GATE_PREFIXES,
+                timing_prefixes=TIMING_PREFIXES, iters=2) -> dict:
+    shapes = shapes or GATE_SHAPES[family]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    transformer = build_transformer(family, device=device, dtype=dtype)
+    model = as_loaded_model(transformer, family)
+    refs = _fp32_references(family, transformer, device, shapes, prefixes)
+    out = {"family": family, "errors": {}, "step_ms": {}}
+    with torch.no_grad():
+        inputs = {s: step_inputs(model, width=s[0], height=s[1], frames=s[2], prefix_lens=prefixes) for s in shapes}
+        timed = step_inputs(model, width=timing[0], height=timing[1], frames=timing[2], prefix_lens=timing_prefixes)
+        out["errors"]["diffusers bf16"] = {str(s): _rel(inputs[s].diffusers_step(), refs[s]) for s in shapes}
+        for label, options in [("engine bf16", FastPathOptions(enabled=True, cuda_graphs=False))] + [
+                (p, FastPathOptions(enabled=True, cuda_graphs=False, fp8=True, fp8_policy=p)) for p in policies]:
+            model.fast_path = options
+            began = time.perf_counter()
+            errors = {}
+            for s in shapes:
+                tower = make_gen_tower(model, inputs[s].cache, inputs[s].branches)
+                errors[str(s)] = _rel(inputs[s].engine_step(tower), refs[s])
+                del tower
+            out["errors"][label] = errors
+            tower = make_gen_tower(model, timed.cache, timed.branches)
+            out["step_ms"][label] = time_ms(lambda: timed.engine_step(tower), warmup=1, iters=iters).median_ms
+            del tower
+            log({"family": family, "policy": label, "errors": errors, "step_ms": out["step_ms"][label],
+                 "wall_s": round(time.perf_counter() - began, 2)})
+            model.fast_path, model.fp8_weights = None, None
+            gc.collect()
+    yardstick = out["errors"]["diffusers bf16"]
+    out["ratios"] = {label: {s: e / max(yardstick[s], 1e-12) for s, e in errs.items()} for label, errs in out["errors"].items()}
+    del model, transformer, inputs, timed, refs
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out
+
+
+def gate_markdown(results: list[dict]) -> str:
+    columns = [(r["family"], s) for r in results for s in r["errors"]["diffusers bf16"]]
+    head = " | ".join(f"{f} {s}" for f, s in columns)
+    lines = [f"| policy | {head} | worst | passes (<= {GATE}x) | " +
+             " | ".join(f"{r['family']} step ms" for r in results) + " |",
+             "|---|" + "---|" * (len(columns) + 2 + len(results))]
+    labels = list(results[0]["ratios"])
+    for label in labels:
+        ratios = [r["ratios"][label][s] for r in results for s in r["ratios"][label]]
+        cells = " | ".join(f"{x:.2f}x" for x in ratios)
+        steps = " | ".join(f"{r['step_ms'].get(label, float('nan')):.1f}" for r in results)
+        lines.append(f"| {label} | {cells} | {max(ratios):.2f}x | {'yes' if max(ratios) <= GATE else 'no'} | {steps} |")
+    lines.append("| (diffusers bf16 error) | " + " | ".join(
+        f"{r['errors']['diffusers bf16'][s]:.2e}" for r in results for s in r["errors"]["diffusers bf16"]) + " | | | |")
+    return "\n".join(lines)
+
+
+# -- Super on one GPU ----------------------------------------------------------------------------------
+
+def build_super(device, policy, family="super", log=print):
+    """Full-size random Super built FP8-only, layer by layer; returns the loaded model and build facts."""
+    from engine.model.tiny import build_tokenizer
+
+    _sync()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    began = time.perf_counter()
+    transformer, weights = fp8.build_fp8_transformer(transformer_config(family), device, fp8.random_fill(device),
+                                                     fp8.FP8Policy.parse(policy))
+    _sync()
+    facts = {"build_s": time.perf_counter() - began, "policy": policy}
+    facts["parameters"] = sum(p.numel() for p in transformer.parameters())
+    if torch.cuda.is_available():
+        facts["transformer_gib"] = torch.cuda.memory_allocated() / 2**30
+        facts["build_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    vae = models.build_vae(device, dtype=transformer.embed_tokens.weight.dtype)
+    model = as_loaded_model(transformer, family, vae=vae, tokenizer=build_tokenizer())
+    model.dtype = transformer.embed_tokens.weight.dtype
+    model.fp8_weights = weights
+    if torch.cuda.is_available():
+        facts["loaded_gib"] = torch.cuda.memory_allocated() / 2**30
+        facts["gpu_total_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    log(facts)
+    return model, facts
+
+
+def timed_request(model, request, default_steps: int) -> dict:
+    """`engine.generate` once: stages, step times as progress saw them, peak memory, and the total at
+    `default_steps` projected from the median measured step (labelled a projection)."""
+    from engine.pipeline.run import generate
+
+    marks = []
+    _sync()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    began = time.perf_counter()
+    result = generate(model, request, on_progress=lambda p: marks.append(p.elapsed_s) if p.stage == "denoise" else None)
+    _sync()
+    wall = time.perf_counter() - began
+    t = result.timings
+    prefill = sum(t.get(k, 0.0) for k in ("conditioning", "prompt", "prefill"))
+    steps = [b - a for a, b in zip([prefill] + marks, marks)]
+    later = sorted(steps[1:]) or steps
+    median = later[len(later) // 2] if later else t["denoise"]
+    row = {"request": {k: v for k, v in request.items() if k != "prompt"}, "precision": result.precision,
+           "prefill_s": prefill, "denoise_s": t["denoise"], "decode_s": t["decode"], "total_s": t["total"],
+           "wall_s": wall, "step_s": [round(s, 4) for s in steps], "median_step_after_first_s": median,
+           "frames": list(result.frames.shape)}
+    row[f"projected_total_{default_steps}_steps_s (projection)"] = prefill + default_steps * median + t["decode"]
+    if torch.cuda.is_available():
+        row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return row
+
+
+def super_run(args, device, log) -> dict:
+    from bench.e2e import long_prompt
+    from engine.model.defaults import sampling_defaults
+
+    model, facts = build_super(device, args.policy, log=log)
+    out = {"build": facts, "runs": []}
+    prompt = long_prompt(model, tokens=args.prompt_tokens)
+    workloads = [("t2v", dict(width=832, height=480, num_frames=121))]
+    if not args.skip_t2i:
+        workloads.append(("t2i", dict(width=1024, height=1024)))
+    for mode, size in workloads:
+        if args.smoke:
+            size = dict(size, num_frames=17) if mode == "t2v" else dict(width=640, height=640)  # allowed sizes
+        default_steps = sampling_defaults(model.info, mode)["steps"]
+        request = dict(mode=mode, prompt=prompt, seed=1, steps=args.steps, **size)
+        row = timed_request(model, request, default_steps)
+        row["mode"], row["default_steps"] = mode, default_steps
+        out["runs"].append(row)
+        log(row)
+    return out
+
+
+def _shrink_for_smoke():
+    """Tiny dims for a CPU check of the script (numbers mean nothing)."""
+    for spec in models.TRANSFORMERS.values():
+        spec.update(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=32, intermediate_size=128, rope_axes_dim=[8, 4, 4])
+    models.WAN22_VAE.update(base_dim=16, decoder_base_dim=16, z_dim=48)
+    fp8.check_available = lambda device: None  # the smoke runs torchao's float8 on the CPU (torch._scaled_mm)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gate", action="store_true", help="the numeric gate for every policy in --policies")
+    parser.add_argument("--super", action="store_true", help="Super in FP8 on one GPU through engine.generate")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--families", default="edge,nano")
+    parser.add_argument("--policy", default=fp8.DEFAULT_POLICY, help="--super's FP8 policy")
+    parser.add_argument("--steps", type=int, default=3, help="--super's denoising steps per request")
+    parser.add_argument("--skip-t2i", action="store_true", help="--super: T2V only")
+    parser.add_argument("--prompt-tokens", type=int, default=1600)
+    parser.add_argument("--smoke", action="store_true", help="tiny dims on the CPU: checks the script")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    if args.smoke:
+        _shrink_for_smoke()
+        args.gate = args.super = True
+        args.prompt_tokens = 40
+    header = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)", "command": " ".join(sys.argv)}
+    for package in ("triton", "diffusers", "torchao"):
+        try:
+            header[package] = __import__(package).__version__
+        except ImportError:
+            header[package] = None
+    results = {"header": header, "gate": [], "super": None}
+
+    def log(row):
+        print(json.dumps(row, default=str), flush=True)
+        if args.json:  # as it goes, so a run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+
+    log(header)
+    if args.gate:
+        policies = [p for p in args.policies.split(",") if p]
+        for family in args.families.split(","):
+            kwargs = dict(shapes=[(64, 64, 1), (64, 64, 5)], timing=(64, 64, 5), prefixes=(20, 31),
+                          timing_prefixes=(20, 31), iters=1) if args.smoke else {}
+            results["gate"].append(gate_family(family, policies, device, log, **kwargs))
+            log({"gate_done": family})
+        print(gate_markdown(results["gate"]), flush=True)
+    if args.super:
+        results["super"] = super_run(args, device, log)
+    log({"done": True})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""FP8 on the CPU (`engine.pipeline.fp8`): policies, the FP8-only build, the one-GPU rule.
+
+torchao's float8 tensors and `torch._scaled_mm` run on the CPU, so the FP8-only model is built and run
+here from a tiny Super checkpoint (`check_available` is what refuses FP8 off the GPU in the engine; the
+tests that need the CPU path bypass it explicitly). The numeric gate runs on the H200
+(tests/test_gpu_fp8.py, bench/bench_fp8.py --gate).
+"""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("torchao")
+
+import engine  # noqa: E402
+from engine.model.loader import component_parameter_count, fp8_weight_bytes, load_in_process  # noqa: E402
+from engine.pipeline import fp8  # noqa: E402
+from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
+from engine.pipeline.fp8 import FP8_LABEL, FP8Policy  # noqa: E402
+
+FAST = dict(enabled=True, batched_cfg=True, cuda_graphs=False, kernels="torch", fused_projections=True)
+REQUEST = dict(mode="t2v", prompt="a lighthouse at dusk", seed=3, steps=3)
+
+
+def _cpu_loader(folder, device):
+    config = json.loads((folder / "config.json").read_text())
+    return fp8.build_fp8_transformer(config, device, fp8.checkpoint_fill(folder), FP8Policy.parse("row"))
+
+
+def _sizes(root):
+    bf16 = sum(component_parameter_count(root / part) for part in ("transformer", "vae")) * 4  # fp32 on the CPU
+    return bf16, fp8_weight_bytes(root, 4)
+
+
+@pytest.mark.parametrize("name", ["row", "row-exact", "tensor", "row:qkv+in", "tensor-exact:in+down@2"])
+def test_policy_names_round_trip(name):
+    assert FP8Policy.parse(name).name == name
+
+
+@pytest.mark.parametrize("bad", ["rows", "row-fast", "row:mlp", "row@-1", "row@x", "row:"])
+def test_a_bad_policy_names_what_is_allowed(bad):
+    with pytest.raises(ValueError, match=rf"FP8 policy {bad!r} is not valid.*allowed: GRANULARITY"):
+        FP8Policy.parse(bad)
+
+
+def test_policy_keeps_edge_layers_and_left_out_gemms_bf16():
+    policy = FP8Policy.parse("row:qkv+in@1")
+    assert policy.gemms_of_layer(0, 4) == frozenset() == policy.gemms_of_layer(3, 4)
+    assert policy.gemms_of_layer(1, 4) == frozenset({"qkv", "in"})
+
+
+def test_the_fp8_only_build_holds_one_layer_in_bf16_at_a_time(tiny_family, monkeypatch):
+    """Counted at every quantisation: the gen GEMM weights in bf16 belong to the layer being built only
+    (the earlier ones are float8, the later ones not allocated yet)."""
+    import diffusers
+
+    from engine.model.loader import GEN_LINEAR
+
+    config = json.loads((tiny_family["super"] / "transformer" / "config.json").read_text())
+    built, layers_alive = [], []
+    original = diffusers.Cosmos3OmniTransformer.from_config
+    monkeypatch.setattr(diffusers.Cosmos3OmniTransformer, "from_config",
+                        lambda *a, **k: built.append(original(*a, **k)) or built[-1])
+
+    def counting_quantize(weight):
+        layers_alive.append({int(name.split(".")[1]) for name, param in built[0].named_parameters()
+                             if GEN_LINEAR.match(name) and not param.is_meta
+                             and type(param.data).__name__ != "Float8Tensor"})
+        return fp8.quantize_weight(weight, FP8Policy())
+
+    transformer, weights = fp8.build_fp8_transformer(config, "cpu", fp8.checkpoint_fill(tiny_family["super"] / "transformer"),
+                                                     quantize=counting_quantize)
+    count = config["num_hidden_layers"]
+    assert len(layers_alive) == 4 * count  # qkv, out, gate|up, down per layer
+    assert all(len(alive) <= 1 for alive in layers_alive), layers_alive
+    assert [sorted(a) for a in layers_alive[::4]] == [[i] for i in range(count)]
+    assert not any(p.is_meta for p in transformer.parameters())
+    assert weights.resident and len(weights.qkv) == count
+    # The modules' gen weights are views of the quantised fused tensors: one copy, float8.
+    attn = transformer.layers[0].self_attn
+    assert type(attn.add_q_proj.weight.data).__name__ == "Float8Tensor"
+    assert attn.add_q_proj.weight.qdata.data_ptr() == weights.qkv[0].qdata.data_ptr()
+
+
+@pytest.fixture(scope="module")
+def super_pair(tiny_family):
+    """The tiny Super loaded FP8-only (the bf16 weights 'do not fit') and loaded whole in bf16."""
+    root = tiny_family["super"]
+    bf16, fp8_bytes = _sizes(root)
+    budget = int((bf16 + fp8_bytes) / 2 / 0.9)  # bf16 over the budget's 90%, FP8 under it
+    fp8_model = load_in_process(root, device="cpu", memory_budget_bytes=budget, fp8_loader=_cpu_loader)
+    reference = load_in_process(root, device="cpu")
+    reference.transformer.to(torch.bfloat16)
+    reference.transformer.time_embedder.float()
+    return fp8_model, reference
+
+
+def test_super_fp8_only_equals_fp8_beside_bf16_and_says_fp8(super_pair, monkeypatch):
+    """Same weights, same policy: the FP8-only model and FP8 weights quantised beside the bf16 ones give
+    the same frames; every result of the FP8-only model is labelled FP8, fast path or not."""
+    fp8_model, reference = super_pair
+    monkeypatch.setattr(fp8, "check_available", lambda device: None)  # FP8 beside bf16, on the CPU
+    assert fp8_model.fp8_weights.resident and fp8_model.transformer.layers[0].self_attn.to_q.weight.dtype == torch.bfloat16
+    fp8_model.fast_path = FastPathOptions(**FAST)  # fp8 not even asked for: the model holds nothing else
+    reference.fast_path = FastPathOptions(**FAST, fp8=True, fp8_policy="row")
+    try:
+        ours, theirs = engine.generate(fp8_model, dict(REQUEST)), engine.generate(reference, dict(REQUEST))
+        assert ours.precision == theirs.precision == FP8_LABEL == ours.summary()["precision"]
+        assert np.array_equal(ours.frames, theirs.frames)
+        reference.fast_path = FastPathOptions(**FAST)
+        bf16 = engine.generate(reference, dict(REQUEST))
+        assert bf16.precision == "bf16" and not np.array_equal(bf16.frames, ours.frames)
+        fp8_model.fast_path = FastPathOptions(enabled=False)  # the exact path reads the float8 module weights
+        assert engine.generate(fp8_model, dict(REQUEST)).precision == FP8_LABEL
+    finally:
+        fp8_model.fast_path = reference.fast_path = None
+
+
+def test_one_gpu_rule_with_and_without_fp8(tiny_family):
+    root = tiny_family["super"]
+    bf16, fp8_bytes = _sizes(root)
+    budget = int((bf16 + fp8_bytes) / 2 / 0.9)
+    with pytest.raises(MemoryError, match=r"--gpus 2 .*Or run it on this one GPU in FP8 \(faster, approximate\).*"
+                                          r"COSMOS3_FP8=1"):
+        load_in_process(root, device="cpu", memory_budget_bytes=budget)
+    tight = int(fp8_bytes / 0.9 * 0.95)
+    with pytest.raises(MemoryError, match=r"--gpus 2 .*In FP8 \(faster, approximate\) it would still need"):
+        load_in_process(root, device="cpu", memory_budget_bytes=tight, fp8_loader=_cpu_loader)
+    # Where bf16 fits, asking for FP8 keeps the bf16 model (FP8 weights come beside it per request).
+    assert load_in_process(root, device="cpu", fp8_loader=_cpu_loader).fp8_weights is None
+    # engine.load_model asks the FP8-only build for a GPU with FP8 tensor cores.
+    with pytest.raises(fp8.FP8Unavailable, match="needs a CUDA GPU"):
+        engine.load_model(root, device="cpu", memory_budget_bytes=budget, fp8=True)
