@@ -91,8 +91,9 @@ def super_pair(tiny_family):
     budget = int((bf16 + fp8_bytes) / 2 / 0.9)  # bf16 over the budget's 90%, FP8 under it
     fp8_model = load_in_process(root, device="cpu", memory_budget_bytes=budget, fp8_loader=_cpu_loader)
     reference = load_in_process(root, device="cpu")
-    reference.transformer.to(torch.bfloat16)
-    reference.transformer.time_embedder.float()
+    for name, module in reference.transformer.named_children():
+        if name != "time_embedder":  # kept in fp32, as diffusers keeps it (and as the FP8-only build does)
+            module.to(torch.bfloat16)
     return fp8_model, reference
 
 

@@ -306,13 +306,16 @@ def load_in_process(source: str | os.PathLike, *, device: str | None = None, saf
         _check_fits(info, device, need, budget, weight_shards, fp8_need)
 
     dropped_weights = quantizer_keys(root / "transformer")
+    if fp8_loader is not None and fp8_need is not None:
+        try:  # its own refusal (no FP8 on this device: engine.pipeline.fp8.FP8Unavailable) passes as it is
+            transformer, fp8_weights = fp8_loader(root / "transformer", device)
+        except (OSError, KeyError) as exc:
+            raise CheckpointError(f"Loading weights from {str(root)!r} failed: {exc}") from exc
     try:
         # safetensors only: a pickled weight file is never opened.
-        if fp8_loader is not None and fp8_need is not None:
-            transformer, fp8_weights = fp8_loader(root / "transformer", device)
-        elif transformer_loader is not None:
+        if fp8_weights is None and transformer_loader is not None:
             transformer = transformer_loader(root / "transformer", dtype)
-        else:
+        elif fp8_weights is None:
             transformer = _transformer_class().from_pretrained(root / "transformer", torch_dtype=dtype,
                                                                use_safetensors=True)
         vae = diffusers.AutoencoderKLWan.from_pretrained(root / "vae", torch_dtype=dtype, use_safetensors=True)

@@ -73,10 +73,10 @@ class FP8Policy:
         """`name`'s inverse; a malformed spelling raises ValueError quoting it and the grammar."""
         grammar = "GRANULARITY[-exact][:GEMM+GEMM...][@EDGES], e.g. 'row', 'row-exact:qkv+in', 'tensor@2'"
         body, _, edges = text.strip().partition("@")
-        body, _, gemms = body.partition(":")
+        body, colon, gemms = body.partition(":")
         granularity, _, accum = body.partition("-")
         try:
-            if accum not in ("", "exact") or (edges and int(edges) < 0):
+            if accum not in ("", "exact") or (edges and int(edges) < 0) or (colon and not gemms):
                 raise ValueError
             return cls(granularity, accum != "exact", frozenset(gemms.split("+")) if gemms else frozenset(GEMMS),
                        int(edges) if edges else 0)
