@@ -274,14 +274,24 @@ def _check_fits(info, device, need: int, budget: int | None, weight_shards: int,
     )
 
 
+def _fp8_only_fits(info, root: Path, device, need: int, budget: int | None, weight_shards: int, dtype,
+                   fp8_asked: bool) -> bool:
+    """Whether to build the FP8-only model: FP8 asked for, the bf16 weights over the budget, the FP8 ones
+    under it. Otherwise refuse what does not fit (naming the FP8 option on one GPU) or return False."""
+    fp8_need = fp8_weight_bytes(root, dtype.itemsize) if weight_shards == 1 and not fits(need, budget) else None
+    if fp8_asked and fp8_need is not None and fits(fp8_need, budget):
+        return True
+    _check_fits(info, device, need, budget, weight_shards, fp8_need)
+    return False
+
+
 def load_in_process(source: str | os.PathLike, *, device: str | None = None, safety: bool = False,
                     memory_budget_bytes: int | None = None, transformer_loader=None, weight_shards: int = 1,
                     fp8_loader=None):
     """Load a Cosmos3 checkpoint's components into this process, on one device. See the module docstring.
     `engine.load_model` (engine.parallel.load) calls it for one GPU and each rank of a group for its own;
-    `transformer_loader`/`weight_shards`: a rank's shard. `fp8_loader(folder, device) -> (transformer,
-    fp8_weights)` (engine.pipeline.fp8): FP8 was asked for; where the bf16 weights do not fit but the
-    FP8-only model does, it builds the transformer (the bf16 model never whole on the device)."""
+    `transformer_loader`/`weight_shards`: a rank's shard. `fp8_loader(folder, device) -> (transformer, fp8_weights)`:
+    FP8 asked for; it builds the transformer FP8-only where bf16 does not fit and FP8 does (engine.pipeline.fp8)."""
     import torch
     import diffusers
     from transformers import AutoTokenizer
@@ -298,15 +308,11 @@ def load_in_process(source: str | os.PathLike, *, device: str | None = None, saf
     sound_class = _component_class(root, "sound_tokenizer", index)
     if sound_class:
         parameters += component_parameter_count(root / "sound_tokenizer")
-    budget = _budget(device, memory_budget_bytes)
-    need = parameters * dtype.itemsize // weight_shards
-    fp8_weights = None
-    fp8_need = fp8_weight_bytes(root, dtype.itemsize) if weight_shards == 1 and not fits(need, budget) else None
-    if fp8_loader is None or fp8_need is None or not fits(fp8_need, budget):
-        _check_fits(info, device, need, budget, weight_shards, fp8_need)
-
+    fp8_only = _fp8_only_fits(info, root, device, parameters * dtype.itemsize // weight_shards,
+                              _budget(device, memory_budget_bytes), weight_shards, dtype, fp8_loader is not None)
     dropped_weights = quantizer_keys(root / "transformer")
-    if fp8_loader is not None and fp8_need is not None:
+    fp8_weights = None
+    if fp8_only:
         try:  # its own refusal (no FP8 on this device: engine.pipeline.fp8.FP8Unavailable) passes as it is
             transformer, fp8_weights = fp8_loader(root / "transformer", device)
         except (OSError, KeyError) as exc:
