@@ -39,8 +39,9 @@ GATE = 3.0
 # Candidates: the current default; fp32 accumulation; tensor-wise scales; each GEMM role alone in FP8 (its
 # share of the error: the errors of independent roles add in variance, so the singles predict the pairs);
 # the roles that write the residual stream (out, down) kept bf16; the MLP only; bf16 first/last layers.
-POLICIES = ("row", "row-exact", "tensor", "row:qkv", "row:out", "row:in", "row:down", "row:qkv+in",
-            "row:in+down", "row:qkv+in+down", "row:qkv+in+out", "row-exact:in", "row-exact:in+down", "row@4")
+# In order of importance (a run short of time skips the last ones).
+POLICIES = ("row", "row:in", "row:qkv+in", "row:in+down", "row-exact", "row:qkv", "row:out", "row:down",
+            "row-exact:in", "tensor", "row:qkv+in+down", "row:qkv+in+out", "row-exact:in+down", "row@4")
 GATE_SHAPES = {"edge": [(640, 640, 1)], "nano": [(1024, 1024, 1), (832, 480, 17)]}
 GATE_PREFIXES = (301, 517)
 TIMING = (832, 480, 121)
@@ -77,37 +78,53 @@ def _fp32_references(family, transformer, device, shapes, prefixes):
     return refs
 
 
-def gate_family(family, policies, device, log, *, shapes=None, timing=TIMING, prefixes=GATE_PREFIXES,
-                timing_prefixes=TIMING_PREFIXES, iters=2) -> dict:
+def _measure(model, options, inputs, refs, timed, iters) -> tuple[dict, float]:
+    """One tower configuration: its error per gate shape and its step time at the timing shape."""
+    model.fast_path = options
+    try:
+        errors = {}
+        for shape, step in inputs.items():
+            tower = make_gen_tower(model, step.cache, step.branches)
+            errors[str(shape)] = _rel(step.engine_step(tower), refs[shape])
+            del tower
+        tower = make_gen_tower(model, timed.cache, timed.branches)
+        return errors, time_ms(lambda: timed.engine_step(tower), warmup=1, iters=iters).median_ms
+    finally:
+        model.fast_path, model.fp8_weights = None, None
+        gc.collect()
+
+
+def gate_family(family, policies, device, log, *, into: list, deadline=float("inf"), shapes=None, timing=TIMING,
+                prefixes=GATE_PREFIXES, timing_prefixes=TIMING_PREFIXES, iters=1) -> dict:
+    """Every policy on one family, each on its own (a failure is logged and the next runs); policies
+    not started by `deadline` (perf_counter) are listed as skipped. The result goes into `into` first,
+    so that what `log` writes holds the policies measured so far."""
     shapes = shapes or GATE_SHAPES[family]
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     transformer = build_transformer(family, device=device, dtype=dtype)
     model = as_loaded_model(transformer, family)
     refs = _fp32_references(family, transformer, device, shapes, prefixes)
-    out = {"family": family, "errors": {}, "step_ms": {}}
+    out = {"family": family, "errors": {}, "step_ms": {}, "failed": {}, "skipped": [], "ratios": {}}
+    into.append(out)
     with torch.no_grad():
         inputs = {s: step_inputs(model, width=s[0], height=s[1], frames=s[2], prefix_lens=prefixes) for s in shapes}
         timed = step_inputs(model, width=timing[0], height=timing[1], frames=timing[2], prefix_lens=timing_prefixes)
         out["errors"]["diffusers bf16"] = {str(s): _rel(inputs[s].diffusers_step(), refs[s]) for s in shapes}
         for label, options in [("engine bf16", FastPathOptions(enabled=True, cuda_graphs=False))] + [
                 (p, FastPathOptions(enabled=True, cuda_graphs=False, fp8=True, fp8_policy=p)) for p in policies]:
-            model.fast_path = options
+            if time.perf_counter() > deadline:
+                out["skipped"].append(label)
+                continue
             began = time.perf_counter()
-            errors = {}
-            for s in shapes:
-                tower = make_gen_tower(model, inputs[s].cache, inputs[s].branches)
-                errors[str(s)] = _rel(inputs[s].engine_step(tower), refs[s])
-                del tower
-            out["errors"][label] = errors
-            tower = make_gen_tower(model, timed.cache, timed.branches)
-            out["step_ms"][label] = time_ms(lambda: timed.engine_step(tower), warmup=1, iters=iters).median_ms
-            del tower
-            log({"family": family, "policy": label, "errors": errors, "step_ms": out["step_ms"][label],
-                 "wall_s": round(time.perf_counter() - began, 2)})
-            model.fast_path, model.fp8_weights = None, None
-            gc.collect()
-    yardstick = out["errors"]["diffusers bf16"]
-    out["ratios"] = {label: {s: e / max(yardstick[s], 1e-12) for s, e in errs.items()} for label, errs in out["errors"].items()}
+            try:
+                out["errors"][label], out["step_ms"][label] = _measure(model, options, inputs, refs, timed, iters)
+            except Exception as error:  # noqa: BLE001 - one policy's failure must not lose the others
+                out["failed"][label] = f"{type(error).__name__}: {error}"[:300]
+            yardstick = out["errors"]["diffusers bf16"]
+            out["ratios"] = {k: {s: e / max(yardstick[s], 1e-12) for s, e in v.items()} for k, v in out["errors"].items()}
+            log({"family": family, "policy": label, "ratio": {s: round(e / max(yardstick[s], 1e-12), 3) for s, e in
+                 out["errors"].get(label, {}).items()}, "step_ms": round(out["step_ms"].get(label, float("nan")), 2),
+                 "failed": out["failed"].get(label), "wall_s": round(time.perf_counter() - began, 2)})
     del model, transformer, inputs, timed, refs
     gc.collect()
     if torch.cuda.is_available():
@@ -121,12 +138,14 @@ def gate_markdown(results: list[dict]) -> str:
     lines = [f"| policy | {head} | worst | passes (<= {GATE}x) | " +
              " | ".join(f"{r['family']} step ms" for r in results) + " |",
              "|---|" + "---|" * (len(columns) + 2 + len(results))]
-    labels = list(results[0]["ratios"])
+    labels = list(dict.fromkeys(label for r in results for label in r["ratios"]))
     for label in labels:
-        ratios = [r["ratios"][label][s] for r in results for s in r["ratios"][label]]
-        cells = " | ".join(f"{x:.2f}x" for x in ratios)
+        ratios = [r["ratios"].get(label, {}).get(s) for r in results for s in r["errors"]["diffusers bf16"]]
+        cells = " | ".join("-" if x is None else f"{x:.2f}x" for x in ratios)
+        worst = max((x for x in ratios if x is not None), default=float("nan"))
+        verdict = "yes" if None not in ratios and worst <= GATE else ("no" if worst > GATE else "incomplete")
         steps = " | ".join(f"{r['step_ms'].get(label, float('nan')):.1f}" for r in results)
-        lines.append(f"| {label} | {cells} | {max(ratios):.2f}x | {'yes' if max(ratios) <= GATE else 'no'} | {steps} |")
+        lines.append(f"| {label} | {cells} | {worst:.2f}x | {verdict} | {steps} |")
     lines.append("| (diffusers bf16 error) | " + " | ".join(
         f"{r['errors']['diffusers bf16'][s]:.2e}" for r in results for s in r["errors"]["diffusers bf16"]) + " | | | |")
     return "\n".join(lines)
@@ -189,12 +208,12 @@ def timed_request(model, request, default_steps: int) -> dict:
     return row
 
 
-def super_run(args, device, log) -> dict:
+def super_run(args, device, log, out: dict) -> dict:
+    """Build Super FP8-only, then T2V 480p (and T2I 1024x1024), each request on its own (fail soft)."""
     from bench.e2e import long_prompt
     from engine.model.defaults import sampling_defaults
 
-    model, facts = build_super(device, args.policy, log=log)
-    out = {"build": facts, "runs": []}
+    model, out["build"] = build_super(device, args.policy, log=log)
     prompt = long_prompt(model, tokens=args.prompt_tokens)
     workloads = [("t2v", dict(width=832, height=480, num_frames=121))]
     if not args.skip_t2i:
@@ -204,7 +223,12 @@ def super_run(args, device, log) -> dict:
             size = dict(size, num_frames=17) if mode == "t2v" else dict(width=640, height=640)  # allowed sizes
         default_steps = sampling_defaults(model.info, mode)["steps"]
         request = dict(mode=mode, prompt=prompt, seed=1, steps=args.steps, **size)
-        row = timed_request(model, request, default_steps)
+        try:
+            row = timed_request(model, request, default_steps)
+        except Exception as error:  # noqa: BLE001 - the next request (and the gate) still run
+            row = {"request": request | {"prompt": "..."}, "failed": f"{type(error).__name__}: {error}"[:500]}
+            if torch.cuda.is_available():
+                row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         row["mode"], row["default_steps"] = mode, default_steps
         out["runs"].append(row)
         log(row)
@@ -232,6 +256,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=1600)
     parser.add_argument("--smoke", action="store_true", help="tiny dims on the CPU: checks the script")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--budget-s", type=float, default=200.0,
+                        help="gate policies not started this many seconds after the start are skipped (listed)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     if args.smoke:
@@ -253,16 +279,28 @@ def main(argv=None) -> int:
             Path(args.json).write_text(json.dumps(results, indent=2, default=str))
 
     log(header)
+    deadline = time.perf_counter() + args.budget_s
+    if args.super:  # first: the target (Super runs on one H200 in FP8)
+        results["super"] = {"runs": []}
+        try:
+            super_run(args, device, log, results["super"])
+        except Exception as error:  # noqa: BLE001 - the gate still runs
+            results["super"]["failed"] = f"{type(error).__name__}: {error}"[:500]
+            log({"super_failed": results["super"]["failed"]})
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     if args.gate:
         policies = [p for p in args.policies.split(",") if p]
         for family in args.families.split(","):
             kwargs = dict(shapes=[(64, 64, 1), (64, 64, 5)], timing=(64, 64, 5), prefixes=(20, 31),
-                          timing_prefixes=(20, 31), iters=1) if args.smoke else {}
-            results["gate"].append(gate_family(family, policies, device, log, **kwargs))
-            log({"gate_done": family})
-        print(gate_markdown(results["gate"]), flush=True)
-    if args.super:
-        results["super"] = super_run(args, device, log)
+                          timing_prefixes=(20, 31)) if args.smoke else {}
+            try:
+                gate_family(family, policies, device, log, into=results["gate"], deadline=deadline, **kwargs)
+            except Exception as error:  # noqa: BLE001 - the other family still runs
+                log({"gate_failed": family, "error": f"{type(error).__name__}: {error}"[:500]})
+        if results["gate"]:
+            print(gate_markdown(results["gate"]), flush=True)
     log({"done": True})
     return 0
 

@@ -23,9 +23,18 @@ FAST = dict(enabled=True, batched_cfg=True, cuda_graphs=False, kernels="torch", 
 REQUEST = dict(mode="t2v", prompt="a lighthouse at dusk", seed=3, steps=3)
 
 
-def _cpu_loader(folder, device):
-    config = json.loads((folder / "config.json").read_text())
-    return fp8.build_fp8_transformer(config, device, fp8.checkpoint_fill(folder), FP8Policy.parse("row"))
+class _CPULoader:
+    """engine.parallel.load.FP8OnlyLoader without its GPU check."""
+
+    def __init__(self, policy="row"):
+        self.policy = FP8Policy.parse(policy)
+
+    def __call__(self, folder, device):
+        config = json.loads((folder / "config.json").read_text())
+        return fp8.build_fp8_transformer(config, device, fp8.checkpoint_fill(folder), self.policy)
+
+
+_cpu_loader = _CPULoader()
 
 
 def _sizes(root):
@@ -83,13 +92,13 @@ def test_the_fp8_only_build_holds_one_layer_in_bf16_at_a_time(tiny_family, monke
     assert attn.add_q_proj.weight.qdata.data_ptr() == weights.qkv[0].qdata.data_ptr()
 
 
-@pytest.fixture(scope="module")
-def super_pair(tiny_family):
+@pytest.fixture(scope="module", params=["row", "row-exact:qkv+in@1"])
+def super_pair(tiny_family, request):
     """The tiny Super loaded FP8-only (the bf16 weights 'do not fit') and loaded whole in bf16."""
-    root = tiny_family["super"]
-    bf16, fp8_bytes = _sizes(root)
-    budget = int((bf16 + fp8_bytes) / 2 / 0.9)  # bf16 over the budget's 90%, FP8 under it
-    fp8_model = load_in_process(root, device="cpu", memory_budget_bytes=budget, fp8_loader=_cpu_loader)
+    root, loader = tiny_family["super"], _CPULoader(request.param)
+    bf16, _ = _sizes(root)
+    budget = int((bf16 + fp8_weight_bytes(root, 4, loader.policy)) / 2 / 0.9)  # bf16 over 90% of it, FP8 under
+    fp8_model = load_in_process(root, device="cpu", memory_budget_bytes=budget, fp8_loader=loader)
     reference = load_in_process(root, device="cpu")
     for name, module in reference.transformer.named_children():
         if name != "time_embedder":  # kept in fp32, as diffusers keeps it (and as the FP8-only build does)
@@ -104,7 +113,7 @@ def test_super_fp8_only_equals_fp8_beside_bf16_and_says_fp8(super_pair, monkeypa
     monkeypatch.setattr(fp8, "check_available", lambda device: None)  # FP8 beside bf16, on the CPU
     assert fp8_model.fp8_weights.resident and fp8_model.transformer.layers[0].self_attn.to_q.weight.dtype == torch.bfloat16
     fp8_model.fast_path = FastPathOptions(**FAST)  # fp8 not even asked for: the model holds nothing else
-    reference.fast_path = FastPathOptions(**FAST, fp8=True, fp8_policy="row")
+    reference.fast_path = FastPathOptions(**FAST, fp8=True, fp8_policy=fp8_model.fp8_weights.policy.name)
     try:
         ours, theirs = engine.generate(fp8_model, dict(REQUEST)), engine.generate(reference, dict(REQUEST))
         assert ours.precision == theirs.precision == FP8_LABEL == ours.summary()["precision"]
@@ -133,3 +142,13 @@ def test_one_gpu_rule_with_and_without_fp8(tiny_family):
     # engine.load_model asks the FP8-only build for a GPU with FP8 tensor cores.
     with pytest.raises(fp8.FP8Unavailable, match="needs a CUDA GPU"):
         engine.load_model(root, device="cpu", memory_budget_bytes=budget, fp8=True)
+
+
+def test_the_fp8_size_follows_the_policy(tiny_family):
+    root = tiny_family["super"]
+    bf16, all_fp8 = _sizes(root)
+    some = fp8_weight_bytes(root, 4, FP8Policy.parse("row:in"))
+    edges = fp8_weight_bytes(root, 4, FP8Policy.parse("row@1"))
+    assert all_fp8 < some < bf16 and all_fp8 < edges < bf16
+    # Only the middle one of three layers is FP8 under "row@1": a third of the gen GEMM weights' saving.
+    assert (bf16 - edges) * 3 == pytest.approx(bf16 - all_fp8, rel=1e-6)

@@ -212,13 +212,18 @@ def _transformer_class():
 
 MAX_GPUS = 64  # the largest group a refusal suggests
 
-# The gen tower's per-layer GEMM weights: what an FP8-only model (engine.pipeline.fp8) holds in float8.
-GEN_LINEAR = re.compile(r"^layers\.\d+\.(self_attn\.(add_[qkv]_proj|to_add_out)|mlp_moe_gen\.(gate|up|down)_proj)\.weight$")
+# The gen tower's per-layer GEMM weights: what an FP8-only model (engine.pipeline.fp8) holds in float8, by
+# the role its policy names them with (`FP8Policy.gemms_of_layer`).
+GEN_LINEAR = re.compile(r"^layers\.(\d+)\.(self_attn\.(add_[qkv]_proj|to_add_out)|mlp_moe_gen\.(gate|up|down)_proj)\.weight$")
+GEN_ROLES = {"add_q_proj": "qkv", "add_k_proj": "qkv", "add_v_proj": "qkv", "to_add_out": "out", "gate": "in",
+             "up": "in", "down": "down"}
 
 
-def fp8_weight_bytes(root: Path, dtype_bytes: int = 2) -> int:
-    """Bytes of the transformer and VAE when the gen tower's GEMM weights are float8 (one byte, plus a
-    4-byte scale per row) and everything else stays bf16: what `load_in_process(..., fp8_loader=...)` holds."""
+def fp8_weight_bytes(root: Path, dtype_bytes: int = 2, policy=None) -> int:
+    """Bytes of the transformer and VAE when the gen tower's GEMM weights that `policy` puts in FP8 (all
+    when None) are float8 (one byte, plus a 4-byte scale per row) and everything else stays bf16: what
+    `load_in_process(..., fp8_loader=...)` holds."""
+    layers = json.loads((root / "transformer" / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
     total = 0
     for part in ("transformer", "vae"):
         for file in weight_files(root / part):
@@ -229,8 +234,10 @@ def fp8_weight_bytes(root: Path, dtype_bytes: int = 2) -> int:
                 count = 1
                 for dim in shape:
                     count *= dim
-                gen = part == "transformer" and GEN_LINEAR.match(name) and len(shape) == 2
-                total += count + 4 * shape[0] if gen else count * dtype_bytes
+                gen = GEN_LINEAR.match(name) if part == "transformer" and len(shape) == 2 else None
+                role = gen and GEN_ROLES[gen.group(3) or gen.group(4)]
+                fp8 = gen is not None and (policy is None or role in policy.gemms_of_layer(int(gen.group(1)), layers))
+                total += count + 4 * shape[0] if fp8 else count * dtype_bytes
     return total
 
 
@@ -275,11 +282,12 @@ def _check_fits(info, device, need: int, budget: int | None, weight_shards: int,
 
 
 def _fp8_only_fits(info, root: Path, device, need: int, budget: int | None, weight_shards: int, dtype,
-                   fp8_asked: bool) -> bool:
-    """Whether to build the FP8-only model: FP8 asked for, the bf16 weights over the budget, the FP8 ones
-    under it. Otherwise refuse what does not fit (naming the FP8 option on one GPU) or return False."""
-    fp8_need = fp8_weight_bytes(root, dtype.itemsize) if weight_shards == 1 and not fits(need, budget) else None
-    if fp8_asked and fp8_need is not None and fits(fp8_need, budget):
+                   fp8_loader) -> bool:
+    """Whether to build the FP8-only model: FP8 asked for (`fp8_loader`, its `policy` sizing it), the bf16
+    weights over the budget, the FP8 ones under it. Otherwise refuse what does not fit (naming the FP8 option on one GPU) or return False."""
+    fp8_need = (fp8_weight_bytes(root, dtype.itemsize, getattr(fp8_loader, "policy", None))
+                if weight_shards == 1 and not fits(need, budget) else None)
+    if fp8_loader is not None and fp8_need is not None and fits(fp8_need, budget):
         return True
     _check_fits(info, device, need, budget, weight_shards, fp8_need)
     return False
@@ -309,7 +317,7 @@ def load_in_process(source: str | os.PathLike, *, device: str | None = None, saf
     if sound_class:
         parameters += component_parameter_count(root / "sound_tokenizer")
     fp8_only = _fp8_only_fits(info, root, device, parameters * dtype.itemsize // weight_shards,
-                              _budget(device, memory_budget_bytes), weight_shards, dtype, fp8_loader is not None)
+                              _budget(device, memory_budget_bytes), weight_shards, dtype, fp8_loader)
     dropped_weights = quantizer_keys(root / "transformer")
     fp8_weights = None
     if fp8_only:

@@ -5,7 +5,10 @@ never reaches up to the group runtime.
 """
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
+from typing import Any
 
 from ..model.loader import load_in_process
 from .runtime import GroupModel, resolve_gpus
@@ -24,16 +27,22 @@ def load_model(source: str | os.PathLike, *, gpus: int | str = 1, weights: str |
     if fp8 is None:
         fp8 = os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes")
     if fp8:
-        in_process.setdefault("fp8_loader", fp8_only_loader)
+        from ..pipeline.fp8 import policy_from_env
+
+        in_process.setdefault("fp8_loader", FP8OnlyLoader(policy_from_env()))
     return load_in_process(source, **in_process)
 
 
-def fp8_only_loader(folder, device):
-    """The transformer of a checkpoint folder built FP8-only on `device` (engine.pipeline.fp8)."""
-    import json
+@dataclass(frozen=True)
+class FP8OnlyLoader:
+    """Builds a checkpoint folder's transformer FP8-only on a device under `policy`
+    (`engine.pipeline.fp8.build_fp8_transformer`); the loader sizes the model by the same policy."""
 
-    from ..pipeline.fp8 import build_fp8_transformer, check_available, checkpoint_fill
+    policy: Any
 
-    check_available(device)
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    return build_fp8_transformer(config, device, checkpoint_fill(folder))
+    def __call__(self, folder, device):
+        from ..pipeline.fp8 import build_fp8_transformer, check_available, checkpoint_fill
+
+        check_available(device)
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        return build_fp8_transformer(config, device, checkpoint_fill(folder), self.policy)
