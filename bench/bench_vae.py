@@ -1,15 +1,28 @@
-"""Wan2.2 VAE decode at full size: the plain diffusers decode against cheap speedups, same latents.
+"""Wan2.2 VAE decode at full size: the plain diffusers decode against speedups, same latents, one process.
 
-    python bench/bench_vae.py          # on the GPU, about 2 minutes
+    python bench/bench_vae.py --sections cheap                  # cudnn.benchmark / channels-last (2 min)
+    python bench/bench_vae.py --json $OUT/vae_stage.json        # the decode stage (about 4 min)
+    python bench/bench_vae.py --tiny --json /tmp/vae.json       # the same code on the CPU, a tiny VAE
 
-Variants: cuDNN autotuning (`torch.backends.cudnn.benchmark`), channels-last-3d weights and input, and
-both. Each is timed (median of 3 CUDA-event runs after one warm-up) and compared with the plain decode
-(max abs difference on the [-1, 1] output), so a speedup that changes the picture shows up here.
+`cheap`: cuDNN autotuning (`torch.backends.cudnn.benchmark`), channels-last-3d weights and input, and
+both, each timed (median of 3 CUDA-event runs after one warm-up) against the plain decode (max abs
+difference on the [-1, 1] output).
+
+`stage` (the default): the decode stage, latents to uint8 frames in host memory, at 1280x720/189f and
+832x480/121f: the plain decode and today's channels-last path (`engine.pipeline.decode.decode_uint8`)
+against the engine's causal walker (`engine.pipeline.causal_decode`) with temporal chunking, fused
+norm + SiLU (a Triton kernel writing the conv's padded input, or torch.compile) and stacked-time-tap conv2d. Per variant: a warm-up on a short clip that
+has every chunk shape of the full clip (its wall time, minus a second call's, is the compile time;
+its [-1, 1] output gives the max abs difference against the plain decode), then the full clip timed
+(`kernels.timing`), its uint8 bytes compared with the plain decode's and today's. A torch.profiler
+table (top 15 by GPU time) of one steady causal step of today's path and of the fastest variant.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -17,9 +30,29 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.models import build_vae  # noqa: E402
+from engine.pipeline.causal_decode import DecodePlan, decoded_chunks, latent_steps  # noqa: E402
+from engine.pipeline.decode import decode_uint8, to_uint8  # noqa: E402
 from kernels.timing import time_ms  # noqa: E402
 
 CASES = (("image 1024x1024", 1, 1024, 1024), ("video 832x480 121f", 121, 480, 832))
+FIRST_CASE_SHARE = 0.7
+STAGE_CASES = {"720p": (189, 720, 1280), "480p": (121, 480, 832)}
+TINY = dict(base_dim=8, decoder_base_dim=8)  # --tiny: the full layout with narrow channels, for CPU runs
+# (name, channels-last weights, plan (None = today's decode_uint8), cudnn.benchmark), in the order they run.
+VARIANTS = (
+    ("plain", False, None, False),
+    ("channels_last", True, None, False),
+    ("triton", True, DecodePlan(elementwise="triton"), False),
+    ("triton+chunk4", True, DecodePlan(chunk=4, elementwise="triton"), False),
+    ("chunk4", True, DecodePlan(chunk=4), False),
+    ("triton+conv2d+chunk4", True, DecodePlan(chunk=4, elementwise="triton", conv="2d"), False),
+    ("compile+chunk4", True, DecodePlan(chunk=4, elementwise="compile"), False),
+    ("conv2d", True, DecodePlan(conv="2d"), False),
+    ("triton+chunk8", True, DecodePlan(chunk=8, elementwise="triton"), False),
+    ("compile", True, DecodePlan(elementwise="compile"), False),
+    ("triton+conv2d+chunk4+benchmark", True, DecodePlan(chunk=4, elementwise="triton", conv="2d"), True),
+)
+TINY_LATENT_FRAMES = 6  # --tiny: a few latent frames (the CPU convolves slowly), still every step shape
 
 
 def _set_format(module, channels_last: bool) -> None:
@@ -38,12 +71,12 @@ def _time(fn, iters=3):
 
 
 @torch.no_grad()
-def main() -> int:
-    vae = build_vae("cuda")
+def cheap(device: str, tiny: bool) -> list[dict]:
+    vae = build_vae(device, **(TINY if tiny else {}))
     rows = []
     for label, frames, height, width in CASES:
-        generator = torch.Generator(device="cuda").manual_seed(0)
-        latent = torch.randn(1, 48, (frames - 1) // 4 + 1, height // 16, width // 16, device="cuda",
+        generator = torch.Generator(device=device).manual_seed(0)
+        latent = torch.randn(1, 48, (frames - 1) // 4 + 1, height // 16, width // 16, device=device,
                              dtype=vae.dtype, generator=generator)
         iters = 3 if frames == 1 else 2
         torch.backends.cudnn.benchmark = False
@@ -61,11 +94,225 @@ def main() -> int:
                          "max_abs_diff": float((out.float() - plain).abs().max())})
             print(json.dumps(rows[-1]), flush=True)
         del latent, plain
-        torch.cuda.empty_cache()
+    torch.backends.cudnn.benchmark = False
     print("| decode | variant | ms | speedup | max abs diff vs plain |\n|---|---|---|---|---|")
     base = {r["decode"]: r["ms"] for r in rows if r["variant"] == "plain"}
     for r in rows:
         print(f"| {r['decode']} | {r['variant']} | {r['ms']:.1f} | {base[r['decode']] / r['ms']:.2f}x | {r['max_abs_diff']:.1e} |")
+    return rows
+
+
+# -- the decode stage ----------------------------------------------------------------------------
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def stage_frames(vae, z: torch.Tensor, plan: DecodePlan | None):
+    """Latents to uint8 frames [T, H, W, 3] in host memory: today's path (plan None) or the walker."""
+    if plan is None:
+        return decode_uint8(vae, z)
+    frames = torch.cat([to_uint8(out[0]) for out in decoded_chunks(vae, z, plan)], dim=0)
+    return frames.cpu().numpy()
+
+
+def float_frames(vae, z: torch.Tensor, plan: DecodePlan | None) -> torch.Tensor:
+    """The decoder's clamped [-1, 1] output [1, 3, T, H, W] (diffusers' vae.decode for plan None)."""
+    if plan is None:
+        return vae.decode(z).sample
+    return torch.cat(list(decoded_chunks(vae, z, plan)), dim=2)
+
+
+def short_length(latent_frames: int, chunk: int) -> int:
+    """The shortest clip with every causal step shape of the full clip (first, steady, remainder)."""
+    rest = (latent_frames - 1) % chunk
+    return min(latent_frames, 1 + chunk + rest)
+
+
+def _profile_table(fn, device: str) -> tuple[str, list[dict]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        _sync()
+    averages = prof.key_averages()
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    table = averages.table(sort_by=key, row_limit=15, max_name_column_width=70)
+    rows = sorted(averages, key=lambda e: -getattr(e, key, 0.0))[:15]
+    return table, [{"name": e.key, "self_us": float(getattr(e, key, 0.0)), "calls": e.count} for e in rows]
+
+
+def profile_step(vae, z: torch.Tensor, plan: DecodePlan | None, device: str) -> dict:
+    """torch.profiler over the third causal step (a steady one) of a decode of z."""
+    if plan is None:  # today's loop (decode_uint8's), diffusers' decoder one latent frame a step
+        vae.clear_cache()
+        x = vae.post_quant_conv(z[:, :, :3])
+
+        def run(i):
+            vae._conv_idx = [0]
+            return vae.decoder(x[:, :, i:i + 1], feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=i == 0)
+
+        run(0), run(1)
+        table, top = _profile_table(lambda: run(2), device)
+        vae.clear_cache()
+        frames = 1
+    else:
+        steps = latent_steps(z.shape[2], plan.chunk)[:3]
+        chunks = decoded_chunks(vae, z[:, :, :steps[-1][1]], plan)
+        next(chunks), next(chunks)
+        table, top = _profile_table(lambda: next(chunks), device)
+        chunks.close()
+        frames = steps[-1][1] - steps[-1][0]
+    print(table, flush=True)
+    return {"latent_frames_in_step": frames, "table": table, "top15": top}
+
+
+def _compare(frames, reference_u8: torch.Tensor | None, device: str) -> dict:
+    if reference_u8 is None:
+        return {}
+    ours = torch.from_numpy(frames).to(device)
+    if ours.shape != reference_u8.shape:
+        return {"bytes_equal": False, "shape": list(ours.shape)}
+    diff = (ours.int() - reference_u8.int()).abs()
+    return {"bytes_equal": bool(diff.max() == 0), "max_u8_diff": int(diff.max()),
+            "pixels_off": float((diff > 0).float().mean())}
+
+
+def _warm(vae, z, plan, reference_float, device) -> dict:
+    """First and second call on the short clip: compile time, and the [-1, 1] difference vs plain."""
+    _sync()
+    began = time.perf_counter()
+    out = float_frames(vae, z, plan)
+    _sync()
+    first = time.perf_counter() - began
+    began = time.perf_counter()
+    float_frames(vae, z, plan)
+    _sync()
+    second = time.perf_counter() - began
+    result = {"short_latent_frames": z.shape[2], "first_call_s": first, "second_call_s": second,
+              "compile_s": max(0.0, first - second)}
+    if reference_float is not None:
+        result["max_abs_diff_vs_plain"] = float((out.float() - reference_float.float()).abs().max())
+    return result
+
+
+@torch.no_grad()
+def stage_case(vae, label: str, frames: int, height: int, width: int, args, deadline: float) -> list[dict]:
+    device = args.device
+    generator = torch.Generator(device=device).manual_seed(0)
+    scale = 16 if not args.tiny else 16 * 16  # --tiny: the same frame counts at a few latent pixels
+    latent_t = (frames - 1) // 4 + 1 if not args.tiny else TINY_LATENT_FRAMES + (frames > 150)
+    latent = torch.randn(1, 48, latent_t, max(2, height // scale), max(2, width // scale), device=device,
+                         dtype=vae.dtype, generator=generator)
+    plans = [v for v in VARIANTS if v[0] in args.variants]
+    shorts = {short_length(latent_t, plan.chunk if plan else 1) for _, _, plan, _ in plans}
+    _set_format(vae, False)
+    reference_float = {n: float_frames(vae, latent[:, :, :n], None) for n in sorted(shorts)}
+    rows, reference_u8, today_u8 = [], None, None
+    for name, channels_last, plan, benchmark in plans:
+        row = {"case": label, "variant": name, "plan": None if plan is None else plan.__dict__,
+               "channels_last": channels_last, "cudnn_benchmark": benchmark}
+        if time.perf_counter() > deadline:
+            rows.append({**row, "skipped": "time budget"})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
+        _set_format(vae, channels_last)
+        torch.backends.cudnn.benchmark = benchmark
+        z = latent.contiguous(memory_format=torch.channels_last_3d) if channels_last else latent
+        try:
+            short = short_length(latent_t, plan.chunk if plan else 1)
+            row["warm"] = _warm(vae, z[:, :, :short], plan, reference_float[short], device)
+            timing = time_ms(lambda: row.__setitem__("frames", stage_frames(vae, z, plan)), warmup=0, iters=args.iters)
+            row["ms"] = timing.median_ms
+            row["samples_ms"] = list(timing.samples_ms)
+            out = row.pop("frames")
+            row["vs_plain"] = _compare(out, reference_u8, device)
+            row["vs_today"] = _compare(out, today_u8, device)
+            if name == "plain":
+                reference_u8 = torch.from_numpy(out).to(device)
+            elif name == "channels_last":
+                today_u8 = torch.from_numpy(out).to(device)
+            del out
+        except Exception as error:  # one failing candidate must not cost the others' measurements
+            row["error"] = f"{type(error).__name__}: {error}"[:2000]
+        torch.backends.cudnn.benchmark = False
+        if device == "cuda":
+            row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.empty_cache()
+        rows.append(row)
+        print(json.dumps(rows[-1]), flush=True)
+    timed = [r for r in rows if "ms" in r and r["variant"] != "plain"]
+    if args.profile and timed:
+        best = min(timed, key=lambda r: r["ms"])
+        for name in dict.fromkeys(("channels_last", best["variant"])):
+            _, channels_last, plan, benchmark = next(v for v in VARIANTS if v[0] == name)
+            _set_format(vae, channels_last)
+            torch.backends.cudnn.benchmark = benchmark
+            z = latent.contiguous(memory_format=torch.channels_last_3d) if channels_last else latent
+            try:
+                rows.append({"case": label, "variant": name, "profile": profile_step(vae, z, plan, device)})
+            except Exception as error:
+                rows.append({"case": label, "variant": name, "profile_error": f"{type(error).__name__}: {error}"})
+            torch.backends.cudnn.benchmark = False
+    return rows
+
+
+def summary(rows: list[dict]) -> str:
+    lines = ["| case | variant | stage ms | vs today | compile s | max abs diff vs plain | bytes = plain | bytes = today | max uint8 diff vs today |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    today = {r["case"]: r["ms"] for r in rows if r.get("variant") == "channels_last" and "ms" in r}
+    for r in rows:
+        if "ms" not in r:
+            if "profile" not in r and "profile_error" not in r:
+                lines.append(f"| {r['case']} | {r['variant']} | {r.get('error') or r.get('skipped')} | | | | | | |")
+            continue
+        warm, plain, now = r.get("warm", {}), r.get("vs_plain", {}), r.get("vs_today", {})
+        ratio = f"{today[r['case']] / r['ms']:.3f}x" if r["case"] in today else ""
+        lines.append(f"| {r['case']} | {r['variant']} | {r['ms']:.0f} | {ratio} | {warm.get('compile_s', 0):.1f} | "
+                     f"{warm.get('max_abs_diff_vs_plain', 0):.1e} | {plain.get('bytes_equal', '')} | "
+                     f"{now.get('bytes_equal', '')} | {now.get('max_u8_diff', '')} |")
+    return "\n".join(lines)
+
+
+def stage(args) -> list[dict]:
+    began = time.perf_counter()
+    vae = build_vae(args.device, **(TINY if args.tiny else {}))
+    rows = []
+    for index, label in enumerate(args.cases):
+        # The first case (720p, the target) may use FIRST_CASE_SHARE of the budget; the rest what is left.
+        share = FIRST_CASE_SHARE if index == 0 and len(args.cases) > 1 else 1.0
+        deadline = began + share * args.budget_s
+        rows += stage_case(vae, label, *STAGE_CASES[label], args, deadline)
+    print(summary(rows), flush=True)
+    print(f"stage section: {time.perf_counter() - began:.0f} s", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default="stage", help="comma list of: cheap, stage")
+    parser.add_argument("--cases", default="720p,480p", help="stage cases: 720p, 480p")
+    parser.add_argument("--variants", default=",".join(v[0] for v in VARIANTS))
+    parser.add_argument("--iters", type=int, default=1, help="timed full-clip runs per variant")
+    parser.add_argument("--budget-s", type=float, default=200.0, help="skip the remaining variants after this")
+    parser.add_argument("--no-profile", dest="profile", action="store_false")
+    parser.add_argument("--tiny", action="store_true", help="narrow VAE and a few latent pixels (CPU check)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    args.cases = [c for c in args.cases.split(",") if c]
+    args.variants = set(args.variants.split(","))
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    result = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+              "torch": torch.__version__, "args": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()}}
+    for section in args.sections.split(","):
+        result[section] = cheap(args.device, args.tiny) if section == "cheap" else stage(args)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
     return 0
 
 

@@ -64,12 +64,13 @@ def build_transformer(family: str, device: str = "cuda", dtype: torch.dtype = to
     return model.eval()
 
 
-def build_vae(device: str = "cuda", dtype: torch.dtype = torch.bfloat16):
+def build_vae(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, **overrides):
+    """The Wan2.2 VAE with random weights; `overrides` shrink it for CPU runs of a bench (e.g. base dims)."""
     from diffusers import AutoencoderKLWan
 
     torch.manual_seed(1)
     with torch.device(device):
-        vae = AutoencoderKLWan(**WAN22_VAE, latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+        vae = AutoencoderKLWan(**{**WAN22_VAE, **overrides}, latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
     return vae.to(dtype).eval()
 
 

@@ -1,0 +1,264 @@
+"""The Wan VAE decoder's causal loop, walked by the engine: several latent frames a step, fused work.
+
+diffusers' `AutoencoderKLWan._decode` feeds the decoder one latent frame at a time; every causal 3-D
+conv keeps its last two input frames in a feature cache (`feat_cache`), so a frame sees its past
+without the whole clip in memory. This module walks the same modules with the same weights in the same
+order, with the cache made explicit per conv, and three switchable changes (a `DecodePlan`):
+
+- **temporal chunking** (`chunk`): after the first latent frame (which must stay alone: its upsample
+  time conv is skipped, the "Rep" rule, and its residual shortcut drops the frames before it), `chunk`
+  latent frames go through each conv at once. Every other op is frame-local and every causal conv
+  sees the same zero-padded-then-cached past, so this is the same computation, in bigger convolutions;
+- **fused norm + SiLU** (`elementwise="compile"`): the RMS norm, SiLU, cache concatenation and the
+  conv's spatial zero padding before each 3x3x3 conv become one `torch.compile`d function (one
+  reduction and one write of the conv's input instead of about eight full-resolution passes);
+- **stacked time taps** (`conv="2d"`): a 3x3x3 conv as a 3x3 conv2d over the three time taps stacked
+  into channels (cuDNN's 2-D NHWC kernels instead of its 3-D ones).
+
+Why the cache is always two zero frames at first: diffusers pads the first chunk's input with zeros
+(no cache yet) and a one-frame chunk's cache with a zero frame ("Rep" for the upsample's time conv),
+so a cache that starts as two zero frames gives each conv exactly the input diffusers gives it.
+`DecodePlan()` (one frame a step, eager ops, conv3d) is diffusers' decode op for op
+(tests/test_causal_decode.py checks it bit for bit); the others are bf16-close, measured in
+docs/PERFORMANCE.md (VAE decode).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+CACHE_FRAMES = 2  # diffusers' CACHE_T: a 3-tap causal conv's past
+ELEMENTWISE = ("eager", "compile", "triton")
+CONVS = ("3d", "2d")
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    chunk: int = 1  # latent frames per causal step after the first
+    elementwise: str = "eager"
+    conv: str = "3d"
+
+    def __post_init__(self):
+        if self.chunk < 1 or self.elementwise not in ELEMENTWISE or self.conv not in CONVS:
+            raise ValueError(f"DecodePlan: chunk >= 1, elementwise in {ELEMENTWISE}, conv in {CONVS}; got {self}")
+
+    @property
+    def is_exact(self) -> bool:
+        return self == DecodePlan()
+
+
+def supports(vae) -> bool:
+    """The walker knows diffusers' Wan decoder (2.1 and 2.2 up blocks); anything else decodes as before."""
+    decoder = getattr(vae, "decoder", None)
+    return type(decoder).__name__ == "WanDecoder3d" and not getattr(vae, "use_tiling", False)
+
+
+def latent_steps(frames: int, chunk: int) -> list[tuple[int, int]]:
+    """(start, stop) latent frame ranges: the first frame alone, then `chunk` at a time."""
+    steps = [(0, 1)] if frames else []
+    steps += [(start, min(start + chunk, frames)) for start in range(1, frames, chunk)]
+    return steps
+
+
+def _memory_format(x: torch.Tensor) -> torch.memory_format:
+    return torch.channels_last_3d if not x.is_contiguous() and x.is_contiguous(
+        memory_format=torch.channels_last_3d) else torch.contiguous_format
+
+
+def _norm_silu(norm, act, x: torch.Tensor) -> torch.Tensor:
+    """diffusers' WanRMS_norm then the block's SiLU, op for op (fp32 normalize, bf16 scale and gamma)."""
+    return act(norm(x))
+
+
+def _norm_silu_join(x: torch.Tensor, cache: torch.Tensor, gamma: torch.Tensor, scale: float, pad: int) -> torch.Tensor:
+    """cat([cache, pad(SiLU(RMSnorm(x)))]) over time: the conv's whole input, written once (compiled)."""
+    normalized = F.normalize(x.float(), dim=1).to(x.dtype)
+    y = F.silu(normalized * scale * gamma)
+    return torch.cat([cache, F.pad(y, (pad, pad, pad, pad, 0, 0))], dim=2)
+
+
+_compiled_join = None
+
+
+def _fused_join():
+    global _compiled_join
+    if _compiled_join is None:
+        import torch._dynamo
+
+        # One graph per (shape, channels): about six shapes per chunk length at a size.
+        config = torch._dynamo.config
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        setattr(config, name, max(getattr(config, name), 64))
+        _compiled_join = torch.compile(_norm_silu_join, dynamic=False)
+    return _compiled_join
+
+
+class CausalDecoder:
+    """One decode's walk over `vae.decoder`; `step` takes latent frames (after `post_quant_conv`)."""
+
+    def __init__(self, vae, plan: DecodePlan):
+        self.decoder, self.plan = vae.decoder, plan
+        self.cache: dict[torch.nn.Module, torch.Tensor] = {}  # per causal conv: its padded last two input frames
+        self.started: set[torch.nn.Module] = set()  # upsample3d modules past their first ("Rep") chunk
+        self.stacked: dict[torch.nn.Module, torch.Tensor] = {}
+        self.buffers: dict[tuple, torch.Tensor] = {}  # "triton": zero-bordered conv inputs, one per shape
+
+    def step(self, x: torch.Tensor, first: bool) -> torch.Tensor:
+        d = self.decoder
+        x = self.conv(d.conv_in, x)
+        x = self.mid_block(d.mid_block, x)
+        for block in d.up_blocks:
+            x = self.up_block(block, x, first)
+        return self.norm_conv(d.norm_out, d.nonlinearity, d.conv_out, x)
+
+    # -- blocks, as diffusers orders them -------------------------------------------------------
+
+    def residual(self, block, x: torch.Tensor) -> torch.Tensor:
+        h = block.conv_shortcut(x)  # Identity or a 1x1x1 conv: no temporal context, no cache
+        x = self.norm_conv(block.norm1, block.nonlinearity, block.conv1, x)
+        # (diffusers' dropout sits between norm2 and conv2: the identity in eval mode, where decode runs)
+        x = self.norm_conv(block.norm2, block.nonlinearity, block.conv2, x)
+        return x + h
+
+    def mid_block(self, block, x: torch.Tensor) -> torch.Tensor:
+        x = self.residual(block.resnets[0], x)
+        for attention, resnet in zip(block.attentions, block.resnets[1:]):
+            x = self.residual(resnet, attention(x) if attention is not None else x)
+        return x
+
+    def up_block(self, block, x: torch.Tensor, first: bool) -> torch.Tensor:
+        shortcut = getattr(block, "avg_shortcut", None)  # Wan2.2's residual up block
+        skip = x
+        for resnet in block.resnets:
+            x = self.residual(resnet, x)
+        upsampler = getattr(block, "upsampler", None)
+        if upsampler is None and getattr(block, "upsamplers", None) is not None:
+            upsampler = block.upsamplers[0]
+        if upsampler is not None:
+            x = self.resample(upsampler, x)
+        if shortcut is not None:
+            x = x + shortcut(skip, first_chunk=first)
+        return x
+
+    def resample(self, up, x: torch.Tensor) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        if up.mode == "upsample3d":
+            if up not in self.started:  # diffusers' "Rep": the first chunk skips the time conv
+                self.started.add(up)
+            else:
+                y = self.conv(up.time_conv, x).reshape(b, 2, c, t, h, w)
+                x = torch.stack((y[:, 0], y[:, 1]), 3).reshape(b, c, t * 2, h, w)
+        t = x.shape[2]
+        x = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+        if self.plan.elementwise != "eager" and up.mode.startswith("upsample"):
+            # Nearest upsampling copies values, so bf16 gives diffusers' fp32 round trip bit for bit.
+            upsample, conv = up.resample
+            x = conv(F.interpolate(x, scale_factor=upsample.scale_factor, mode=upsample.mode))
+        else:
+            x = up.resample(x)
+        return x.view(b, t, x.size(1), x.size(2), x.size(3)).permute(0, 2, 1, 3, 4)
+
+    # -- causal convolutions ---------------------------------------------------------------------
+
+    def norm_conv(self, norm, act, conv, x: torch.Tensor) -> torch.Tensor:
+        """conv(SiLU(norm(x))) with the conv's cache."""
+        if self.plan.elementwise == "eager" or conv._padding[4] == 0:
+            return self.conv(conv, _norm_silu(norm, act, x))
+        pad = conv._padding[0]
+        cache = self._cache(conv, x, pad)
+        bias = norm.bias
+        gamma = norm.gamma if not isinstance(bias, torch.Tensor) else None
+        if gamma is None:  # a norm with a bias: not in Wan's decoder; keep diffusers' ops
+            return self.conv(conv, _norm_silu(norm, act, x))
+        if self.plan.elementwise == "compile":
+            return self._conv_joined(conv, _fused_join()(x, cache, gamma, float(norm.scale), pad))
+        from kernels.wan_norm import norm_silu_into
+
+        b, c, t, h, w = x.shape
+        frames = cache.shape[2]
+        key = (b, c, frames + t, h + 2 * pad, w + 2 * pad, x.dtype)
+        joined = self.buffers.get(key)
+        if joined is None:  # borders stay zero: only the cache frames and the interior are written
+            joined = x.new_zeros(key[:5]).contiguous(memory_format=torch.channels_last_3d)
+            self.buffers[key] = joined
+        joined[:, :, :frames].copy_(cache)
+        norm_silu_into(x.contiguous(memory_format=torch.channels_last_3d), gamma, float(norm.scale),
+                       joined[:, :, frames:, pad:pad + h, pad:pad + w])
+        return self._conv_joined(conv, joined)
+
+    def conv(self, conv, x: torch.Tensor) -> torch.Tensor:
+        """A WanCausalConv3d on x with its cached past: diffusers' cat + zero pad, then conv3d."""
+        if conv._padding[4] == 0:
+            return conv(x)
+        pad = conv._padding[0]
+        joined = torch.cat([self._cache(conv, x, pad), F.pad(x, (pad, pad, pad, pad, 0, 0))], dim=2)
+        return self._conv_joined(conv, joined)
+
+    def _cache(self, conv, x: torch.Tensor, pad: int) -> torch.Tensor:
+        cache = self.cache.get(conv)
+        if cache is None:
+            b, c, _, h, w = x.shape
+            shape = (b, c, conv._padding[4], h + 2 * pad, w + 2 * pad)
+            cache = x.new_zeros(shape).contiguous(memory_format=_memory_format(x))
+        return cache
+
+    def _conv_joined(self, conv, joined: torch.Tensor) -> torch.Tensor:
+        """Conv over the padded [cache, x] input; the new cache is its last frames."""
+        self.cache[conv] = joined[:, :, -conv._padding[4]:].clone()
+        if self.plan.conv == "2d" and tuple(conv.kernel_size) == (3, 3, 3) and tuple(conv.stride) == (1, 1, 1):
+            return self._conv_stacked(conv, joined)
+        return F.conv3d(joined, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+
+    def _conv_stacked(self, conv, joined: torch.Tensor) -> torch.Tensor:
+        """3x3x3 conv = 3x3 conv2d over [x_t-2, x_t-1, x_t] stacked on channels (one gather copy)."""
+        weight = self.stacked.get(conv)
+        if weight is None:  # [out, in, kt, kh, kw] -> [out, kt*in, kh, kw], NHWC like the input
+            out_c, in_c = conv.weight.shape[:2]
+            weight = conv.weight.permute(0, 2, 1, 3, 4).reshape(out_c, 3 * in_c, 3, 3)
+            weight = weight.contiguous(memory_format=torch.channels_last)
+            self.stacked[conv] = weight
+        b, c, tp, hp, wp = joined.shape
+        t = tp - 2
+        taps = joined.unfold(2, 3, 1)  # [b, c, t, hp, wp, 3]
+        stacked = taps.permute(0, 2, 3, 4, 5, 1).reshape(b * t, hp, wp, 3 * c).permute(0, 3, 1, 2)
+        out = F.conv2d(stacked, weight, conv.bias)
+        return out.view(b, t, out.shape[1], out.shape[2], out.shape[3]).permute(0, 2, 1, 3, 4)
+
+
+# The measured rule (docs/PERFORMANCE.md, VAE decode; bench/bench_vae.py on the H200): a video decodes with
+# VIDEO_PLAN; an image (one latent frame) has nothing to chunk and keeps diffusers' decoder.
+VIDEO_PLAN = DecodePlan(chunk=4, elementwise="triton")
+
+
+def plan_for(vae, latent_shape: tuple, device_type: str, options) -> DecodePlan | None:
+    """The fast path's decode plan for latents of `latent_shape` [B, C, T, h, w]; None = diffusers' loop."""
+    if not (options.enabled and options.vae_fast_decode) or device_type != "cuda":
+        return None
+    if latent_shape[2] < 2 or not supports(vae):
+        return None
+    return VIDEO_PLAN
+
+
+def decoded_chunks(vae, z: torch.Tensor, plan: DecodePlan) -> Iterator[torch.Tensor]:
+    """Normalised-back latents [1, C, T, h, w] -> the decoder's clamped output, one causal step at a time.
+
+    Each item is [B, 3, frames, H, W] on [-1, 1] (unpatchified), in the order diffusers' decode
+    concatenates them.
+    """
+    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+    patch = vae.config.patch_size
+    x = vae.post_quant_conv(z)
+    walker = CausalDecoder(vae, plan)
+    for start, stop in latent_steps(x.shape[2], plan.chunk):
+        out = walker.step(x[:, :, start:stop], first=start == 0)
+        if patch is not None:
+            out = unpatchify(out, patch_size=patch)
+        yield torch.clamp(out, min=-1.0, max=1.0)
+
+
+__all__ = ["CACHE_FRAMES", "VIDEO_PLAN", "CausalDecoder", "DecodePlan", "decoded_chunks", "latent_steps", "plan_for",
+           "supports"]

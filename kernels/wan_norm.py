@@ -1,0 +1,86 @@
+"""The Wan VAE decoder's RMS norm + SiLU in one pass, written straight into a conv's padded input.
+
+Before every 3x3x3 causal conv of the decoder diffusers runs, at full resolution:
+
+    x.float() -> F.normalize over channels -> .to(bf16) -> * sqrt(C) -> * gamma -> (+ 0.0) -> SiLU
+    torch.cat([cache, x], time) -> F.pad(..., spatial)
+
+about ten passes over the activation (several in fp32). The kernel reads each position's channels
+once and writes SiLU(norm(x)) once, into the interior of a zero-bordered buffer the conv reads
+directly (no cat, no pad). Rounding follows diffusers' steps (normalised value, the scale, the gamma
+product and the SiLU output are each rounded to the activation dtype), with IEEE division and square
+root; the channel sum and exp run in Triton's order, so results agree to a rounding step, not bit for
+bit (tests/test_kernels_wan_norm.py).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels.qk_norm_rope import _round_to  # round to nearest even by integer ops (the cast truncates or folds)
+
+
+def norm_silu_reference(x: torch.Tensor, gamma: torch.Tensor, scale: float) -> torch.Tensor:
+    """diffusers' WanRMS_norm (channel-first, no bias) then SiLU, op for op. x: [B, C, T, H, W]."""
+    normalized = F.normalize(x.float(), dim=1).to(x.dtype)
+    return F.silu(normalized * scale * gamma)
+
+
+@triton.jit
+def _norm_silu_kernel(
+    x_ptr, g_ptr, out_ptr,
+    n_pos, n_ch, T, H, W,
+    sxb, sxt, sxh, sxw, sob, sot, soh, sow,
+    scale,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    # BLOCK_P positions per program, all channels of each (channels are contiguous: channels-last).
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
+    pos = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    w = pos % W
+    rest = pos // W
+    h = rest % H
+    rest = rest // H
+    t = rest % T
+    b = rest // T
+    ch = tl.arange(0, BLOCK_C)
+    mask = (pos < n_pos)[:, None] & (ch < n_ch)[None, :]
+    x_off = (b * sxb + t * sxt + h * sxh + w * sxw)[:, None] + ch[None, :]
+    x = tl.load(x_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+    norm = tl.maximum(tl.sqrt_rn(tl.sum(x * x, axis=1)), 1e-12)  # F.normalize: x / max(||x||, eps)
+    y = _round_to(tl.div_rn(x, norm[:, None]), DTYPE)
+    y = _round_to(y * scale, DTYPE)
+    gamma = tl.load(g_ptr + ch, mask=ch < n_ch, other=0.0).to(tl.float32)
+    y = _round_to(y * gamma[None, :], DTYPE)
+    y = _round_to(tl.div_rn(y, 1.0 + tl.exp(-y)), DTYPE)
+    out_off = (b * sob + t * sot + h * soh + w * sow)[:, None] + ch[None, :]
+    tl.store(out_ptr + out_off, y.to(DTYPE), mask=mask)
+
+
+def norm_silu_into(x: torch.Tensor, gamma: torch.Tensor, scale: float, out: torch.Tensor) -> torch.Tensor:
+    """out[...] = SiLU(WanRMS_norm(x)); x and out [B, C, T, H, W] with channels contiguous (stride 1).
+
+    `out` may be a strided view (the interior of a padded buffer). gamma: C values (any shape).
+    """
+    if x.shape != out.shape or x.stride(1) != 1 or out.stride(1) != 1 or x.dtype != out.dtype:
+        raise ValueError(f"norm_silu_into: x {tuple(x.shape)} {x.stride()} {x.dtype} and out "
+                         f"{tuple(out.shape)} {out.stride()} {out.dtype} need equal shapes, dtypes and "
+                         "channel stride 1 (channels-last-3d)")
+    b, c, t, h, w = x.shape
+    n_pos = b * t * h * w
+    block_c = triton.next_power_of_2(c)
+    block_p = max(1, min(64, 4096 // block_c))
+    gamma = gamma.reshape(-1).contiguous()
+    grid = (triton.cdiv(n_pos, block_p),)
+    _norm_silu_kernel[grid](
+        x, gamma, out, n_pos, c, t, h, w,
+        x.stride(0), x.stride(2), x.stride(3), x.stride(4),
+        out.stride(0), out.stride(2), out.stride(3), out.stride(4),
+        float(scale), BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4 if block_c * block_p <= 2048 else 8,
+    )
+    return out
+
+
+__all__ = ["norm_silu_into", "norm_silu_reference"]

@@ -1,0 +1,112 @@
+"""The engine's walk of the Wan decoder (`engine.pipeline.causal_decode`) against diffusers' decode (CPU).
+
+- `DecodePlan()` (one latent frame a step, diffusers' ops) is diffusers' `vae.decode` bit for bit;
+- temporal chunking is the same computation in bigger convs: equal within fp32 rounding in fp32, and
+  in bf16 the frames stay within a few 8-bit levels;
+- the fused norm + SiLU kernel (`kernels.wan_norm`, under the Triton interpreter here) and the
+  stacked-time-tap conv2d are bf16-close;
+- the kernel writes only the interior of its padded buffer.
+"""
+import numpy as np
+import pytest
+import torch
+
+import engine
+from engine.pipeline.causal_decode import DecodePlan, decoded_chunks, latent_steps
+from kernels.wan_norm import norm_silu_into, norm_silu_reference
+
+
+@pytest.fixture(scope="module")
+def vae(tiny_family):
+    return engine.load_model(tiny_family["nano"], device="cpu").vae
+
+
+def _latents(vae, frames: int, dtype, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(1, vae.config.z_dim, frames, 4, 6, generator=generator).to(dtype)
+
+
+def _walk(vae, z, plan) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat(list(decoded_chunks(vae, z, plan)), dim=2)
+
+
+def test_latent_steps_put_the_first_frame_alone():
+    assert latent_steps(1, 4) == [(0, 1)]
+    assert latent_steps(48, 4)[:3] == [(0, 1), (1, 5), (5, 9)] and latent_steps(48, 4)[-1] == (45, 48)
+    assert latent_steps(6, 1) == [(i, i + 1) for i in range(6)]
+    assert sum(stop - start for start, stop in latent_steps(31, 8)) == 31
+
+
+def test_default_plan_is_diffusers_decode_bit_for_bit(vae):
+    z = _latents(vae, 5, vae.dtype)
+    with torch.no_grad():
+        expected = vae.decode(z).sample
+    ours = _walk(vae, z, DecodePlan())
+    assert ours.shape == expected.shape == (1, 3, 17, 64, 96)
+    assert torch.equal(ours, expected)
+
+
+@pytest.mark.parametrize("chunk", [2, 3, 8])
+def test_temporal_chunking_is_the_same_decode(vae, chunk):
+    z = _latents(vae, 6, vae.dtype, seed=chunk)
+    with torch.no_grad():
+        expected = vae.decode(z).sample
+    ours = _walk(vae, z, DecodePlan(chunk=chunk))
+    assert ours.shape == expected.shape
+    assert (ours - expected).abs().max() < 1e-4
+
+
+def test_plan_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="chunk >= 1"):
+        DecodePlan(chunk=0)
+    with pytest.raises(ValueError, match="elementwise"):
+        DecodePlan(elementwise="cuda")
+
+
+@pytest.mark.parametrize("plan", [DecodePlan(chunk=3), DecodePlan(elementwise="triton"),
+                                  DecodePlan(chunk=3, elementwise="triton"), DecodePlan(chunk=2, conv="2d")],
+                         ids=["chunk3", "triton", "triton+chunk3", "conv2d+chunk2"])
+def test_fast_plans_stay_close_in_bf16(vae, plan):
+    dtype = vae.dtype
+    bf16 = vae.to(torch.bfloat16)
+    for param in bf16.parameters():  # the fast path's layout
+        if param.dim() == 5:
+            param.data = param.data.contiguous(memory_format=torch.channels_last_3d)
+    try:
+        z = _latents(bf16, 5, torch.bfloat16, seed=3).contiguous(memory_format=torch.channels_last_3d)
+        with torch.no_grad():
+            expected = bf16.decode(z).sample.float()
+        ours = _walk(bf16, z, plan).float()
+        assert ours.shape == expected.shape
+        # bf16-sized: the fast path's channels-last layout alone moves this decode by ~2.5e-2 on the H200.
+        assert (ours - expected).abs().max() <= 4e-2
+        to_u8 = lambda x: np.round((x.clamp(-1, 1) * 0.5 + 0.5).numpy() * 255)  # noqa: E731
+        assert np.abs(to_u8(ours) - to_u8(expected)).max() <= 6
+    finally:
+        vae.to(dtype)
+        for param in vae.parameters():
+            if param.dim() == 5:
+                param.data = param.data.contiguous()
+
+
+@pytest.mark.parametrize("channels", [8, 24, 48])
+def test_norm_silu_kernel_is_the_reference_and_writes_only_the_interior(channels):
+    generator = torch.Generator().manual_seed(channels)
+    x = (3 * torch.randn(1, channels, 3, 5, 7, generator=generator)).to(torch.bfloat16)
+    x = x.contiguous(memory_format=torch.channels_last_3d)
+    gamma = (1 + 0.1 * torch.randn(channels, 1, 1, 1, generator=generator)).to(torch.bfloat16)
+    buffer = torch.full((1, channels, 5, 7, 9), 7.0, dtype=torch.bfloat16).contiguous(
+        memory_format=torch.channels_last_3d)
+    interior = buffer[:, :, 2:, 1:6, 1:8]
+    norm_silu_into(x, gamma, channels ** 0.5, interior)
+    assert torch.equal(interior, norm_silu_reference(x, gamma, channels ** 0.5))
+    outside = torch.ones_like(buffer, dtype=torch.bool)
+    outside[:, :, 2:, 1:6, 1:8] = False
+    assert bool((buffer[outside] == 7.0).all())
+
+
+def test_norm_silu_kernel_refuses_channels_first():
+    x = torch.randn(1, 8, 2, 3, 3, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="channel stride 1"):
+        norm_silu_into(x, torch.ones(8, dtype=torch.bfloat16), 1.0, torch.empty_like(x))
