@@ -203,7 +203,7 @@ def _warm(vae, z, plan, reference_float, device) -> dict:
 def stage_case(vae, label: str, frames: int, height: int, width: int, args, deadline: float) -> list[dict]:
     device = args.device
     generator = torch.Generator(device=device).manual_seed(0)
-    scale = 16 if not args.tiny else 16 * 16  # --tiny: the same frame counts at a few latent pixels
+    scale = 16 if not args.tiny else 16 * 32  # --tiny: the same frame counts at a few latent pixels
     latent_t = (frames - 1) // 4 + 1 if not args.tiny else TINY_LATENT_FRAMES + (frames > 150)
     latent = torch.randn(1, 48, latent_t, max(2, height // scale), max(2, width // scale), device=device,
                          dtype=vae.dtype, generator=generator)

@@ -20,6 +20,7 @@ from diffusers.video_processor import VideoProcessor
 
 from ..model.defaults import VAE_SPATIAL
 from ..serving.events import SafetyRefusal
+from .causal_decode import DecodePlan, decoded_chunks, plan_for
 from .fast_path import vae_channels_last
 from .state import RunState
 
@@ -49,7 +50,7 @@ def _decode_frames(state: RunState) -> np.ndarray:
     if vae_channels_last(state.model, options):
         z = z.contiguous(memory_format=torch.channels_last_3d)
     if options.enabled and options.uint8_frames:  # GPU postprocess, uint8 to the host
-        return decode_uint8(vae, z)
+        return decode_uint8(vae, z, plan_for(vae, tuple(z.shape), z.device.type, options))
     decoded = vae.decode(z).sample.float()
     processor = VideoProcessor(vae_scale_factor=VAE_SPATIAL, resample="bilinear")
     return processor.postprocess_video(decoded, output_type="np")[0].astype(np.float32)
@@ -81,8 +82,15 @@ def to_uint8(decoded: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def decode_uint8(vae, z: torch.Tensor) -> np.ndarray:
-    """Decode normalised-back latents `z` [1, C, T, h, w] to uint8 frames [T', H, W, 3] on the host."""
+def decode_uint8(vae, z: torch.Tensor, plan: DecodePlan | None = None) -> np.ndarray:
+    """Decode normalised-back latents `z` [1, C, T, h, w] to uint8 frames [T', H, W, 3] on the host.
+
+    `plan` None: diffusers' decoder, one latent frame a step (the exact path's bytes); a `DecodePlan`:
+    the engine's walk of the same decoder (`engine.pipeline.causal_decode`), bf16-close.
+    """
+    if plan is not None:
+        frames = torch.cat([to_uint8(out[0]) for out in decoded_chunks(vae, z, plan)], dim=0)
+        return frames.cpu().numpy()
     patch = vae.config.patch_size
     vae.clear_cache()
     try:

@@ -11,6 +11,8 @@
 - **VAE channels-last-3d**: the decoder's 3-D convolutions in cuDNN's channels-last layout;
 - **uint8 frames** (`engine.pipeline.decode`): the decode's postprocess and 8-bit rounding on the GPU, one uint8
   copy to the host instead of float32 frames;
+- **VAE fast decode** (`engine.pipeline.causal_decode`): a video's decoder walk with several latent frames a
+  causal step and the norm + SiLU before each conv fused into one kernel (the plan a measured rule picks);
 - **CUDA graphs**: the tower's step is captured once per request shape and replayed every step, where
   the step is short enough for launch overhead to matter;
 - **whole step** (`engine.pipeline.whole_step`): the gen tokens, tower, velocity, CFG combine and the sampler
@@ -20,7 +22,7 @@
 Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.EagerGenTower`). Switches:
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_FUSED_PROJECTIONS=0`, `COSMOS3_VAE_CHANNELS_LAST=0`,
-`COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, and the one pass that is off by default and
+`COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`, and the one pass that is off by default and
 approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`); `bench/bench_engine.py` ablates them.
 """
 from __future__ import annotations
@@ -55,6 +57,7 @@ class FastPathOptions:
     vae_channels_last: bool = True
     whole_step: bool = True
     uint8_frames: bool = True
+    vae_fast_decode: bool = True
     fp8: bool = False  # approximate: off unless asked for (engine.pipeline.fp8)
     fp8_policy: str = ""  # which GEMMs and how (engine.pipeline.fp8.FP8Policy); "": COSMOS3_FP8_POLICY or the default
 
@@ -69,6 +72,7 @@ class FastPathOptions:
             vae_channels_last=_env_on("COSMOS3_VAE_CHANNELS_LAST"),
             whole_step=_env_on("COSMOS3_WHOLE_STEP"),
             uint8_frames=_env_on("COSMOS3_UINT8_FRAMES"),
+            vae_fast_decode=_env_on("COSMOS3_VAE_FAST_DECODE"),
             fp8=os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes"),
             fp8_policy=os.environ.get("COSMOS3_FP8_POLICY", "").strip(),
         )
