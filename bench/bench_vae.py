@@ -2,6 +2,7 @@
 
     python bench/bench_vae.py --sections cheap                  # cudnn.benchmark / channels-last (2 min)
     python bench/bench_vae.py --json $OUT/vae_stage.json        # the decode stage (about 4 min)
+    python bench/bench_vae.py --sections engine --json $OUT/vae_engine.json   # through the decode stage
     python bench/bench_vae.py --tiny --json /tmp/vae.json       # the same code on the CPU, a tiny VAE
 
 `cheap`: cuDNN autotuning (`torch.backends.cudnn.benchmark`), channels-last-3d weights and input, and
@@ -16,6 +17,9 @@ has every chunk shape of the full clip (its wall time, minus a second call's, is
 its [-1, 1] output gives the max abs difference against the plain decode), then the full clip timed
 (`kernels.timing`), its uint8 bytes compared with the plain decode's and today's. A torch.profiler
 table (top 15 by GPU time) of one steady causal step of today's path and of the fastest variant.
+
+`engine`: the engine's decode stage (`engine.pipeline.decode.decode_stage`, what `engine.generate` runs)
+with the fast decode on (the measured rule's plan) and off, first call and warm, bytes compared.
 """
 from __future__ import annotations
 
@@ -35,22 +39,22 @@ from engine.pipeline.decode import decode_uint8, to_uint8  # noqa: E402
 from kernels.timing import time_ms  # noqa: E402
 
 CASES = (("image 1024x1024", 1, 1024, 1024), ("video 832x480 121f", 121, 480, 832))
-FIRST_CASE_SHARE = 0.7
+FIRST_CASE_SHARE = 0.8
 STAGE_CASES = {"720p": (189, 720, 1280), "480p": (121, 480, 832)}
 TINY = dict(base_dim=8, decoder_base_dim=8)  # --tiny: the full layout with narrow channels, for CPU runs
 # (name, channels-last weights, plan (None = today's decode_uint8), cudnn.benchmark), in the order they run.
 VARIANTS = (
-    ("plain", False, None, False),
     ("channels_last", True, None, False),
-    ("triton", True, DecodePlan(elementwise="triton"), False),
     ("triton+chunk4", True, DecodePlan(chunk=4, elementwise="triton"), False),
+    ("triton", True, DecodePlan(elementwise="triton"), False),
     ("chunk4", True, DecodePlan(chunk=4), False),
     ("triton+conv2d+chunk4", True, DecodePlan(chunk=4, elementwise="triton", conv="2d"), False),
     ("compile+chunk4", True, DecodePlan(chunk=4, elementwise="compile"), False),
-    ("conv2d", True, DecodePlan(conv="2d"), False),
     ("triton+chunk8", True, DecodePlan(chunk=8, elementwise="triton"), False),
+    ("conv2d", True, DecodePlan(conv="2d"), False),
     ("compile", True, DecodePlan(elementwise="compile"), False),
     ("triton+conv2d+chunk4+benchmark", True, DecodePlan(chunk=4, elementwise="triton", conv="2d"), True),
+    ("plain", False, None, False),  # today's loop on contiguous weights (the short-clip references always are)
 )
 TINY_LATENT_FRAMES = 6  # --tiny: a few latent frames (the CPU convolves slowly), still every step shape
 
@@ -181,19 +185,20 @@ def _compare(frames, reference_u8: torch.Tensor | None, device: str) -> dict:
             "pixels_off": float((diff > 0).float().mean())}
 
 
-def _warm(vae, z, plan, reference_float, device) -> dict:
+def _warm(vae, z, plan, reference_float, compiles: bool) -> dict:
     """First and second call on the short clip: compile time, and the [-1, 1] difference vs plain."""
     _sync()
     began = time.perf_counter()
     out = float_frames(vae, z, plan)
     _sync()
     first = time.perf_counter() - began
-    began = time.perf_counter()
-    float_frames(vae, z, plan)
-    _sync()
-    second = time.perf_counter() - began
-    result = {"short_latent_frames": z.shape[2], "first_call_s": first, "second_call_s": second,
-              "compile_s": max(0.0, first - second)}
+    result = {"short_latent_frames": z.shape[2], "first_call_s": first}
+    if compiles:  # a second call tells the compile (Triton / inductor / cuDNN autotuning) from the run
+        began = time.perf_counter()
+        float_frames(vae, z, plan)
+        _sync()
+        result["second_call_s"] = time.perf_counter() - began
+        result["compile_s"] = max(0.0, first - result["second_call_s"])
     if reference_float is not None:
         result["max_abs_diff_vs_plain"] = float((out.float() - reference_float.float()).abs().max())
     return result
@@ -217,20 +222,23 @@ def stage_case(vae, label: str, frames: int, height: int, width: int, args, dead
                "channels_last": channels_last, "cudnn_benchmark": benchmark}
         if time.perf_counter() > deadline:
             rows.append({**row, "skipped": "time budget"})
-            print(json.dumps(rows[-1]), flush=True)
+            print(_line(rows[-1]), flush=True)
             continue
         _set_format(vae, channels_last)
         torch.backends.cudnn.benchmark = benchmark
         z = latent.contiguous(memory_format=torch.channels_last_3d) if channels_last else latent
         try:
             short = short_length(latent_t, plan.chunk if plan else 1)
-            row["warm"] = _warm(vae, z[:, :, :short], plan, reference_float[short], device)
+            compiles = benchmark or (plan is not None and plan.elementwise != "eager")
+            row["warm"] = _warm(vae, z[:, :, :short], plan, reference_float[short], compiles)
             timing = time_ms(lambda: row.__setitem__("frames", stage_frames(vae, z, plan)), warmup=0, iters=args.iters)
             row["ms"] = timing.median_ms
             row["samples_ms"] = list(timing.samples_ms)
             out = row.pop("frames")
-            row["vs_plain"] = _compare(out, reference_u8, device)
-            row["vs_today"] = _compare(out, today_u8, device)
+            if name != "channels_last":
+                row["vs_today"] = _compare(out, today_u8, device)
+            if name != "plain" and reference_u8 is not None:
+                row["vs_plain"] = _compare(out, reference_u8, device)
             if name == "plain":
                 reference_u8 = torch.from_numpy(out).to(device)
             elif name == "channels_last":
@@ -244,21 +252,39 @@ def stage_case(vae, label: str, frames: int, height: int, width: int, args, dead
             torch.cuda.reset_peak_memory_stats()
             torch.cuda.empty_cache()
         rows.append(row)
-        print(json.dumps(rows[-1]), flush=True)
-    timed = [r for r in rows if "ms" in r and r["variant"] != "plain"]
-    if args.profile and timed:
-        best = min(timed, key=lambda r: r["ms"])
-        for name in dict.fromkeys(("channels_last", best["variant"])):
-            _, channels_last, plan, benchmark = next(v for v in VARIANTS if v[0] == name)
-            _set_format(vae, channels_last)
-            torch.backends.cudnn.benchmark = benchmark
-            z = latent.contiguous(memory_format=torch.channels_last_3d) if channels_last else latent
-            try:
-                rows.append({"case": label, "variant": name, "profile": profile_step(vae, z, plan, device)})
-            except Exception as error:
-                rows.append({"case": label, "variant": name, "profile_error": f"{type(error).__name__}: {error}"})
-            torch.backends.cudnn.benchmark = False
-    return rows
+        print(_line(row), flush=True)
+    return rows, latent
+
+
+@torch.no_grad()
+def profiles(vae, rows: list[dict], latent: torch.Tensor, label: str, device: str) -> list[dict]:
+    """Profile one steady causal step of today's path and of the fastest variant of `label`."""
+    timed = [r for r in rows if r.get("case") == label and "ms" in r and r["variant"] != "plain"]
+    out = []
+    if not timed:
+        return out
+    best = min(timed, key=lambda r: r["ms"])
+    for name in dict.fromkeys(("channels_last", best["variant"])):
+        _, channels_last, plan, benchmark = next(v for v in VARIANTS if v[0] == name)
+        _set_format(vae, channels_last)
+        torch.backends.cudnn.benchmark = benchmark
+        z = latent.contiguous(memory_format=torch.channels_last_3d) if channels_last else latent
+        try:
+            out.append({"case": label, "variant": name, "profile": profile_step(vae, z, plan, device)})
+        except Exception as error:
+            out.append({"case": label, "variant": name, "profile_error": f"{type(error).__name__}: {error}"})
+        torch.backends.cudnn.benchmark = False
+    return out
+
+
+def _line(row: dict) -> str:
+    """One compact line per variant as it finishes (the JSON keeps everything)."""
+    if "ms" not in row:
+        return f"{row['case']} {row['variant']}: {row.get('error') or row.get('skipped')}"
+    warm, today = row.get("warm", {}), row.get("vs_today", {})
+    return (f"{row['case']} {row['variant']}: {row['ms']:.0f} ms, compile {warm.get('compile_s', 0):.1f} s, "
+            f"max diff vs plain {warm.get('max_abs_diff_vs_plain', float('nan')):.1e}, bytes = today "
+            f"{today.get('bytes_equal')} (max {today.get('max_u8_diff')}), peak {row.get('peak_gib', 0):.1f} GiB")
 
 
 def summary(rows: list[dict]) -> str:
@@ -282,24 +308,86 @@ def stage(args) -> list[dict]:
     began = time.perf_counter()
     vae = build_vae(args.device, **(TINY if args.tiny else {}))
     rows = []
+    first_latent = None
     for index, label in enumerate(args.cases):
         # The first case (720p, the target) may use FIRST_CASE_SHARE of the budget; the rest what is left.
         share = FIRST_CASE_SHARE if index == 0 and len(args.cases) > 1 else 1.0
         deadline = began + share * args.budget_s
-        rows += stage_case(vae, label, *STAGE_CASES[label], args, deadline)
+        case_rows, latent = stage_case(vae, label, *STAGE_CASES[label], args, deadline)
+        rows += case_rows
+        if index == 0:
+            first_latent = latent
+        del latent
     print(summary(rows), flush=True)
+    if args.profile and first_latent is not None:  # last: the least important, and only within the budget's slack
+        if time.perf_counter() < began + args.budget_s + args.profile_slack_s:
+            rows += profiles(vae, rows, first_latent, args.cases[0], args.device)
     print(f"stage section: {time.perf_counter() - began:.0f} s", flush=True)
+    return rows
+
+
+@torch.no_grad()
+def engine_stage(args) -> list[dict]:
+    """`engine.pipeline.decode.decode_stage` as `engine.generate` runs it (fast path on: channels-last,
+    uint8 frames), with the fast decode's plan (`causal_decode.plan_for`) against COSMOS3_VAE_FAST_DECODE=0.
+    Each twice: the first call pays kernel compiles; the second is what a warm request sees."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from engine.pipeline.causal_decode import plan_for
+    from engine.pipeline.decode import decode_stage
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.state import Latents, RunState
+
+    vae = build_vae(args.device, **(TINY if args.tiny else {}))
+    model = SimpleNamespace(vae=vae, parallel=None, safety_checker=None, vae_channels_last=False)
+    rows = []
+    for label in args.cases:
+        frames, height, width = STAGE_CASES[label]
+        scale = 16 if not args.tiny else 16 * 32
+        latent_t = (frames - 1) // 4 + 1 if not args.tiny else TINY_LATENT_FRAMES
+        generator = torch.Generator(device=args.device).manual_seed(0)
+        vision = torch.randn(1, 48, latent_t, max(2, height // scale), max(2, width // scale), device=args.device,
+                             generator=generator)
+        row, outputs = {"case": label}, {}
+        for name, fast_decode in (("fast decode off", False), ("fast decode on", True)):
+            options = FastPathOptions(enabled=True, vae_fast_decode=fast_decode)
+            row[name + " plan"] = str(plan_for(vae, tuple(vision.shape), vision.device.type, options))
+            for run in ("first", "warm"):
+                state = RunState(model=model, request={"mode": "t2v"}, seed=0, generator=None, options=options,
+                                 latents=Latents(vision=vision, vision_mask=torch.zeros(latent_t, 1, 1)))
+                _sync()
+                if args.device == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                began = time.perf_counter()
+                decode_stage(state)
+                row[f"{name} {run} s"] = time.perf_counter() - began
+                if args.device == "cuda":
+                    row[f"{name} peak GiB"] = torch.cuda.max_memory_allocated() / 2**30
+            outputs[name] = state.frames
+        off, on = (outputs[n].astype(np.int16) for n in ("fast decode off", "fast decode on"))
+        row["shape"] = list(on.shape)
+        row["bytes_equal"] = bool(np.array_equal(off, on))
+        row["max_u8_diff"] = int(np.abs(off - on).max())
+        row["pixels_off"] = float((off != on).mean())
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del outputs, off, on
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default="stage", help="comma list of: cheap, stage")
+    parser.add_argument("--sections", default="stage", help="comma list of: cheap, stage, engine")
     parser.add_argument("--cases", default="720p,480p", help="stage cases: 720p, 480p")
     parser.add_argument("--variants", default=",".join(v[0] for v in VARIANTS))
     parser.add_argument("--iters", type=int, default=1, help="timed full-clip runs per variant")
-    parser.add_argument("--budget-s", type=float, default=200.0, help="skip the remaining variants after this")
+    parser.add_argument("--budget-s", type=float, default=125.0, help="skip the remaining variants after this")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
+    parser.add_argument("--profile-slack-s", type=float, default=30.0, help="profile only if the cases ended by budget + this")
     parser.add_argument("--tiny", action="store_true", help="narrow VAE and a few latent pixels (CPU check)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -309,7 +397,9 @@ def main(argv=None) -> int:
     result = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
               "torch": torch.__version__, "args": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()}}
     for section in args.sections.split(","):
-        result[section] = cheap(args.device, args.tiny) if section == "cheap" else stage(args)
+        run = {"cheap": lambda: cheap(args.device, args.tiny), "stage": lambda: stage(args),
+               "engine": lambda: engine_stage(args)}[section]
+        result[section] = run()
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
