@@ -9,9 +9,11 @@ order, with the cache made explicit per conv, and three switchable changes (a `D
   time conv is skipped, the "Rep" rule, and its residual shortcut drops the frames before it), `chunk`
   latent frames go through each conv at once. Every other op is frame-local and every causal conv
   sees the same zero-padded-then-cached past, so this is the same computation, in bigger convolutions;
-- **fused norm + SiLU** (`elementwise="compile"`): the RMS norm, SiLU, cache concatenation and the
-  conv's spatial zero padding before each 3x3x3 conv become one `torch.compile`d function (one
-  reduction and one write of the conv's input instead of about eight full-resolution passes);
+- **fused norm + SiLU** (`elementwise="triton"`): the RMS norm and SiLU before each 3x3x3 conv are one
+  Triton kernel (`kernels.wan_norm`) that writes straight into the conv's zero-bordered input buffer, so
+  the cache concatenation and the spatial padding copy nothing but the two cached frames (one read and
+  one write of the activation instead of about ten full-resolution passes); `elementwise="compile"`
+  is the same fusion by `torch.compile` (measured slower, and it compiles for about a minute);
 - **stacked time taps** (`conv="2d"`): a 3x3x3 conv as a 3x3 conv2d over the three time taps stacked
   into channels (cuDNN's 2-D NHWC kernels instead of its 3-D ones).
 
@@ -20,7 +22,7 @@ Why the cache is always two zero frames at first: diffusers pads the first chunk
 so a cache that starts as two zero frames gives each conv exactly the input diffusers gives it.
 `DecodePlan()` (one frame a step, eager ops, conv3d) is diffusers' decode op for op
 (tests/test_causal_decode.py checks it bit for bit); the others are bf16-close, measured in
-docs/PERFORMANCE.md (VAE decode).
+docs/PERFORMANCE.md (VAE decode). The fast path uses `VIDEO_PLAN` for videos (`plan_for`, the measured rule).
 """
 from __future__ import annotations
 
@@ -228,9 +230,13 @@ class CausalDecoder:
         return out.view(b, t, out.shape[1], out.shape[2], out.shape[3]).permute(0, 2, 1, 3, 4)
 
 
-# The measured rule (docs/PERFORMANCE.md, VAE decode; bench/bench_vae.py on the H200): a video decodes with
-# VIDEO_PLAN; an image (one latent frame) has nothing to chunk and keeps diffusers' decoder.
-VIDEO_PLAN = DecodePlan(chunk=4, elementwise="triton")
+# The measured rule (docs/PERFORMANCE.md, VAE decode; `python3 bench/bench_vae.py` on the H200, 2026-12-01):
+# the decode stage at 1280x720/189f took 9.11 s today (channels-last, one latent frame a step), 6.93 s with
+# the fused norm + SiLU kernel, 7.07 s with it and 4 frames a step, 10.01 s with 4 frames a step alone, 7.93 s
+# with the stacked-tap conv2d, 8.22 s with torch.compile's fusion (plus 55 s of compiling); at 832x480/121f
+# 2.53 s today, 1.89 s fused. So a video decodes one latent frame a step with the fused kernel; an image
+# (one latent frame, not measured) keeps diffusers' decoder and its bit-for-bit bytes.
+VIDEO_PLAN = DecodePlan(elementwise="triton")
 
 
 def plan_for(vae, latent_shape: tuple, device_type: str, options) -> DecodePlan | None:

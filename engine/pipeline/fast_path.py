@@ -11,8 +11,8 @@
 - **VAE channels-last-3d**: the decoder's 3-D convolutions in cuDNN's channels-last layout;
 - **uint8 frames** (`engine.pipeline.decode`): the decode's postprocess and 8-bit rounding on the GPU, one uint8
   copy to the host instead of float32 frames;
-- **VAE fast decode** (`engine.pipeline.causal_decode`): a video's decoder walk with several latent frames a
-  causal step and the norm + SiLU before each conv fused into one kernel (the plan a measured rule picks);
+- **VAE fast decode** (`engine.pipeline.causal_decode`): a video's decoder walked by the engine, the norm + SiLU
+  before each conv fused into one kernel writing the conv's padded input (the plan a measured rule picks);
 - **CUDA graphs**: the tower's step is captured once per request shape and replayed every step, where
   the step is short enough for launch overhead to matter;
 - **whole step** (`engine.pipeline.whole_step`): the gen tokens, tower, velocity, CFG combine and the sampler

@@ -1,0 +1,75 @@
+"""On the GPU, full-size random Wan2.2 VAE: the fast decode through the engine's decode stage.
+
+`engine.pipeline.decode.decode_stage` (what `engine.generate` runs) with the fast path on picks the
+measured plan (`causal_decode.VIDEO_PLAN`: the fused norm + SiLU kernel) for a video; its uint8 frames
+stay within the stated bound of the same stage with `vae_fast_decode` off (today's bytes, which equal
+the exact decode's: tests/test_gpu_whole_step.py), and its [-1, 1] output within bf16 rounding of
+diffusers' decode. Skipped without CUDA:
+
+    python3 -m pytest -q tests/test_gpu_causal_decode.py
+"""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+# Measured at 1280x720x189 and 832x480x121: 4 levels against today's bytes; 2.7e-2 on [-1, 1] against the
+# plain decode (channels-last alone: 2.3e-2).
+MAX_U8_LEVELS = 6
+MAX_ABS_DIFF = 4e-2
+
+
+@pytest.fixture(scope="module")
+def vae():
+    from bench.models import build_vae
+
+    yield build_vae("cuda")
+    torch.cuda.empty_cache()
+
+
+def _stage(vae, vision, fast_decode: bool) -> np.ndarray:
+    from engine.pipeline.decode import decode_stage
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.state import Latents, RunState
+
+    model = SimpleNamespace(vae=vae, parallel=None, safety_checker=None, vae_channels_last=False)
+    state = RunState(model=model, request={"mode": "t2v"}, seed=0, generator=None,
+                     options=FastPathOptions(enabled=True, vae_fast_decode=fast_decode),
+                     latents=Latents(vision=vision, vision_mask=torch.zeros(vision.shape[2], 1, 1)))
+    decode_stage(state)
+    return state.frames
+
+
+def test_decode_stage_uses_the_fused_plan_within_the_bound(vae, monkeypatch):
+    import kernels.wan_norm
+    from engine.pipeline.causal_decode import VIDEO_PLAN, decoded_chunks
+
+    calls = []
+    kernel = kernels.wan_norm.norm_silu_into
+    monkeypatch.setattr(kernels.wan_norm, "norm_silu_into", lambda *a: calls.append(1) or kernel(*a))
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    vision = torch.randn(1, 48, 6, 30, 52, device="cuda", generator=generator)
+    today = _stage(vae, vision, fast_decode=False)
+    assert not calls
+    fast = _stage(vae, vision, fast_decode=True)
+    assert calls  # the fused kernel ran: the rule picked the plan
+    assert fast.shape == today.shape == (21, 480, 832, 3) and fast.dtype == np.uint8
+    assert np.abs(fast.astype(np.int16) - today).max() <= MAX_U8_LEVELS
+
+    z = vision.to(vae.dtype).contiguous(memory_format=torch.channels_last_3d)  # latents_std 1, mean 0
+    with torch.no_grad():
+        ours = torch.cat(list(decoded_chunks(vae, z, VIDEO_PLAN)), dim=2).float()
+        for param in vae.parameters():  # the plain decode: contiguous weights and latents
+            if param.dim() == 5:
+                param.data = param.data.contiguous()
+        plain = vae.decode(vision.to(vae.dtype)).sample.float()
+    assert (ours - plain).abs().max() <= MAX_ABS_DIFF
+
+
+def test_an_image_keeps_the_exact_bytes(vae):
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    vision = torch.randn(1, 48, 1, 40, 40, device="cuda", generator=generator)
+    assert np.array_equal(_stage(vae, vision, fast_decode=True), _stage(vae, vision, fast_decode=False))
