@@ -250,7 +250,7 @@ def main(argv=None) -> int:
     parser.add_argument("--super", action="store_true", help="Super in FP8 on one GPU through engine.generate")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--families", default="edge,nano")
-    parser.add_argument("--policy", default=fp8.DEFAULT_POLICY, help="--super's FP8 policy")
+    parser.add_argument("--policy", default=None, help="--super's FP8 policy (default: Super's measured FP8 mode)")
     parser.add_argument("--steps", type=int, default=3, help="--super's denoising steps per request")
     parser.add_argument("--skip-t2i", action="store_true", help="--super: T2V only")
     parser.add_argument("--prompt-tokens", type=int, default=1600)
@@ -259,6 +259,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=200.0,
                         help="gate policies not started this many seconds after the start are skipped (listed)")
     args = parser.parse_args(argv)
+    args.policy = args.policy or fp8.policy_from_env("super").name
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     if args.smoke:
         _shrink_for_smoke()

@@ -29,7 +29,10 @@ class _CPULoader:
     def __init__(self, policy="row"):
         self.policy = FP8Policy.parse(policy)
 
-    def __call__(self, folder, device):
+    def policy_for(self, family):
+        return self.policy
+
+    def __call__(self, folder, device, family):
         config = json.loads((folder / "config.json").read_text())
         return fp8.build_fp8_transformer(config, device, fp8.checkpoint_fill(folder), self.policy)
 
@@ -79,7 +82,7 @@ def test_the_fp8_only_build_holds_one_layer_in_bf16_at_a_time(tiny_family, monke
         return fp8.quantize_weight(weight, FP8Policy())
 
     transformer, weights = fp8.build_fp8_transformer(config, "cpu", fp8.checkpoint_fill(tiny_family["super"] / "transformer"),
-                                                     quantize=counting_quantize)
+                                                     FP8Policy(), quantize=counting_quantize)
     count = config["num_hidden_layers"]
     assert len(layers_alive) == 4 * count  # qkv, out, gate|up, down per layer
     assert all(len(alive) <= 1 for alive in layers_alive), layers_alive
@@ -127,7 +130,8 @@ def test_super_fp8_only_equals_fp8_beside_bf16_and_says_fp8(super_pair, monkeypa
         fp8_model.fast_path = reference.fast_path = None
 
 
-def test_one_gpu_rule_with_and_without_fp8(tiny_family):
+def test_one_gpu_rule_with_and_without_fp8(tiny_family, monkeypatch):
+    monkeypatch.delenv("COSMOS3_FP8_POLICY", raising=False)
     root = tiny_family["super"]
     bf16, fp8_bytes = _sizes(root)
     budget = int((bf16 + fp8_bytes) / 2 / 0.9)
@@ -139,9 +143,10 @@ def test_one_gpu_rule_with_and_without_fp8(tiny_family):
         load_in_process(root, device="cpu", memory_budget_bytes=tight, fp8_loader=_cpu_loader)
     # Where bf16 fits, asking for FP8 keeps the bf16 model (FP8 weights come beside it per request).
     assert load_in_process(root, device="cpu", fp8_loader=_cpu_loader).fp8_weights is None
-    # engine.load_model asks the FP8-only build for a GPU with FP8 tensor cores.
+    # engine.load_model asks the FP8-only build (Super's FP8 mode) for a GPU with FP8 tensor cores.
+    mode_budget = int((bf16 + fp8_weight_bytes(root, 4, fp8.policy_from_env("super"))) / 2 / 0.9)
     with pytest.raises(fp8.FP8Unavailable, match="needs a CUDA GPU"):
-        engine.load_model(root, device="cpu", memory_budget_bytes=budget, fp8=True)
+        engine.load_model(root, device="cpu", memory_budget_bytes=mode_budget, fp8=True)
 
 
 def test_the_fp8_size_follows_the_policy(tiny_family):
@@ -152,3 +157,12 @@ def test_the_fp8_size_follows_the_policy(tiny_family):
     assert all_fp8 < some < bf16 and all_fp8 < edges < bf16
     # Only the middle one of three layers is FP8 under "row@1": a third of the gen GEMM weights' saving.
     assert (bf16 - edges) * 3 == pytest.approx(bf16 - all_fp8, rel=1e-6)
+
+
+def test_the_fp8_mode_is_the_measured_policy_per_family(monkeypatch):
+    monkeypatch.delenv("COSMOS3_FP8_POLICY", raising=False)
+    assert {f: fp8.policy_from_env(f).name for f in ("nano", "super", "edge")} == {
+        "nano": "row:in", "super": "row:in", "edge": "row:down"}
+    monkeypatch.setenv("COSMOS3_FP8_POLICY", "tensor-exact")
+    assert fp8.policy_from_env("edge").name == "tensor-exact"
+    assert FastPathOptions.from_env(torch.device("cpu")).fp8_policy == "tensor-exact"

@@ -283,9 +283,9 @@ def _check_fits(info, device, need: int, budget: int | None, weight_shards: int,
 
 def _fp8_only_fits(info, root: Path, device, need: int, budget: int | None, weight_shards: int, dtype,
                    fp8_loader) -> bool:
-    """Whether to build the FP8-only model: FP8 asked for (`fp8_loader`, its `policy` sizing it), the bf16
+    """Whether to build the FP8-only model: FP8 asked for (`fp8_loader`, its `policy_for` sizing it), the bf16
     weights over the budget, the FP8 ones under it. Otherwise refuse what does not fit (naming the FP8 option on one GPU) or return False."""
-    fp8_need = (fp8_weight_bytes(root, dtype.itemsize, getattr(fp8_loader, "policy", None))
+    fp8_need = (fp8_weight_bytes(root, dtype.itemsize, fp8_loader.policy_for(info.family) if fp8_loader else None)
                 if weight_shards == 1 and not fits(need, budget) else None)
     if fp8_loader is not None and fp8_need is not None and fits(fp8_need, budget):
         return True
@@ -298,8 +298,8 @@ def load_in_process(source: str | os.PathLike, *, device: str | None = None, saf
                     fp8_loader=None):
     """Load a Cosmos3 checkpoint's components into this process, on one device. See the module docstring.
     `engine.load_model` (engine.parallel.load) calls it for one GPU and each rank of a group for its own;
-    `transformer_loader`/`weight_shards`: a rank's shard. `fp8_loader(folder, device) -> (transformer, fp8_weights)`:
-    FP8 asked for; it builds the transformer FP8-only where bf16 does not fit and FP8 does (engine.pipeline.fp8)."""
+    `transformer_loader`/`weight_shards`: a rank's shard. `fp8_loader` (engine.parallel.load.FP8OnlyLoader): FP8
+    asked for; it builds the transformer FP8-only where bf16 does not fit and FP8 does (engine.pipeline.fp8)."""
     import torch
     import diffusers
     from transformers import AutoTokenizer
@@ -322,7 +322,7 @@ def load_in_process(source: str | os.PathLike, *, device: str | None = None, saf
     fp8_weights = None
     if fp8_only:
         try:  # its own refusal (no FP8 on this device: engine.pipeline.fp8.FP8Unavailable) passes as it is
-            transformer, fp8_weights = fp8_loader(root / "transformer", device)
+            transformer, fp8_weights = fp8_loader(root / "transformer", device, info.family)
         except (OSError, KeyError) as exc:
             raise CheckpointError(f"Loading weights from {str(root)!r} failed: {exc}") from exc
     try:

@@ -27,22 +27,26 @@ def load_model(source: str | os.PathLike, *, gpus: int | str = 1, weights: str |
     if fp8 is None:
         fp8 = os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes")
     if fp8:
-        from ..pipeline.fp8 import policy_from_env
-
-        in_process.setdefault("fp8_loader", FP8OnlyLoader(policy_from_env()))
+        in_process.setdefault("fp8_loader", FP8OnlyLoader())
     return load_in_process(source, **in_process)
 
 
 @dataclass(frozen=True)
 class FP8OnlyLoader:
-    """Builds a checkpoint folder's transformer FP8-only on a device under `policy`
-    (`engine.pipeline.fp8.build_fp8_transformer`); the loader sizes the model by the same policy."""
+    """Builds a checkpoint folder's transformer FP8-only on a device (`engine.pipeline.fp8.build_fp8_transformer`)
+    under `policy` (None: `COSMOS3_FP8_POLICY` or the family's measured default); the loader sizes the model
+    by the same policy (`policy_for`)."""
 
-    policy: Any
+    policy: Any = None
 
-    def __call__(self, folder, device):
+    def policy_for(self, family: str):
+        from ..pipeline.fp8 import policy_from_env
+
+        return self.policy if self.policy is not None else policy_from_env(family)
+
+    def __call__(self, folder, device, family: str):
         from ..pipeline.fp8 import build_fp8_transformer, check_available, checkpoint_fill
 
         check_available(device)
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        return build_fp8_transformer(config, device, checkpoint_fill(folder), self.policy)
+        return build_fp8_transformer(config, device, checkpoint_fill(folder), self.policy_for(family))

@@ -5,7 +5,7 @@ What it changes: the gen tower's per-step GEMMs (fused q|k|v, attention output, 
 dynamically quantised activations: torchao's `Float8Tensor` (what
 `Float8DynamicActivationFloat8WeightConfig` makes), Hopper's FP8 tensor cores through
 `torch._scaled_mm`. Which GEMMs, which scaling and which accumulation is an `FP8Policy`
-(`COSMOS3_FP8_POLICY`, default `DEFAULT_POLICY`); a GEMM the policy leaves out reads the bf16 weight.
+(`COSMOS3_FP8_POLICY`, default per family: `DEFAULT_POLICIES`); a GEMM the policy leaves out reads the bf16 weight.
 The text tower (once per request), the embeddings and the output projection stay bf16. The result is
 approximate, so it is never on unless asked for (`COSMOS3_FP8=1` or `FastPathOptions(fp8=True)`) and
 every result made with it says so: `FP8_LABEL` as the result's `precision`, in its summary (the API's
@@ -89,12 +89,20 @@ class FP8Policy:
         return self.gemms
 
 
-# Chosen by measurement (bench/bench_fp8.py --gate; docs/PERFORMANCE.md): the default of COSMOS3_FP8_POLICY.
-DEFAULT_POLICY = "row"
+# The FP8 mode per family, chosen by measurement (bench/bench_fp8.py --gate, one H200, full-size random
+# weights; docs/PERFORMANCE.md): the fastest policy whose velocity error stays within 3x diffusers' bf16 error.
+# Nano: only the MLP's input GEMM (gate|up) in FP8: 2.90x / 2.78x, a 480p/121f step 808 ms against 903 in bf16
+# (all GEMMs in FP8: 4.61x / 5.13x). Edge: only the down projection passes (2.89x; its `in`: 3.17x), and no
+# FP8 policy is faster than bf16 there (313 ms against 255). Super shares Nano's architecture (SwiGLU) and
+# takes its policy (an fp32 Super forward fits no GPU, so its gate cannot be measured).
+DEFAULT_POLICIES = {"nano": "row:in", "super": "row:in", "edge": "row:down"}
+DEFAULT_POLICY = "row:in"  # any other family (custom checkpoints)
 
 
-def policy_from_env() -> FP8Policy:
-    return FP8Policy.parse(os.environ.get("COSMOS3_FP8_POLICY", DEFAULT_POLICY) or DEFAULT_POLICY)
+def policy_from_env(family: str | None = None) -> FP8Policy:
+    """`COSMOS3_FP8_POLICY` when set, else the family's measured default."""
+    default = DEFAULT_POLICIES.get(family, DEFAULT_POLICY)
+    return FP8Policy.parse(os.environ.get("COSMOS3_FP8_POLICY", "").strip() or default)
 
 
 def check_available(device) -> None:
@@ -161,7 +169,7 @@ def fp8_weights(model, fused, policy: FP8Policy | None = None) -> FP8Weights:
     """Quantise once per loaded model and policy and keep the result on it; the bf16 weights are
     untouched, so a request without FP8 (or the exact path) still runs bf16. `fused`: the model's fused
     projections (`engine.pipeline.fast_path.fused_projections`), quantised as they are."""
-    policy = policy or policy_from_env()
+    policy = policy or policy_from_env(model.info.family)
     held = model.fp8_weights
     if held is not None and (held.resident or held.policy == policy):
         return held
@@ -189,7 +197,7 @@ def tower_weights(model, options, fused) -> FP8Weights | None:
         return held
     if not options.fp8:
         return None
-    policy = FP8Policy.parse(options.fp8_policy) if options.fp8_policy else policy_from_env()
+    policy = FP8Policy.parse(options.fp8_policy) if options.fp8_policy else policy_from_env(model.info.family)
     return fp8_weights(model, fused(), policy)
 
 
@@ -235,8 +243,7 @@ def _build_layer(layer, index: int, count: int, policy: FP8Policy, device, fill,
     return qkv, gate_up, per_layer
 
 
-def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy | None = None, *, quantize=None,
-                          on_layer=None):
+def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy, *, quantize=None, on_layer=None):
     """A Cosmos3 transformer whose gen tower holds only the policy's FP8 weights, never whole in bf16:
     built on the meta device, then the non-layer modules and one layer at a time allocated on `device`,
     filled by `fill(name, param)` (a checkpoint's tensors or random ones) and, layer by layer, quantised.
@@ -246,7 +253,6 @@ def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy | None =
     from accelerate import init_empty_weights
     from diffusers import Cosmos3OmniTransformer
 
-    policy = policy or policy_from_env()
     quantize = quantize or (lambda w: quantize_weight(w, policy))
     device = torch.device(device)
     with init_empty_weights(include_buffers=False):
