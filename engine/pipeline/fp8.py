@@ -210,9 +210,8 @@ def precision_label(model, tower) -> str:
 # -- an FP8-only model, built layer by layer ---------------------------------------------------------
 
 
-
 def _materialise(module, device, fill, prefix: str) -> None:
-    """Allocate `module`'s own parameters (not its children's unless listed) on `device` and fill them."""
+    """Allocate `module`'s parameters (its children's included) on `device` and fill them."""
     module.to_empty(device=device, recurse=True)
     with torch.no_grad():
         for name, param in module.named_parameters():
@@ -243,13 +242,12 @@ def _build_layer(layer, index: int, count: int, policy: FP8Policy, device, fill,
     return qkv, gate_up, per_layer
 
 
-def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy, *, quantize=None, on_layer=None):
+def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy, *, quantize=None):
     """A Cosmos3 transformer whose gen tower holds only the policy's FP8 weights, never whole in bf16:
     built on the meta device, then the non-layer modules and one layer at a time allocated on `device`,
-    filled by `fill(name, param)` (a checkpoint's tensors or random ones) and, layer by layer, quantised.
-    Peak memory: the model so far plus one layer in bf16. `on_layer(index)`: called after each layer
-    (progress; tests count memory there). Returns (transformer, FP8Weights); put the weights on the
-    loaded model as its `fp8_weights`."""
+    filled by `fill(name, param)` (a checkpoint's tensors or random ones) and, layer by layer, quantised
+    (`quantize(weight)`, default `quantize_weight` under `policy`). Peak memory: the model so far plus one
+    layer in bf16. Returns (transformer, FP8Weights); put the weights on the loaded model as its `fp8_weights`."""
     from accelerate import init_empty_weights
     from diffusers import Cosmos3OmniTransformer
 
@@ -270,8 +268,9 @@ def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy, *, quan
         weights.qkv.append(qkv)
         weights.gate_up.append(gate_up)
         weights.per_layer.append(per_layer)
-        if on_layer is not None:
-            on_layer(index)
+    left = [name for name, param in transformer.named_parameters() if param.is_meta]
+    if left:  # a parameter outside the children walked above: fail here, not at the first request
+        raise RuntimeError(f"the FP8-only build left parameters unallocated: {left[:5]}")
     with torch.no_grad():
         for name, buffer in transformer.named_buffers():
             buffer.copy_(buffers[name].to(buffer.device))
