@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.models import build_vae  # noqa: E402
 from engine.pipeline.causal_decode import DecodePlan, decoded_chunks, latent_steps  # noqa: E402
-from engine.pipeline.decode import decode_uint8, to_uint8  # noqa: E402
+from engine.pipeline.decode import decode_uint8  # noqa: E402
 from kernels.timing import time_ms  # noqa: E402
 
 CASES = (("image 1024x1024", 1, 1024, 1024), ("video 832x480 121f", 121, 480, 832))
@@ -112,14 +112,6 @@ def cheap(device: str, tiny: bool) -> list[dict]:
 def _sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def stage_frames(vae, z: torch.Tensor, plan: DecodePlan | None):
-    """Latents to uint8 frames [T, H, W, 3] in host memory: today's path (plan None) or the walker."""
-    if plan is None:
-        return decode_uint8(vae, z)
-    frames = torch.cat([to_uint8(out[0]) for out in decoded_chunks(vae, z, plan)], dim=0)
-    return frames.cpu().numpy()
 
 
 def float_frames(vae, z: torch.Tensor, plan: DecodePlan | None) -> torch.Tensor:
@@ -205,7 +197,8 @@ def _warm(vae, z, plan, reference_float, compiles: bool) -> dict:
 
 
 @torch.no_grad()
-def stage_case(vae, label: str, frames: int, height: int, width: int, args, deadline: float) -> list[dict]:
+def stage_case(vae, label: str, frames: int, height: int, width: int, args,
+               deadline: float) -> tuple[list[dict], torch.Tensor]:
     device = args.device
     generator = torch.Generator(device=device).manual_seed(0)
     scale = 16 if not args.tiny else 16 * 32  # --tiny: the same frame counts at a few latent pixels
@@ -231,7 +224,7 @@ def stage_case(vae, label: str, frames: int, height: int, width: int, args, dead
             short = short_length(latent_t, plan.chunk if plan else 1)
             compiles = benchmark or (plan is not None and plan.elementwise != "eager")
             row["warm"] = _warm(vae, z[:, :, :short], plan, reference_float[short], compiles)
-            timing = time_ms(lambda: row.__setitem__("frames", stage_frames(vae, z, plan)), warmup=0, iters=args.iters)
+            timing = time_ms(lambda: row.__setitem__("frames", decode_uint8(vae, z, plan)), warmup=0, iters=args.iters)
             row["ms"] = timing.median_ms
             row["samples_ms"] = list(timing.samples_ms)
             out = row.pop("frames")
