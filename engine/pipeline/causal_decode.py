@@ -32,7 +32,6 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-CACHE_FRAMES = 2  # diffusers' CACHE_T: a 3-tap causal conv's past
 ELEMENTWISE = ("eager", "compile", "triton")
 CONVS = ("3d", "2d")
 
@@ -46,10 +45,6 @@ class DecodePlan:
     def __post_init__(self):
         if self.chunk < 1 or self.elementwise not in ELEMENTWISE or self.conv not in CONVS:
             raise ValueError(f"DecodePlan: chunk >= 1, elementwise in {ELEMENTWISE}, conv in {CONVS}; got {self}")
-
-    @property
-    def is_exact(self) -> bool:
-        return self == DecodePlan()
 
 
 def supports(vae) -> bool:
@@ -266,5 +261,5 @@ def decoded_chunks(vae, z: torch.Tensor, plan: DecodePlan) -> Iterator[torch.Ten
         yield torch.clamp(out, min=-1.0, max=1.0)
 
 
-__all__ = ["CACHE_FRAMES", "VIDEO_PLAN", "CausalDecoder", "DecodePlan", "decoded_chunks", "latent_steps", "plan_for",
+__all__ = ["VIDEO_PLAN", "CausalDecoder", "DecodePlan", "decoded_chunks", "latent_steps", "plan_for",
            "supports"]
