@@ -162,14 +162,12 @@ class CausalDecoder:
 
     def norm_conv(self, norm, act, conv, x: torch.Tensor) -> torch.Tensor:
         """conv(SiLU(norm(x))) with the conv's cache."""
-        if self.plan.elementwise == "eager" or conv._padding[4] == 0:
+        # (a norm with a bias is not in Wan's decoder: it keeps diffusers' ops)
+        if self.plan.elementwise == "eager" or conv._padding[4] == 0 or isinstance(norm.bias, torch.Tensor):
             return self.conv(conv, _norm_silu(norm, act, x))
         pad = conv._padding[0]
         cache = self._cache(conv, x, pad)
-        bias = norm.bias
-        gamma = norm.gamma if not isinstance(bias, torch.Tensor) else None
-        if gamma is None:  # a norm with a bias: not in Wan's decoder; keep diffusers' ops
-            return self.conv(conv, _norm_silu(norm, act, x))
+        gamma = norm.gamma
         if self.plan.elementwise == "compile":
             return self._conv_joined(conv, _fused_join()(x, cache, gamma, float(norm.scale), pad))
         from kernels.wan_norm import norm_silu_into
