@@ -32,6 +32,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from kernels.wan_norm import norm_silu_reference
+
 ELEMENTWISE = ("eager", "compile", "triton")
 CONVS = ("3d", "2d")
 
@@ -72,8 +74,7 @@ def _norm_silu(norm, act, x: torch.Tensor) -> torch.Tensor:
 
 def _norm_silu_join(x: torch.Tensor, cache: torch.Tensor, gamma: torch.Tensor, scale: float, pad: int) -> torch.Tensor:
     """cat([cache, pad(SiLU(RMSnorm(x)))]) over time: the conv's whole input, written once (compiled)."""
-    normalized = F.normalize(x.float(), dim=1).to(x.dtype)
-    y = F.silu(normalized * scale * gamma)
+    y = norm_silu_reference(x, gamma, scale)
     return torch.cat([cache, F.pad(y, (pad, pad, pad, pad, 0, 0))], dim=2)
 
 
