@@ -21,6 +21,9 @@ off, keep the bit-for-bit promise above.
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import numpy as np
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
@@ -96,21 +99,24 @@ def decode_uint8(vae, z: torch.Tensor, plan: DecodePlan | None = None) -> np.nda
     `plan` None: diffusers' decoder, one latent frame a step (the exact path's bytes); a `DecodePlan`:
     the engine's walk of the same decoder (`engine.pipeline.causal_decode`), bf16-close.
     """
-    if plan is not None:
-        frames = torch.cat([to_uint8(out[0]) for out in decoded_chunks(vae, z, plan)], dim=0)
-        return frames.cpu().numpy()
+    chunks = diffusers_chunks(vae, z) if plan is None else decoded_chunks(vae, z, plan)
+    with contextlib.closing(chunks):  # a failed decode frees the decoder's cache now, not at garbage collection
+        frames = torch.cat([to_uint8(out[0]) for out in chunks], dim=0)
+    return frames.cpu().numpy()
+
+
+def diffusers_chunks(vae, z: torch.Tensor) -> Iterator[torch.Tensor]:
+    """diffusers' decode loop (`AutoencoderKLWan._decode`), one latent frame a step with its feature cache:
+    the clamped [-1, 1] output [B, 3, frames, H, W] of each step, as `causal_decode.decoded_chunks` gives it."""
     patch = vae.config.patch_size
     vae.clear_cache()
     try:
         x = vae.post_quant_conv(z)
-        chunks = []
         for i in range(x.shape[2]):
             vae._conv_idx = [0]
             out = vae.decoder(x[:, :, i:i + 1], feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=i == 0)
             if patch is not None:
                 out = unpatchify(out, patch_size=patch)
-            chunks.append(to_uint8(torch.clamp(out, min=-1.0, max=1.0)[0]))
-        frames = torch.cat(chunks, dim=0)
+            yield torch.clamp(out, min=-1.0, max=1.0)
     finally:
         vae.clear_cache()
-    return frames.cpu().numpy()
