@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.models import build_vae  # noqa: E402
 from engine.pipeline.causal_decode import DecodePlan, decoded_chunks, latent_steps  # noqa: E402
-from engine.pipeline.decode import decode_uint8  # noqa: E402
+from engine.pipeline.decode import decode_uint8, diffusers_chunks  # noqa: E402
 from kernels.timing import time_ms  # noqa: E402
 
 CASES = (("image 1024x1024", 1, 1024, 1024), ("video 832x480 121f", 121, 480, 832))
@@ -142,26 +142,15 @@ def _profile_table(fn, device: str) -> tuple[str, list[dict]]:
 
 
 def profile_step(vae, z: torch.Tensor, plan: DecodePlan | None, device: str) -> dict:
-    """torch.profiler over the third causal step (a steady one) of a decode of z."""
-    if plan is None:  # today's loop (decode_uint8's), diffusers' decoder one latent frame a step
-        vae.clear_cache()
-        x = vae.post_quant_conv(z[:, :, :3])
-
-        def run(i):
-            vae._conv_idx = [0]
-            return vae.decoder(x[:, :, i:i + 1], feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=i == 0)
-
-        run(0), run(1)
-        table, top = _profile_table(lambda: run(2), device)
-        vae.clear_cache()
-        frames = 1
-    else:
-        steps = latent_steps(z.shape[2], plan.chunk)[:3]
-        chunks = decoded_chunks(vae, z[:, :, :steps[-1][1]], plan)
-        next(chunks), next(chunks)
-        table, top = _profile_table(lambda: next(chunks), device)
-        chunks.close()
-        frames = steps[-1][1] - steps[-1][0]
+    """torch.profiler over the third causal step (a steady one) of a decode of z: today's loop
+    (`diffusers_chunks`, diffusers' decoder one latent frame a step) for plan None, else the walker."""
+    steps = latent_steps(z.shape[2], plan.chunk if plan is not None else 1)[:3]
+    head = z[:, :, :steps[-1][1]]
+    chunks = diffusers_chunks(vae, head) if plan is None else decoded_chunks(vae, head, plan)
+    next(chunks), next(chunks)
+    table, top = _profile_table(lambda: next(chunks), device)
+    chunks.close()
+    frames = steps[-1][1] - steps[-1][0]
     print(table, flush=True)
     return {"latent_frames_in_step": frames, "table": table, "top15": top}
 
