@@ -252,10 +252,9 @@ class KernelDispatcher:
             unsupported = str(err)
         # Prefix lengths change with every prompt: bucket the longest key run by powers of two so a
         # new prompt re-uses the measurement of a similar one.
-        longest = max(layout.kv_len(b) for b in range(layout.num_branches))
         key = (
             "prefix_attention", _device_key(q), q.dtype, tuple(q.shape), kv_buffer.shape[2],
-            layout.uniform_prefix, 1 << (longest - 1).bit_length(),
+            layout.uniform_prefix, 1 << (layout.max_kv_len - 1).bit_length(),
         )
 
         def timers() -> Decision:

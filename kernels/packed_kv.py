@@ -43,6 +43,11 @@ class PackedKVLayout:
     def kv_len(self, branch: int) -> int:
         return self.prefix_lens[branch] + self.gen_len
 
+    @property
+    def max_kv_len(self) -> int:
+        """The longest branch's key rows (varlen attention's max_seqlen_k; dispatch's shape bucket)."""
+        return max(self.prefix_lens) + self.gen_len
+
     def branch_start(self, branch: int) -> int:
         return sum(self.kv_len(b) for b in range(branch))
 

@@ -248,7 +248,7 @@ def prefix_attention(
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     elif tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
-    block_n = min(config.block_n, max(16, triton.next_power_of_2(max(layout.kv_len(b) for b in range(batch)))))
+    block_n = min(config.block_n, max(16, triton.next_power_of_2(layout.max_kv_len)))
     block_m = min(config.block_m, max(16, triton.next_power_of_2(n_gen)))
     kv_starts, kv_lens, _, longest_first = layout.index_tensors(q.device)
     k_plane, v_plane = kv_buffer[0], kv_buffer[1]
@@ -332,7 +332,7 @@ def prefix_attention_flash4(
     result = fn(
         q.reshape(batch * n_gen, hq, head_dim), kv_buffer[0], kv_buffer[1],
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-        max_seqlen_q=n_gen, max_seqlen_k=max(layout.kv_len(b) for b in range(batch)),
+        max_seqlen_q=n_gen, max_seqlen_k=layout.max_kv_len,
         softmax_scale=scale if scale is not None else 1.0 / math.sqrt(head_dim), causal=False,
     )
     o = result[0] if isinstance(result, tuple) else result

@@ -141,6 +141,7 @@ def test_cu_seqlens_are_the_packed_rows():
     assert cu_q.tolist() == [0, 16, 32, 48]
     assert cu_k.tolist() == [layout.branch_start(b) for b in range(4)] == [0, 21, 46, 62]
     assert cu_q.dtype == cu_k.dtype == torch.int32
+    assert layout.max_kv_len == 9 + 16 == max(layout.kv_len(b) for b in range(3))  # flash-attn-4's max_seqlen_k
     assert layout.cu_seqlens("cpu")[0] is cu_q  # cached: no host-to-device copy per layer and step
 
 
