@@ -6,6 +6,8 @@
 - the fused norm + SiLU kernel (`kernels.wan_norm`, under the Triton interpreter here) and the
   stacked-time-tap conv2d are bf16-close (the kernel against its reference: tests/test_kernels_wan_norm.py).
 """
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -62,29 +64,28 @@ def test_plan_refuses_what_it_cannot_do():
         DecodePlan(elementwise="cuda")
 
 
-@pytest.mark.parametrize("plan", [DecodePlan(chunk=2), DecodePlan(chunk=2, elementwise="triton"),
-                                  DecodePlan(chunk=2, conv="2d")], ids=["chunk2", "triton+chunk2", "conv2d+chunk2"])
-def test_fast_plans_stay_close_in_bf16(vae, plan):
-    dtype = vae.dtype
-    bf16 = vae.to(torch.bfloat16)
-    for param in bf16.parameters():  # the fast path's layout
+@pytest.fixture(scope="module")
+def vae_bf16(vae):
+    """The fast path's VAE: a bf16 copy with channels-last conv weights (the fp32 `vae` stays as loaded)."""
+    bf16 = copy.deepcopy(vae).to(torch.bfloat16)
+    for param in bf16.parameters():
         if param.dim() == 5:
             param.data = param.data.contiguous(memory_format=torch.channels_last_3d)
-    try:
-        z = _latents(bf16, 4, torch.bfloat16, seed=3).contiguous(memory_format=torch.channels_last_3d)
-        with torch.no_grad():
-            expected = bf16.decode(z).sample.float()
-        ours = _walk(bf16, z, plan).float()
-        assert ours.shape == expected.shape
-        # bf16-sized: the fast path's channels-last layout alone moves this decode by ~2.5e-2 on the H200.
-        assert (ours - expected).abs().max() <= 4e-2
-        to_u8 = lambda x: np.round((x.clamp(-1, 1) * 0.5 + 0.5).numpy() * 255)  # noqa: E731
-        assert np.abs(to_u8(ours) - to_u8(expected)).max() <= 6
-    finally:
-        vae.to(dtype)
-        for param in vae.parameters():
-            if param.dim() == 5:
-                param.data = param.data.contiguous()
+    return bf16
+
+
+@pytest.mark.parametrize("plan", [DecodePlan(chunk=2), DecodePlan(chunk=2, elementwise="triton"),
+                                  DecodePlan(chunk=2, conv="2d")], ids=["chunk2", "triton+chunk2", "conv2d+chunk2"])
+def test_fast_plans_stay_close_in_bf16(vae_bf16, plan):
+    z = _latents(vae_bf16, 4, torch.bfloat16, seed=3).contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():
+        expected = vae_bf16.decode(z).sample.float()
+    ours = _walk(vae_bf16, z, plan).float()
+    assert ours.shape == expected.shape
+    # bf16-sized: the fast path's channels-last layout alone moves this decode by ~2.5e-2 on the H200.
+    assert (ours - expected).abs().max() <= 4e-2
+    to_u8 = lambda x: np.round((x.clamp(-1, 1) * 0.5 + 0.5).numpy() * 255)  # noqa: E731
+    assert np.abs(to_u8(ours) - to_u8(expected)).max() <= 6
 
 
 def test_the_switch_and_the_rule_pick_the_plan(vae, monkeypatch):
