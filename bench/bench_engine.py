@@ -279,6 +279,8 @@ def main_e2e(args) -> int:
             width, height, frames = (int(v) for v in args.fp8_step.split("x"))
             results["fp8_step"] = e2e.fp8_step(model, width, height, frames, log=log)
         # Which attention each shape got (dispatch measures Triton, SDPA and flash-attn-4 where installed).
+        # The key is dispatch's: (op, device, dtype, q shape [B, N, Hq, D], kv heads, uniform prefix, bucket);
+        # "longest_kv" is that bucket, the longest branch's key rows rounded up to a power of two.
         dispatcher = model.dispatchers.get("auto")
         if dispatcher is not None:
             results.setdefault("attention_paths", {})[family] = [
