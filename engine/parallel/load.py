@@ -25,7 +25,9 @@ def load_model(source: str | os.PathLike, *, gpus: int | str = 1, weights: str |
     if count > 1:
         return GroupModel(source, count, weights=weights, per_gpu_bytes=in_process.get("memory_budget_bytes"))
     if fp8 is None:
-        fp8 = os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes")
+        from ..pipeline.fp8 import fp8_from_env
+
+        fp8 = fp8_from_env()
     if fp8:
         in_process.setdefault("fp8_loader", FP8OnlyLoader())
     return load_in_process(source, **in_process)

@@ -35,7 +35,7 @@ import torch
 from kernels.dispatch import KernelDispatcher
 from kernels.packed_kv import PackedKVLayout
 
-from .fp8 import tower_weights
+from .fp8 import fp8_from_env, tower_weights
 from .transformer import KVCache
 
 # Why a bound: a graph pays where launches dominate (T2I: ~1k gen tokens, ~15 launches per layer and
@@ -73,7 +73,7 @@ class FastPathOptions:
             whole_step=_env_on("COSMOS3_WHOLE_STEP"),
             uint8_frames=_env_on("COSMOS3_UINT8_FRAMES"),
             vae_fast_decode=_env_on("COSMOS3_VAE_FAST_DECODE"),
-            fp8=os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes"),
+            fp8=fp8_from_env(),
             fp8_policy=os.environ.get("COSMOS3_FP8_POLICY", "").strip(),
         )
 

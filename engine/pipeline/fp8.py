@@ -99,6 +99,11 @@ DEFAULT_POLICIES = {"nano": "row:in", "super": "row:in", "edge": "row:down"}
 DEFAULT_POLICY = "row:in"  # any other family (custom checkpoints)
 
 
+def fp8_from_env() -> bool:
+    """`COSMOS3_FP8`: FP8 is off unless it says 1, true, on or yes (the one parse of the switch)."""
+    return os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
 def policy_from_env(family: str | None = None) -> FP8Policy:
     """`COSMOS3_FP8_POLICY` when set, else the family's measured default."""
     default = DEFAULT_POLICIES.get(family, DEFAULT_POLICY)
