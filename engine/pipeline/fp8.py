@@ -170,11 +170,10 @@ def _layer_weights(layer, qkv: torch.Tensor, gate_up, gemms: frozenset, quantize
     return pick("qkv", qkv), pick("in", gate_up), per_layer
 
 
-def fp8_weights(model, fused, policy: FP8Policy | None = None) -> FP8Weights:
+def fp8_weights(model, fused, policy: FP8Policy) -> FP8Weights:
     """Quantise once per loaded model and policy and keep the result on it; the bf16 weights are
     untouched, so a request without FP8 (or the exact path) still runs bf16. `fused`: the model's fused
     projections (`engine.pipeline.fast_path.fused_projections`), quantised as they are."""
-    policy = policy or policy_from_env(model.info.family)
     held = model.fp8_weights
     if held is not None and (held.resident or held.policy == policy):
         return held
