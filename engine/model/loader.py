@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import re
 import struct
@@ -112,17 +113,18 @@ def weight_files(folder: Path) -> list[Path]:
     return files
 
 
-def component_parameter_count(folder: Path) -> int:
-    """Number of parameters in a component's weight files, from their headers alone."""
-    total = 0
+def weight_shapes(folder: Path):
+    """(name, shape) of each weight in a component's files, from their headers alone; calibration
+    tensors (`QUANTIZER_KEY`) left out."""
     for file in weight_files(folder):
         for name, info in check_safetensors(file).items():
             if not QUANTIZER_KEY.search(name):
-                count = 1
-                for dim in info.get("shape", []):
-                    count *= int(dim)
-                total += count
-    return total
+                yield name, [int(dim) for dim in info.get("shape", [])]
+
+
+def component_parameter_count(folder: Path) -> int:
+    """Number of parameters in a component's weight files, from their headers alone."""
+    return sum(math.prod(shape) for _, shape in weight_shapes(folder))
 
 
 def quantizer_keys(folder: Path) -> list[str]:
@@ -226,18 +228,11 @@ def fp8_weight_bytes(root: Path, dtype_bytes: int = 2, policy=None) -> int:
     layers = json.loads((root / "transformer" / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
     total = 0
     for part in ("transformer", "vae"):
-        for file in weight_files(root / part):
-            for name, info in check_safetensors(file).items():
-                if QUANTIZER_KEY.search(name):
-                    continue
-                shape = [int(d) for d in info.get("shape", [])]
-                count = 1
-                for dim in shape:
-                    count *= dim
-                gen = GEN_LINEAR.match(name) if part == "transformer" and len(shape) == 2 else None
-                role = gen and GEN_ROLES[gen.group(3) or gen.group(4)]
-                fp8 = gen is not None and (policy is None or role in policy.gemms_of_layer(int(gen.group(1)), layers))
-                total += count + 4 * shape[0] if fp8 else count * dtype_bytes
+        for name, shape in weight_shapes(root / part):
+            gen = GEN_LINEAR.match(name) if part == "transformer" and len(shape) == 2 else None
+            role = gen and GEN_ROLES[gen.group(3) or gen.group(4)]
+            fp8 = gen is not None and (policy is None or role in policy.gemms_of_layer(int(gen.group(1)), layers))
+            total += math.prod(shape) + 4 * shape[0] if fp8 else math.prod(shape) * dtype_bytes
     return total
 
 
