@@ -48,7 +48,8 @@ TIMING = (832, 480, 121)
 TIMING_PREFIXES = (1615, 2866)
 
 
-def _rel(ours, reference) -> float:
+def rel_error(ours, reference) -> float:
+    """The largest relative L2 error over the branches' velocities (the gate's measure)."""
     return max(float((a - b).norm() / b.norm()) for a, b in zip(ours, reference))
 
 
@@ -57,7 +58,7 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def _fp32_references(family, transformer, device, shapes, prefixes):
+def fp32_references(family, transformer, device, shapes, prefixes):
     """diffusers' forward of an fp32 copy of the same weights, per shape (the copy freed after)."""
     refs = {}
     with torch.no_grad():
@@ -85,7 +86,7 @@ def _measure(model, options, inputs, refs, timed, iters) -> tuple[dict, float]:
         errors = {}
         for shape, step in inputs.items():
             tower = make_gen_tower(model, step.cache, step.branches)
-            errors[str(shape)] = _rel(step.engine_step(tower), refs[shape])
+            errors[str(shape)] = rel_error(step.engine_step(tower), refs[shape])
             del tower
         tower = make_gen_tower(model, timed.cache, timed.branches)
         return errors, time_ms(lambda: timed.engine_step(tower), warmup=1, iters=iters).median_ms
@@ -103,13 +104,13 @@ def gate_family(family, policies, device, log, *, into: list, deadline=float("in
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     transformer = build_transformer(family, device=device, dtype=dtype)
     model = as_loaded_model(transformer, family)
-    refs = _fp32_references(family, transformer, device, shapes, prefixes)
+    refs = fp32_references(family, transformer, device, shapes, prefixes)
     out = {"family": family, "errors": {}, "step_ms": {}, "failed": {}, "skipped": [], "ratios": {}}
     into.append(out)
     with torch.no_grad():
         inputs = {s: step_inputs(model, width=s[0], height=s[1], frames=s[2], prefix_lens=prefixes) for s in shapes}
         timed = step_inputs(model, width=timing[0], height=timing[1], frames=timing[2], prefix_lens=timing_prefixes)
-        out["errors"]["diffusers bf16"] = {str(s): _rel(inputs[s].diffusers_step(), refs[s]) for s in shapes}
+        out["errors"]["diffusers bf16"] = {str(s): rel_error(inputs[s].diffusers_step(), refs[s]) for s in shapes}
         for label, options in [("engine bf16", FastPathOptions(enabled=True, cuda_graphs=False))] + [
                 (p, FastPathOptions(enabled=True, cuda_graphs=False, fp8=True, fp8_policy=p)) for p in policies]:
             if time.perf_counter() > deadline:

@@ -19,10 +19,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 GATE = 3.0
 
 
-def _rel(ours, reference) -> float:
-    return max(float((a - b).norm() / b.norm()) for a, b in zip(ours, reference))
-
-
 def _free():
     gc.collect()
     torch.cuda.empty_cache()
@@ -54,7 +50,7 @@ def test_super_in_fp8_runs_on_one_gpu():
                          ids=["edge-t2i", "nano-t2i-t2v"])
 def test_fp8_mode_velocity_within_three_times_bf16_error(family, shapes):
     pytest.importorskip("torchao")
-    from bench.bench_fp8 import _fp32_references
+    from bench.bench_fp8 import fp32_references, rel_error
     from bench.models import as_loaded_model, build_transformer, step_inputs
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.fp8 import policy_from_env
@@ -63,17 +59,17 @@ def test_fp8_mode_velocity_within_three_times_bf16_error(family, shapes):
     prefixes = (301, 517)
     transformer = build_transformer(family)
     model = as_loaded_model(transformer, family)
-    refs = _fp32_references(family, transformer, "cuda", shapes, prefixes)
+    refs = fp32_references(family, transformer, "cuda", shapes, prefixes)
     policy = policy_from_env(family)
     with torch.no_grad():
         for width, height, frames in shapes:
             inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=prefixes)
             fp32 = refs[(width, height, frames)]
-            bf16 = _rel(inputs.diffusers_step(), fp32)
+            bf16 = rel_error(inputs.diffusers_step(), fp32)
             model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, fp8=True)  # the family's FP8 mode
             tower = make_gen_tower(model, inputs.cache, inputs.branches)
             assert tower.fp8 is model.fp8_weights and tower.fp8.policy == policy
-            fp8 = _rel(inputs.engine_step(tower), fp32)
+            fp8 = rel_error(inputs.engine_step(tower), fp32)
             print(f"{family} {(width, height, frames)}: rel. error vs fp32 forward: diffusers bf16 {bf16:.2e}, "
                   f"engine FP8 ({policy.name}) {fp8:.2e} ({fp8 / bf16:.2f}x bf16; gate {GATE}x)")
             assert fp8 <= GATE * bf16
