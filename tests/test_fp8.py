@@ -15,6 +15,7 @@ pytest.importorskip("torchao")
 
 import engine  # noqa: E402
 from engine.model.loader import component_parameter_count, fp8_weight_bytes, load_in_process  # noqa: E402
+from engine.parallel.load import FP8OnlyLoader  # noqa: E402
 from engine.pipeline import fp8  # noqa: E402
 from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
 from engine.pipeline.fp8 import FP8_LABEL, FP8Policy  # noqa: E402
@@ -23,21 +24,7 @@ FAST = dict(enabled=True, batched_cfg=True, cuda_graphs=False, kernels="torch", 
 REQUEST = dict(mode="t2v", prompt="a lighthouse at dusk", seed=3, steps=3)
 
 
-class _CPULoader:
-    """engine.parallel.load.FP8OnlyLoader without its GPU check."""
-
-    def __init__(self, policy="row"):
-        self.policy = FP8Policy.parse(policy)
-
-    def policy_for(self, family):
-        return self.policy
-
-    def __call__(self, folder, device, family):
-        config = json.loads((folder / "config.json").read_text())
-        return fp8.build_fp8_transformer(config, device, fp8.checkpoint_fill(folder), self.policy)
-
-
-_cpu_loader = _CPULoader()
+_row_loader = FP8OnlyLoader(FP8Policy())  # "row"; where it is passed below it only sizes the model, never builds
 
 
 def _sizes(root):
@@ -98,10 +85,12 @@ def test_the_fp8_only_build_holds_one_layer_in_bf16_at_a_time(tiny_family, monke
 @pytest.fixture(scope="module", params=["row", "row-exact:qkv+in@1"])
 def super_pair(tiny_family, request):
     """The tiny Super loaded FP8-only (the bf16 weights 'do not fit') and loaded whole in bf16."""
-    root, loader = tiny_family["super"], _CPULoader(request.param)
+    root, loader = tiny_family["super"], FP8OnlyLoader(FP8Policy.parse(request.param))
     bf16, _ = _sizes(root)
     budget = int((bf16 + fp8_weight_bytes(root, 4, loader.policy)) / 2 / 0.9)  # bf16 over 90% of it, FP8 under
-    fp8_model = load_in_process(root, device="cpu", memory_budget_bytes=budget, fp8_loader=loader)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fp8, "check_available", lambda device: None)  # the loader's GPU check, bypassed on the CPU
+        fp8_model = load_in_process(root, device="cpu", memory_budget_bytes=budget, fp8_loader=loader)
     reference = load_in_process(root, device="cpu")
     for name, module in reference.transformer.named_children():
         if name != "time_embedder":  # kept in fp32, as diffusers keeps it (and as the FP8-only build does)
@@ -140,9 +129,9 @@ def test_one_gpu_rule_with_and_without_fp8(tiny_family, monkeypatch):
         load_in_process(root, device="cpu", memory_budget_bytes=budget)
     tight = int(fp8_bytes / 0.9 * 0.95)
     with pytest.raises(MemoryError, match=r"--gpus 2 .*In FP8 \(faster, approximate\) it would still need"):
-        load_in_process(root, device="cpu", memory_budget_bytes=tight, fp8_loader=_cpu_loader)
+        load_in_process(root, device="cpu", memory_budget_bytes=tight, fp8_loader=_row_loader)
     # Where bf16 fits, asking for FP8 keeps the bf16 model (FP8 weights come beside it per request).
-    assert load_in_process(root, device="cpu", fp8_loader=_cpu_loader).fp8_weights is None
+    assert load_in_process(root, device="cpu", fp8_loader=_row_loader).fp8_weights is None
     # engine.load_model asks the FP8-only build (Super's FP8 mode) for a GPU with FP8 tensor cores.
     mode_budget = int((bf16 + fp8_weight_bytes(root, 4, fp8.policy_from_env("super"))) / 2 / 0.9)
     with pytest.raises(fp8.FP8Unavailable, match="needs a CUDA GPU"):
