@@ -104,10 +104,11 @@ def fp8_from_env() -> bool:
     return os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
-def policy_from_env(family: str | None = None) -> FP8Policy:
-    """`COSMOS3_FP8_POLICY` when set, else the family's measured default."""
+def policy_from_env(family: str | None = None, spelling: str = "") -> FP8Policy:
+    """`spelling` when given (`FastPathOptions.fp8_policy`), else `COSMOS3_FP8_POLICY` when set, else the
+    family's measured default."""
     default = DEFAULT_POLICIES.get(family, DEFAULT_POLICY)
-    return FP8Policy.parse(os.environ.get("COSMOS3_FP8_POLICY", "").strip() or default)
+    return FP8Policy.parse(spelling or os.environ.get("COSMOS3_FP8_POLICY", "").strip() or default)
 
 
 def check_available(device) -> None:
@@ -201,8 +202,7 @@ def tower_weights(model, options, fused) -> FP8Weights | None:
         return held
     if not options.fp8:
         return None
-    policy = FP8Policy.parse(options.fp8_policy) if options.fp8_policy else policy_from_env(model.info.family)
-    return fp8_weights(model, fused(), policy)
+    return fp8_weights(model, fused(), policy_from_env(model.info.family, options.fp8_policy))
 
 
 def precision_label(model, tower) -> str:
