@@ -58,6 +58,13 @@ def _sync():
         torch.cuda.synchronize()
 
 
+def _free():
+    """Drop what the last item left, so the next one starts from the same memory."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def fp32_references(family, transformer, device, shapes, prefixes):
     """diffusers' forward of an fp32 copy of the same weights, per shape (the copy freed after)."""
     refs = {}
@@ -73,9 +80,7 @@ def fp32_references(family, transformer, device, shapes, prefixes):
             refs[shape] = inputs.diffusers_step()
             del inputs
     del upcast, reference_model
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    _free()
     return refs
 
 
@@ -127,9 +132,7 @@ def gate_family(family, policies, device, log, *, into: list, deadline=float("in
                  out["errors"].get(label, {}).items()}, "step_ms": round(out["step_ms"].get(label, float("nan")), 2),
                  "failed": out["failed"].get(label), "wall_s": round(time.perf_counter() - began, 2)})
     del model, transformer, inputs, timed, refs
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    _free()
     return out
 
 
@@ -289,9 +292,7 @@ def main(argv=None) -> int:
         except Exception as error:  # noqa: BLE001 - the gate still runs
             results["super"]["failed"] = f"{type(error).__name__}: {error}"[:500]
             log({"super_failed": results["super"]["failed"]})
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        _free()
     if args.gate:
         policies = [p for p in args.policies.split(",") if p]
         for family in args.families.split(","):
