@@ -187,26 +187,20 @@ def build_super(device, policy, family="super", log=print):
 def timed_request(model, request, default_steps: int) -> dict:
     """`engine.generate` once: stages, step times as progress saw them, peak memory, and the total at
     `default_steps` projected from the median measured step (labelled a projection)."""
-    from engine.pipeline.run import generate
+    from bench.e2e import generate_marked, stages
 
-    marks = []
-    _sync()
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    began = time.perf_counter()
-    result = generate(model, request, on_progress=lambda p: marks.append(p.elapsed_s) if p.stage == "denoise" else None)
-    _sync()
-    wall = time.perf_counter() - began
-    t = result.timings
-    prefill = sum(t.get(k, 0.0) for k in ("conditioning", "prompt", "prefill"))
+    result, marks, wall = generate_marked(model, request)
+    times = stages(result.timings)
+    prefill = times["prefill_s"]
     steps = [b - a for a, b in zip([prefill] + marks, marks)]
     later = sorted(steps[1:]) or steps
-    median = later[len(later) // 2] if later else t["denoise"]
-    row = {"request": {k: v for k, v in request.items() if k != "prompt"}, "precision": result.precision,
-           "prefill_s": prefill, "denoise_s": t["denoise"], "decode_s": t["decode"], "total_s": t["total"],
+    median = later[len(later) // 2] if later else times["denoise_s"]
+    row = {"request": {k: v for k, v in request.items() if k != "prompt"}, "precision": result.precision, **times,
            "wall_s": wall, "step_s": [round(s, 4) for s in steps], "median_step_after_first_s": median,
            "frames": list(result.frames.shape)}
-    row[f"projected_total_{default_steps}_steps_s (projection)"] = prefill + default_steps * median + t["decode"]
+    row[f"projected_total_{default_steps}_steps_s (projection)"] = prefill + default_steps * median + times["decode_s"]
     if torch.cuda.is_available():
         row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return row

@@ -49,13 +49,21 @@ def long_prompt(model, tokens: int = PROMPT_TOKENS, extra: str = "") -> str:
         context += sentence
 
 
-def _stages(timings: dict) -> dict:
+def stages(timings: dict) -> dict:
+    """A result's stage times: prefill (conditioning, prompt and prefill together), denoise, decode, total."""
     prefill = sum(timings.get(k, 0.0) for k in ("conditioning", "prompt", "prefill"))
     return {"prefill_s": prefill, "denoise_s": timings["denoise"], "decode_s": timings["decode"],
             "total_s": timings["total"]}
 
 
-def timed_generate(model, request) -> dict:
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def generate_marked(model, request) -> tuple:
+    """`engine.generate` once, synchronised before and after: (result, the elapsed time progress saw
+    at each denoising step's end, the wall time)."""
     from engine.pipeline.run import generate
 
     marks = []
@@ -64,18 +72,23 @@ def timed_generate(model, request) -> dict:
         if progress.stage == "denoise":
             marks.append(progress.elapsed_s)
 
-    torch.cuda.synchronize()
+    _sync()
     began = time.perf_counter()
     result = generate(model, request, on_progress=on_progress)
-    torch.cuda.synchronize()
-    row = _stages(result.timings)
+    _sync()
+    return result, marks, time.perf_counter() - began
+
+
+def timed_generate(model, request) -> dict:
+    result, marks, wall = generate_marked(model, request)
+    row = stages(result.timings)
     # Where a cold run's time goes: the step durations as progress saw them (first steps, median, max).
     marks.insert(0, row["prefill_s"])  # the denoise stage starts after the prefill (to within the noise draw)
     steps = sorted(b - a for a, b in zip(marks, marks[1:]))
     row["step_s"] = {"first": [round(b - a, 4) for a, b in zip(marks[:4], marks[1:5])],
                      "median": round(steps[len(steps) // 2], 4) if steps else None,
                      "max": round(steps[-1], 4) if steps else None}
-    row["wall_s"] = time.perf_counter() - began
+    row["wall_s"] = wall
     row["steps"] = result.params["steps"]
     row["denoise_ms_per_step"] = 1000 * row["denoise_s"] / row["steps"]
     return row
