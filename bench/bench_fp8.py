@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import models  # noqa: E402
+from bench.e2e import generate_marked, stages, sync  # noqa: E402
 from bench.models import as_loaded_model, build_transformer, step_inputs, transformer_config  # noqa: E402
 from engine.pipeline import fp8  # noqa: E402
 from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
@@ -51,11 +52,6 @@ TIMING_PREFIXES = (1615, 2866)
 def rel_error(ours, reference) -> float:
     """The largest relative L2 error over the branches' velocities (the gate's measure)."""
     return max(float((a - b).norm() / b.norm()) for a, b in zip(ours, reference))
-
-
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def _free():
@@ -161,13 +157,13 @@ def build_super(device, policy, family="super", log=print):
     """Full-size random Super built FP8-only, layer by layer; returns the loaded model and build facts."""
     from engine.model.tiny import build_tokenizer
 
-    _sync()
+    sync()
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     began = time.perf_counter()
     transformer, weights = fp8.build_fp8_transformer(transformer_config(family), device, fp8.random_fill(device),
                                                      fp8.FP8Policy.parse(policy))
-    _sync()
+    sync()
     facts = {"build_s": time.perf_counter() - began, "policy": policy}
     facts["parameters"] = sum(p.numel() for p in transformer.parameters())
     if torch.cuda.is_available():
@@ -187,8 +183,6 @@ def build_super(device, policy, family="super", log=print):
 def timed_request(model, request, default_steps: int) -> dict:
     """`engine.generate` once: stages, step times as progress saw them, peak memory, and the total at
     `default_steps` projected from the median measured step (labelled a projection)."""
-    from bench.e2e import generate_marked, stages
-
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     result, marks, wall = generate_marked(model, request)

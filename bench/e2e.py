@@ -56,7 +56,8 @@ def stages(timings: dict) -> dict:
             "total_s": timings["total"]}
 
 
-def _sync():
+def sync():
+    """Wait for the GPU's queued work, where there is one."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -72,10 +73,10 @@ def generate_marked(model, request) -> tuple:
         if progress.stage == "denoise":
             marks.append(progress.elapsed_s)
 
-    _sync()
+    sync()
     began = time.perf_counter()
     result = generate(model, request, on_progress=on_progress)
-    _sync()
+    sync()
     return result, marks, time.perf_counter() - began
 
 
