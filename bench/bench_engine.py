@@ -244,13 +244,7 @@ def main_e2e(args) -> int:
     from bench import e2e
     from engine.model.tiny import build_tokenizer
 
-    header = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
-              "gpu": torch.cuda.get_device_name(), "command": " ".join(sys.argv)}
-    for package in ("triton", "diffusers", "torchao"):
-        try:
-            header[package] = __import__(package).__version__
-        except ImportError:
-            header[package] = None
+    header = e2e.run_header(torch.cuda.get_device_name())
     print(json.dumps(header), flush=True)
     names = list(e2e.WORKLOADS) if args.e2e == "all" else [n for n in (args.e2e or "").split(",") if n]
     ablate = [n for n in (args.e2e_ablate or "").split(",") if n]

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import models  # noqa: E402
-from bench.e2e import generate_marked, stages, sync  # noqa: E402
+from bench.e2e import generate_marked, run_header, stages, sync  # noqa: E402
 from bench.models import as_loaded_model, build_transformer, step_inputs, transformer_config  # noqa: E402
 from engine.pipeline import fp8  # noqa: E402
 from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
@@ -257,13 +257,7 @@ def main(argv=None) -> int:
         _shrink_for_smoke()
         args.gate = args.super = True
         args.prompt_tokens = 40
-    header = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
-              "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)", "command": " ".join(sys.argv)}
-    for package in ("triton", "diffusers", "torchao"):
-        try:
-            header[package] = __import__(package).__version__
-        except ImportError:
-            header[package] = None
+    header = run_header(torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)")
     results = {"header": header, "gate": [], "super": None}
 
     def log(row):

@@ -11,6 +11,7 @@ frames in host memory, ready to write.
 from __future__ import annotations
 
 import gc
+import sys
 import time
 
 import torch
@@ -47,6 +48,18 @@ def long_prompt(model, tokens: int = PROMPT_TOKENS, extra: str = "") -> str:
         if len(model.tokenizer(text)["input_ids"]) >= tokens:
             return text
         context += sentence
+
+
+def run_header(gpu: str) -> dict:
+    """A bench run's header: UTC date, the GPU, the command and the versions of the packages that set the numbers."""
+    header = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__, "gpu": gpu,
+              "command": " ".join(sys.argv)}
+    for package in ("triton", "diffusers", "torchao"):
+        try:
+            header[package] = __import__(package).__version__
+        except ImportError:
+            header[package] = None
+    return header
 
 
 def stages(timings: dict) -> dict:
