@@ -124,7 +124,7 @@ def check_available(device) -> None:
     try:
         import torchao  # noqa: F401
     except ImportError as error:
-        raise FP8Unavailable("FP8 needs the optional package torchao (requirements-extras.txt); "
+        raise FP8Unavailable("FP8 needs the package torchao (requirements.txt); "
                              f"it is not installed: {error}") from error
 
 
