@@ -237,7 +237,7 @@ def bench_attention(env: Env, models: dict, cases, configs, ceilings) -> list[di
                 if isinstance(t, Timing):
                     row[f"sdpa_{label}_tflop_s"] = tflops(t)
                     row[f"triton_vs_{label}"] = t.median_ms / ok[best].median_ms
-            why = pa.flash4_unsupported(q, buf, layout)
+            why = pa.flash4_unsupported(q)
             if why is None:
                 try:
                     t4 = timed(env, lambda: pa.prefix_attention_flash4(q, buf, layout, out=out))

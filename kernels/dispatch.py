@@ -264,7 +264,7 @@ class KernelDispatcher:
                 for cfg in self.attention_configs
             }
             run_flash4 = None
-            if attn.flash4_unsupported(q, kv_buffer, layout) is None:
+            if attn.flash4_unsupported(q) is None:
                 run_flash4 = lambda: attn.prefix_attention_flash4(q, kv_buffer, layout, scale=scale, out=scratch)  # noqa: E731
             return self._measure(
                 candidates,

@@ -300,8 +300,9 @@ def _flash4_varlen() -> tuple[Callable | None, str | None]:
     return flash_attn_varlen_func, None
 
 
-def flash4_unsupported(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout) -> str | None:
-    """Why flash-attn-4 cannot run this call (None when it can); inputs already pass the shared checks."""
+def flash4_unsupported(q: torch.Tensor) -> str | None:
+    """Why flash-attn-4 cannot run attention for q (None when it can); the buffer and layout are the shared
+    checks' business (``check_prefix_attention_inputs``), which every path runs."""
     if q.device.type != "cuda":
         return f"device {q.device} (flash-attn-4 needs CUDA)"
     major, _ = torch.cuda.get_device_capability(q.device)
@@ -323,7 +324,7 @@ def prefix_attention_flash4(
 ) -> torch.Tensor:
     """The same op as ``prefix_attention`` through flash-attn-4's varlen forward; returns [B, N, Hq, D]."""
     check_prefix_attention_inputs(q, kv_buffer, layout)
-    why = flash4_unsupported(q, kv_buffer, layout)
+    why = flash4_unsupported(q)
     if why is not None:
         raise ValueError(f"flash-attn-4 cannot run this call: {why}")
     fn, _ = _flash4_varlen()
