@@ -57,7 +57,7 @@ class FastPathOptions:
     vae_channels_last: bool = True
     whole_step: bool = True
     uint8_frames: bool = True
-    vae_fast_decode: bool = True
+    vae_fast_decode: bool = True  # a step of the uint8 decode: uint8_frames off (COSMOS3_UINT8_FRAMES=0) turns it off too
     fp8: bool = False  # approximate: off unless asked for (engine.pipeline.fp8)
     fp8_policy: str = ""  # which GEMMs and how (engine.pipeline.fp8.FP8Policy); "": COSMOS3_FP8_POLICY or the default
 
