@@ -181,10 +181,13 @@ def main(argv=None) -> int:
                         "uint8 decode, FP8, graph recapture), plus the warm-up effect and the decode variants")
     parser.add_argument("--warm-up-effect", action="store_true",
                         help="after the Edge rows: engine.serving.warmup over the T2I sizes, then a first request at 640x480")
+    parser.add_argument("--warm-up-first", default=None,
+                        help="workloads (comma-separated) whose family's fresh model first runs engine.serving.warmup over "
+                        "that mode's sizes, then the workload's first request and a warm repeat (before any other row)")
     parser.add_argument("--fp8-step", default=None, help="after the Nano rows: one step bf16 vs FP8 at WxHxF")
     parser.add_argument("--cold-only", default="nano-t2v-720p", help="e2e workloads measured cold only (device time)")
     args = parser.parse_args(argv)
-    if args.e2e or args.e2e_ablate or args.warm_up_effect or args.fp8_step:
+    if args.e2e or args.e2e_ablate or args.warm_up_effect or args.warm_up_first or args.fp8_step:
         return main_e2e(args)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     if args.smoke:
@@ -248,7 +251,9 @@ def main_e2e(args) -> int:
     print(json.dumps(header), flush=True)
     names = list(e2e.WORKLOADS) if args.e2e == "all" else [n for n in (args.e2e or "").split(",") if n]
     ablate = [n for n in (args.e2e_ablate or "").split(",") if n]
-    results = {"header": header, "e2e": [], "ablations": [], "warm_up": None, "decode": None, "fp8_step": None}
+    warm_first = [n for n in (args.warm_up_first or "").split(",") if n]
+    results = {"header": header, "e2e": [], "ablations": [], "warm_up": None, "warm_up_first": [], "decode": None,
+               "fp8_step": None}
     def log(row):
         print(json.dumps(row, default=str), flush=True)
         if args.json:  # as it goes, so a run cut short keeps what it measured
@@ -257,10 +262,13 @@ def main_e2e(args) -> int:
     for family in ("edge", "nano"):
         mine = [n for n in names if e2e.WORKLOADS[n][0] == family]
         mine_ablate = [n for n in ablate if e2e.WORKLOADS[n][0] == family]
+        mine_warm_first = [n for n in warm_first if e2e.WORKLOADS[n][0] == family]
         extra = (args.warm_up_effect and family == "edge") or (args.fp8_step and family == "nano")
-        if not (mine or mine_ablate or extra):
+        if not (mine or mine_ablate or mine_warm_first or extra):
             continue
         model = as_loaded_model(build_transformer(family), family, vae=build_vae(), tokenizer=build_tokenizer())
+        for name in mine_warm_first:  # first, while the process has compiled and measured nothing for this model
+            results["warm_up_first"].append(dict(workload=name, **e2e.warm_up_effect(model, name, log=log)))
         for name in mine:
             e2e.run(model, [name], warm=name not in args.cold_only.split(","), log=log, rows=results["e2e"])
         for name in mine_ablate:

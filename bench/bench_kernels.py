@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -263,6 +264,65 @@ def bench_attention(env: Env, models: dict, cases, configs, ceilings) -> list[di
     return rows
 
 
+# flash-attn-4's SM90 launch shapes (issue 17, point 3): the library's default (128x128 tiles, GQA heads
+# packed into the query tile) against FA3's C++ choice for head_dim 128 (128x176) and neighbours, each
+# with and without GQA packing. A shape the kernel cannot build is reported as failed, not hidden.
+FLASH4_SWEEP = (
+    pa.Flash4Config(),
+    pa.Flash4Config(pack_gqa=False),
+    pa.Flash4Config(128, 176),
+    pa.Flash4Config(128, 176, pack_gqa=False),
+    pa.Flash4Config(128, 160, pack_gqa=False),
+    pa.Flash4Config(128, 144, pack_gqa=False),
+    pa.Flash4Config(128, 192, pack_gqa=False),
+    pa.Flash4Config(128, 176, pack_gqa=False, mma_pv_is_rs=False),
+    pa.Flash4Config(192, 128, pack_gqa=False, mma_pv_is_rs=False),
+    pa.Flash4Config(128, 128, pack_gqa=False, intra_wg_overlap=False),
+)
+
+
+def bench_flash4_configs(env: Env, models: dict, cases, configs) -> list[dict]:
+    """Each flash-attn-4 config at each case: median ms, TFLOP/s, and the relative difference from the
+    library default's output (both bf16; dispatch's fp32 bound is checked per config by the GPU tests)."""
+    rows = []
+    dt = torch.bfloat16
+    for name, cfg in models.items():
+        for n, prefixes in cases:
+            layout = PackedKVLayout(prefixes, n)
+            q = torch.randn(len(prefixes), n, cfg["hq"], cfg["d"], dtype=dt, device=device())
+            buf = torch.randn(2, layout.total_rows, cfg["hkv"], cfg["d"], dtype=dt, device=device())
+            why = pa.flash4_unsupported(q)
+            if why is not None:
+                rows.append(dict(model=name, gen=n, prefixes=list(prefixes), flash4=why))
+                continue
+            flops = 4 * n * sum(layout.kv_len(b) for b in range(len(prefixes))) * cfg["d"] * cfg["hq"]
+            baseline = pa.prefix_attention_flash4(q, buf, layout).float()
+            out = torch.empty_like(q)
+            row = dict(model=name, gen=n, prefixes=list(prefixes), configs={})
+            for c in configs:
+                began = time.perf_counter()
+                try:
+                    pa.prefix_attention_flash4(q, buf, layout, out=out, config=c)
+                    torch.cuda.synchronize()
+                    first_s = time.perf_counter() - began  # includes the JIT compile of a new config
+                    t = timed(env, lambda c=c: pa.prefix_attention_flash4(q, buf, layout, out=out, config=c))
+                except Exception as err:  # noqa: BLE001 - a tile the kernel cannot build is a result
+                    row["configs"][c.label] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:100]}"
+                    continue
+                diff = ((out.float() - baseline).norm() / baseline.norm()).item()
+                row["configs"][c.label] = dict(ms=t.median_ms, p10_p90=t.fmt(), tflop_s=flops / (t.median_ms * 1e-3) / 1e12,
+                                               rel_diff_vs_lib=diff, first_call_s=first_s)
+                print(name, n, c.label, row["configs"][c.label], flush=True)
+            ok = {k: v for k, v in row["configs"].items() if isinstance(v, dict)}
+            if ok:
+                best = min(ok, key=lambda k: ok[k]["ms"])
+                row["best"] = best
+                row["best_vs_lib"] = ok["lib"]["ms"] / ok[best]["ms"] if "lib" in ok else None
+            rows.append(row)
+            del q, buf, out, baseline
+    return rows
+
+
 # --------------------------------------------------------------------------------------------------
 # Residual add + RMSNorm, activations
 # --------------------------------------------------------------------------------------------------
@@ -374,7 +434,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on any device, one call each")
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--sections", default="ceilings,sweep,qk,attention,norms,dispatch")
+    ap.add_argument("--sections", default="ceilings,sweep,qk,attention,norms,dispatch",
+                    help="any of ceilings,sweep,qk,attention,flash4,norms,dispatch (flash4: the launch-shape sweep)")
     args = ap.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("bench_kernels needs CUDA (use --smoke for a CPU code-path check)")
@@ -429,6 +490,10 @@ def main() -> None:
         configs = tuple(sorted(configs, key=score.get)[:3])
         if rest:
             results["attention"] += bench_attention(env, dict(rest), attn_cases, configs, results["ceilings"])
+        dump()
+    if "flash4" in sections:
+        flash4_cases = [(44160, PREFIXES), (12090, PREFIXES), (12090, (1615,))] if not args.smoke else [(20, (5, 19))]
+        results["flash4_configs"] = bench_flash4_configs(env, models, flash4_cases, FLASH4_SWEEP)
         dump()
     results["norms"] = bench_norms(env, models, (2 * 12090, 2 * 44160) if not args.smoke else (40,), results["ceilings"]) \
         if "norms" in sections else []

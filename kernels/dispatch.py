@@ -51,6 +51,7 @@ class Decision:
     torch_ms: float | None = None
     config: attn.AttentionConfig | None = None
     flash4_ms: float | None = None
+    flash4_config: attn.Flash4Config | None = None
 
 
 # Candidate launch shapes for attention, timed against each other and SDPA on first use of a shape.
@@ -83,6 +84,7 @@ class KernelDispatcher:
         warmup: int = 2,
         iters: int = 5,
         attention_configs: tuple[attn.AttentionConfig, ...] = DEFAULT_ATTENTION_CONFIGS,
+        flash4_configs: tuple[attn.Flash4Config, ...] = attn.DEFAULT_FLASH4_CONFIGS,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -92,6 +94,7 @@ class KernelDispatcher:
         self.warmup = warmup
         self.iters = iters
         self.attention_configs = tuple(attention_configs)
+        self.flash4_configs = tuple(flash4_configs)
         self._decisions: dict[Hashable, Decision] = {}
 
     @classmethod
@@ -139,22 +142,27 @@ class KernelDispatcher:
         self._decisions[key] = decision
         return decision
 
-    def _measure(
-        self, run_triton: dict, run_torch: Callable[[], object], run_flash4: Callable[[], object] | None = None
-    ) -> Decision:
-        """Time every Triton candidate, the PyTorch path and flash-attn-4 if offered; keep the fastest."""
-        torch_ms = time_ms(run_torch, warmup=self.warmup, iters=self.iters).median_ms
-        best_cfg, best_ms = None, float("inf")
-        for cfg, fn in run_triton.items():
+    def _fastest(self, candidates: dict) -> tuple[object, float]:
+        """(key, median ms) of the fastest of ``{key: fn}``; the first listed wins a tie."""
+        best_key, best_ms = None, float("inf")
+        for key, fn in candidates.items():
             ms = time_ms(fn, warmup=self.warmup, iters=self.iters).median_ms
             if ms < best_ms:
-                best_cfg, best_ms = cfg, ms
-        flash4_ms = None if run_flash4 is None else time_ms(run_flash4, warmup=self.warmup, iters=self.iters).median_ms
+                best_key, best_ms = key, ms
+        return best_key, best_ms
+
+    def _measure(self, run_triton: dict, run_torch: Callable[[], object], run_flash4: dict | None = None) -> Decision:
+        """Time every Triton candidate, the PyTorch path and each flash-attn-4 config if offered; keep the
+        fastest."""
+        torch_ms = time_ms(run_torch, warmup=self.warmup, iters=self.iters).median_ms
+        best_cfg, best_ms = self._fastest(run_triton)
+        flash4_cfg, flash4_ms = self._fastest(run_flash4) if run_flash4 else (None, None)
         path = min(  # in this order, so that a tie keeps PyTorch
             ((Path.TORCH, torch_ms), (Path.TRITON, best_ms), (Path.FLASH4, flash4_ms)),
             key=lambda c: float("inf") if c[1] is None else c[1],
         )[0]
-        return Decision(path, "measured", triton_ms=best_ms, torch_ms=torch_ms, config=best_cfg, flash4_ms=flash4_ms)
+        return Decision(path, "measured", triton_ms=best_ms, torch_ms=torch_ms, config=best_cfg, flash4_ms=flash4_ms,
+                        flash4_config=flash4_cfg)
 
     # ---------------------------------------------------------------------------------------------
     # QK-norm + RoPE + K/V pack
@@ -265,7 +273,11 @@ class KernelDispatcher:
             }
             run_flash4 = None
             if attn.flash4_unsupported(q) is None:
-                run_flash4 = lambda: attn.prefix_attention_flash4(q, kv_buffer, layout, scale=scale, out=scratch)  # noqa: E731
+                run_flash4 = {
+                    cfg: (lambda cfg=cfg: attn.prefix_attention_flash4(q, kv_buffer, layout, scale=scale, out=scratch,
+                                                                       config=cfg))
+                    for cfg in self.flash4_configs
+                }
             return self._measure(
                 candidates,
                 lambda: attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=scratch),
@@ -288,7 +300,7 @@ class KernelDispatcher:
         if decision.path is Path.TRITON:
             return attn.prefix_attention(q, kv_buffer, layout, scale=scale, out=out, config=decision.config)
         if decision.path is Path.FLASH4:
-            return attn.prefix_attention_flash4(q, kv_buffer, layout, scale=scale, out=out)
+            return attn.prefix_attention_flash4(q, kv_buffer, layout, scale=scale, out=out, config=decision.flash4_config)
         return attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=out)
 
     # ---------------------------------------------------------------------------------------------

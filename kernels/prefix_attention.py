@@ -288,16 +288,61 @@ def prefix_attention(
 FLASH4_ENV_VAR = "COSMOS3_FLASH4"
 
 
+@dataclass(frozen=True)
+class Flash4Config:
+    """A launch shape for flash-attn-4's SM90 forward kernel; None leaves a knob to the library's heuristic.
+
+    Why expose them: the library picks 128x128 tiles and packs GQA heads into the query tile for any
+    head_dim-128 call, while FA3's C++ build uses 128x176 tiles at head_dim 128 and packs GQA only where
+    a query tile would otherwise be short. Which is faster at our shapes is measured (bench_kernels'
+    flash4 sweep, docs/PERFORMANCE.md) and dispatch times the candidates in ``DEFAULT_FLASH4_CONFIGS``.
+    """
+
+    tile_m: int | None = None
+    tile_n: int | None = None
+    pack_gqa: bool | None = None
+    mma_pv_is_rs: bool | None = None
+    intra_wg_overlap: bool | None = None
+
+    def __post_init__(self) -> None:
+        if (self.tile_m is None) != (self.tile_n is None):
+            raise ValueError(f"tile_m and tile_n are set together, got tile_m={self.tile_m}, tile_n={self.tile_n}")
+        if self.tile_m is not None and (self.tile_m not in (64, 128, 192) or self.tile_n % 16 or not 16 <= self.tile_n <= 256):
+            raise ValueError(f"tile must be tile_m in (64, 128, 192) and tile_n a multiple of 16 in [16, 256], "
+                             f"got {self.tile_m}x{self.tile_n}")
+
+    @property
+    def label(self) -> str:
+        tile = "lib" if self.tile_m is None else f"{self.tile_m}x{self.tile_n}"
+        knobs = [f"{name}={getattr(self, name)}" for name in ("pack_gqa", "mma_pv_is_rs", "intra_wg_overlap")
+                 if getattr(self, name) is not None]
+        return " ".join([tile, *knobs])
+
+
+# The library's own choice, and the one our H200 sweep found faster at 12k-44k gen tokens (set from the
+# measurement in docs/PERFORMANCE.md, flash-attn-4 launch shapes); dispatch times both per shape.
+DEFAULT_FLASH4_CONFIGS = (Flash4Config(),)
+
+
 @functools.cache
-def _flash4_varlen() -> tuple[Callable | None, str | None]:
-    """flash-attn-4's varlen entry point, or None and why not (import cost is paid once, on first use)."""
+def _flash4_entry() -> tuple[Callable | None, bool, str | None]:
+    """flash-attn-4's forward: (function, takes launch knobs, why not). Import cost is paid once, on first use.
+
+    The knobs (tile shape, GQA packing) and a caller's ``out`` buffer are arguments of the library's
+    ``_flash_attn_fwd``, which its public ``flash_attn_varlen_func`` wraps; the version is pinned in
+    requirements-extras.txt, and if that name ever moves we fall back to the public function (library
+    defaults, one output copy) rather than fail."""
     if os.environ.get(FLASH4_ENV_VAR, "1") == "0":
-        return None, f"{FLASH4_ENV_VAR}=0"
+        return None, False, f"{FLASH4_ENV_VAR}=0"
     try:
         from flash_attn.cute import flash_attn_varlen_func
     except Exception as err:  # ImportError, or the CuTe DSL failing to load its compiler libraries
-        return None, f"flash-attn-4 not importable ({type(err).__name__}: {err})"
-    return flash_attn_varlen_func, None
+        return None, False, f"flash-attn-4 not importable ({type(err).__name__}: {err})"
+    try:
+        from flash_attn.cute.interface import _flash_attn_fwd
+    except ImportError:
+        return flash_attn_varlen_func, False, None
+    return _flash_attn_fwd, True, None
 
 
 def flash4_unsupported(q: torch.Tensor) -> str | None:
@@ -310,8 +355,19 @@ def flash4_unsupported(q: torch.Tensor) -> str | None:
         return f"compute capability {major}.x (flash-attn-4 needs SM90 or newer)"
     if q.shape[-1] % 8:
         return f"head_dim {q.shape[-1]} is not a multiple of 8"
-    fn, why = _flash4_varlen()
-    return why if fn is None else None
+    _, _, why = _flash4_entry()
+    return why
+
+
+def flash4_call_kwargs(config: Flash4Config | None) -> dict:
+    """The keyword arguments a config adds to the library call (none for the library's own choice)."""
+    if config is None:
+        return {}
+    kwargs = {name: getattr(config, name) for name in ("pack_gqa", "mma_pv_is_rs", "intra_wg_overlap")
+              if getattr(config, name) is not None}
+    if config.tile_m is not None:
+        kwargs["tile_mn"] = (config.tile_m, config.tile_n)
+    return kwargs
 
 
 def prefix_attention_flash4(
@@ -321,21 +377,32 @@ def prefix_attention_flash4(
     *,
     scale: float | None = None,
     out: torch.Tensor | None = None,
+    config: Flash4Config | None = None,
 ) -> torch.Tensor:
     """The same op as ``prefix_attention`` through flash-attn-4's varlen forward; returns [B, N, Hq, D]."""
     check_prefix_attention_inputs(q, kv_buffer, layout)
     why = flash4_unsupported(q)
     if why is not None:
         raise ValueError(f"flash-attn-4 cannot run this call: {why}")
-    fn, _ = _flash4_varlen()
+    fn, takes_knobs, _ = _flash4_entry()
+    kwargs = flash4_call_kwargs(config)
+    if kwargs and not takes_knobs:
+        raise ValueError(f"flash-attn-4 config {config.label} needs the library's _flash_attn_fwd, "
+                         "which this flash-attn-4 version does not have; use Flash4Config() or the pinned version")
     batch, n_gen, hq, head_dim = q.shape
     cu_q, cu_k = layout.cu_seqlens(q.device)
+    # The library writes straight into a contiguous `out` (no copy of [B*N, Hq, D] per layer).
+    direct = takes_knobs and out is not None and out.is_contiguous()
+    if direct:
+        kwargs["out"] = out.view(batch * n_gen, hq, head_dim)
     result = fn(
         q.reshape(batch * n_gen, hq, head_dim), kv_buffer[0], kv_buffer[1],
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
         max_seqlen_q=n_gen, max_seqlen_k=layout.max_kv_len,
-        softmax_scale=scale if scale is not None else 1.0 / math.sqrt(head_dim), causal=False,
+        softmax_scale=scale if scale is not None else 1.0 / math.sqrt(head_dim), causal=False, **kwargs,
     )
+    if direct:
+        return out
     o = result[0] if isinstance(result, tuple) else result
     if out is None:
         return o.view(batch, n_gen, hq, head_dim)

@@ -102,3 +102,41 @@ def test_uint8_decode_equals_the_exact_decode_on_cuda(edge):
         decoded = vae.decode(z).sample.float()
     expected = frames_to_uint8(VideoProcessor(vae_scale_factor=16).postprocess_video(decoded, output_type="np")[0])
     assert np.array_equal(decode_uint8(vae, z), expected)
+
+
+def test_whole_step_graphs_with_flash4_attention_equal_the_eager_fast_loop(edge, monkeypatch):
+    """flash-attn-4 captured inside the step graph: dispatch is made to prefer it wherever it is offered, at a
+    graphed shape (640x640 T2I, both branch counts), and the replayed graphs must equal the eager loop."""
+    from kernels import dispatch as dsp, prefix_attention as pa
+
+    missing = pa.flash4_unsupported(torch.empty(1, 1, 1, 128, dtype=torch.bfloat16, device="cuda"))
+    if missing is not None:
+        pytest.skip(f"flash-attn-4: {missing}")
+    measure = dsp.KernelDispatcher._measure
+
+    def prefer_flash4(self, run_triton, run_torch, run_flash4=None):
+        decision = measure(self, run_triton, run_torch, run_flash4)
+        if decision.flash4_ms is None:
+            return decision
+        return dsp.Decision(dsp.Path.FLASH4, "test: flash-attn-4 preferred", triton_ms=decision.triton_ms,
+                            torch_ms=decision.torch_ms, flash4_ms=decision.flash4_ms,
+                            flash4_config=decision.flash4_config)
+
+    monkeypatch.setattr(dsp.KernelDispatcher, "_measure", prefer_flash4)
+    saved = {name: edge.dispatchers.pop(name) for name in ("auto", "whole_step") if name in edge.dispatchers}
+    try:
+        request = dict(mode="t2i", prompt="A lighthouse keeper at dusk. " * 40, negative_prompt="blurry, low quality",
+                       seed=5, steps=16, width=640, height=640, guidance_interval=[400, 1000])
+        eager = _generate(edge, request, whole=False)
+        paths = {d.path for key, d in edge.dispatchers["auto"].decisions().items() if key[0] == "prefix_attention"}
+        assert paths == {dsp.Path.FLASH4}, paths
+        graphed = _generate(edge, request, whole=True)
+        step = next(iter(edge.dispatchers["whole_step"].values()))
+        assert step.use_graphs and step.captured_counts == {1, 2}, "both branch counts captured"
+        diff = np.abs(graphed.frames.astype(int) - eager.frames.astype(int)).max()
+        print(f"whole-step graphs with flash-attn-4 vs eager fast loop: max uint8 diff {diff}")
+        assert diff == 0
+    finally:
+        for name in ("auto", "whole_step"):
+            edge.dispatchers.pop(name, None)
+        edge.dispatchers.update(saved)

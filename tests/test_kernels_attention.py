@@ -135,6 +135,23 @@ def test_flash4_is_refused_with_the_reason_on_cpu():
         pa.prefix_attention_flash4(q, buf, layout)
 
 
+def test_flash4_config_knobs_become_the_library_arguments():
+    assert pa.flash4_call_kwargs(None) == pa.flash4_call_kwargs(pa.Flash4Config()) == {}
+    assert pa.flash4_call_kwargs(pa.Flash4Config(128, 176, pack_gqa=False)) == {"tile_mn": (128, 176), "pack_gqa": False}
+    assert pa.flash4_call_kwargs(pa.Flash4Config(mma_pv_is_rs=False, intra_wg_overlap=True)) == {
+        "mma_pv_is_rs": False, "intra_wg_overlap": True}
+    assert pa.Flash4Config(128, 176, pack_gqa=False).label == "128x176 pack_gqa=False"
+    assert pa.Flash4Config().label == "lib"
+
+
+@pytest.mark.parametrize("tile,why", [((128, None), "set together"), ((128, 170), "multiple of 16"),
+                                      ((96, 128), "tile_m in"), ((128, 272), r"\[16, 256\]")])
+def test_flash4_config_refuses_a_tile_the_kernel_cannot_take(tile, why):
+    with pytest.raises(ValueError, match=why) as err:
+        pa.Flash4Config(*tile)
+    assert str(tile[0]) in str(err.value)
+
+
 def test_cu_seqlens_are_the_packed_rows():
     layout = PackedKVLayout((5, 9, 0), 16)
     cu_q, cu_k = layout.cu_seqlens("cpu")
@@ -147,12 +164,25 @@ def test_cu_seqlens_are_the_packed_rows():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(FLASH4_MISSING is not None, reason=f"flash-attn-4: {FLASH4_MISSING}")
+def test_gpu_flash4_into_a_strided_out_and_with_no_out():
+    layout, q, buf = _inputs((1615, 2866), 1024, 32, 8, 128, torch.bfloat16)
+    direct = pa.prefix_attention_flash4(q, buf, layout)
+    wide = torch.full((*q.shape[:3], 2 * q.shape[3]), float("nan"), dtype=q.dtype, device=q.device)
+    strided = wide[..., : q.shape[3]]  # not contiguous: the library's output is copied in
+    assert pa.prefix_attention_flash4(q, buf, layout, out=strided) is strided
+    assert torch.equal(strided, direct)
+    assert wide[..., q.shape[3]:].isnan().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(FLASH4_MISSING is not None, reason=f"flash-attn-4: {FLASH4_MISSING}")
+@pytest.mark.parametrize("config", pa.DEFAULT_FLASH4_CONFIGS, ids=lambda c: c.label)
 @pytest.mark.parametrize("hq", [32, 16])
 @pytest.mark.parametrize("prefixes,n", [((1615, 2866), 1024), ((1615, 2866), 4096), ((1615,), 12090)])
-def test_gpu_flash4_matches_fp32_per_branch(hq, prefixes, n):
+def test_gpu_flash4_matches_fp32_per_branch(hq, prefixes, n, config):
     layout, q, buf = _inputs(prefixes, n, hq, 8, 128, torch.bfloat16)
     out = torch.full_like(q, float("nan"))
-    pa.prefix_attention_flash4(q, buf, layout, out=out)
+    assert pa.prefix_attention_flash4(q, buf, layout, out=out, config=config) is out
     ref = _sdpa_per_branch_fp32(q, buf, layout) if n <= 4096 else pa.prefix_attention_reference(q.float(), buf.float(), layout)
     assert not out.isnan().any()
     assert _rel_err(out, ref) <= 1e-2

@@ -113,25 +113,36 @@ def test_measure_keeps_the_fastest_of_torch_triton_and_flash4(monkeypatch):
     ms = {}
     monkeypatch.setattr(dsp, "time_ms", lambda fn, **kw: Timing((ms[fn],)))
     d = dsp.KernelDispatcher("auto")
-    run_torch, run_triton, run_flash4 = (lambda: "torch"), (lambda: "triton"), (lambda: "flash4")
-    ms.update({run_torch: 2.0, run_triton: 1.5, run_flash4: 1.0})
-    won = d._measure({"cfg": run_triton}, run_torch, run_flash4)
-    assert (won.path, won.flash4_ms, won.triton_ms, won.torch_ms, won.config) == (dsp.Path.FLASH4, 1.0, 1.5, 2.0, "cfg")
-    ms[run_flash4] = 3.0
-    assert d._measure({"cfg": run_triton}, run_torch, run_flash4).path is dsp.Path.TRITON
+    run_torch, run_triton = (lambda: "torch"), (lambda: "triton")
+    lib, wide = pa.Flash4Config(), pa.Flash4Config(128, 176, pack_gqa=False)
+    run_lib, run_wide = (lambda: "flash4 lib"), (lambda: "flash4 128x176")
+    flash4 = {lib: run_lib, wide: run_wide}
+    ms.update({run_torch: 2.0, run_triton: 1.5, run_lib: 1.0, run_wide: 0.9})
+    won = d._measure({"cfg": run_triton}, run_torch, flash4)
+    assert (won.path, won.flash4_ms, won.flash4_config, won.triton_ms, won.torch_ms, won.config) == (
+        dsp.Path.FLASH4, 0.9, wide, 1.5, 2.0, "cfg")  # the fastest flash-attn-4 config, not the first
+    ms[run_wide] = 1.2
+    assert d._measure({"cfg": run_triton}, run_torch, flash4).flash4_config == lib
+    ms[run_wide] = 1.0
+    assert d._measure({"cfg": run_triton}, run_torch, flash4).flash4_config == lib  # a tie keeps the first listed
+    ms.update({run_lib: 3.0, run_wide: 3.0})
+    assert d._measure({"cfg": run_triton}, run_torch, flash4).path is dsp.Path.TRITON
     assert d._measure({"cfg": run_triton}, run_torch).flash4_ms is None  # not offered: not timed
-    ms.update({run_triton: 2.0, run_flash4: 2.0})
-    assert d._measure({"cfg": run_triton}, run_torch, run_flash4).path is dsp.Path.TORCH  # a tie keeps PyTorch
+    assert d._measure({"cfg": run_triton}, run_torch, {}).flash4_ms is None  # no configs: not timed
+    ms.update({run_triton: 2.0, run_lib: 2.0})
+    assert d._measure({"cfg": run_triton}, run_torch, flash4).path is dsp.Path.TORCH  # a tie keeps PyTorch
 
 
-def test_a_flash4_decision_runs_flash4(monkeypatch):
+def test_a_flash4_decision_runs_flash4_with_its_config(monkeypatch):
     layout = PackedKVLayout((3, 5), 8)
     q = torch.randn(2, 8, 4, 16, dtype=torch.bfloat16)
     buf = torch.randn(2, layout.total_rows, 2, 16, dtype=torch.bfloat16)
     d = dsp.KernelDispatcher("auto")
-    monkeypatch.setattr(d, "choose_prefix_attention", lambda *a, **k: dsp.Decision(dsp.Path.FLASH4, "measured"))
-    monkeypatch.setattr(pa, "prefix_attention_flash4", lambda *a, **k: "flash4 ran")
-    assert d.prefix_attention(q, buf, layout) == "flash4 ran"
+    wide = pa.Flash4Config(128, 176, pack_gqa=False)
+    monkeypatch.setattr(d, "choose_prefix_attention",
+                        lambda *a, **k: dsp.Decision(dsp.Path.FLASH4, "measured", flash4_config=wide))
+    monkeypatch.setattr(pa, "prefix_attention_flash4", lambda *a, **k: ("flash4 ran", k["config"]))
+    assert d.prefix_attention(q, buf, layout) == ("flash4 ran", wide)
 
 
 @pytest.mark.gpu
@@ -148,6 +159,8 @@ def test_gpu_auto_measures_once_per_shape_and_caches():
     assert att.reason == "measured"
     if att.path is dsp.Path.TRITON:
         assert att.config in d.attention_configs
+    if att.flash4_ms is not None:
+        assert att.flash4_config in d.flash4_configs
     assert (att.flash4_ms is None) == (pa.flash4_unsupported(q) is not None)
     out = d.prefix_attention(q, buf, layout)
     ref = pa.prefix_attention_reference(q.float(), buf.float(), layout)
