@@ -184,10 +184,12 @@ def main(argv=None) -> int:
     parser.add_argument("--warm-up-first", default=None,
                         help="workloads (comma-separated) whose family's fresh model first runs engine.serving.warmup over "
                         "that mode's sizes, then the workload's first request and a warm repeat (before any other row)")
+    parser.add_argument("--profile-step", default=None, help="after the Nano rows: one warm step's GPU kernels "
+                        "at WxHxF (torch.profiler, top kernels by device time)")
     parser.add_argument("--fp8-step", default=None, help="after the Nano rows: one step bf16 vs FP8 at WxHxF")
     parser.add_argument("--cold-only", default="nano-t2v-720p", help="e2e workloads measured cold only (device time)")
     args = parser.parse_args(argv)
-    if args.e2e or args.e2e_ablate or args.warm_up_effect or args.warm_up_first or args.fp8_step:
+    if args.e2e or args.e2e_ablate or args.warm_up_effect or args.warm_up_first or args.fp8_step or args.profile_step:
         return main_e2e(args)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     if args.smoke:
@@ -253,7 +255,7 @@ def main_e2e(args) -> int:
     ablate = [n for n in (args.e2e_ablate or "").split(",") if n]
     warm_first = [n for n in (args.warm_up_first or "").split(",") if n]
     results = {"header": header, "e2e": [], "ablations": [], "warm_up": None, "warm_up_first": [], "decode": None,
-               "fp8_step": None}
+               "fp8_step": None, "profile_step": None}
     def log(row):
         print(json.dumps(row, default=str), flush=True)
         if args.json:  # as it goes, so a run cut short keeps what it measured
@@ -263,7 +265,7 @@ def main_e2e(args) -> int:
         mine = [n for n in names if e2e.WORKLOADS[n][0] == family]
         mine_ablate = [n for n in ablate if e2e.WORKLOADS[n][0] == family]
         mine_warm_first = [n for n in warm_first if e2e.WORKLOADS[n][0] == family]
-        extra = (args.warm_up_effect and family == "edge") or (args.fp8_step and family == "nano")
+        extra = (args.warm_up_effect and family == "edge") or ((args.fp8_step or args.profile_step) and family == "nano")
         if not (mine or mine_ablate or mine_warm_first or extra):
             continue
         model = as_loaded_model(build_transformer(family), family, vae=build_vae(), tokenizer=build_tokenizer())
@@ -280,6 +282,9 @@ def main_e2e(args) -> int:
         if args.fp8_step and family == "nano":
             width, height, frames = (int(v) for v in args.fp8_step.split("x"))
             results["fp8_step"] = e2e.fp8_step(model, width, height, frames, log=log)
+        if args.profile_step and family == "nano":
+            width, height, frames = (int(v) for v in args.profile_step.split("x"))
+            results["profile_step"] = e2e.profile_step(model, width, height, frames, log=log)
         # Which attention each shape got (dispatch measures Triton, SDPA and flash-attn-4 where installed).
         # The key is dispatch's: (op, device, dtype, q shape [B, N, Hq, D], kv heads, uniform prefix, bucket);
         # "longest_kv" is that bucket, the longest branch's key rows rounded up to a power of two.

@@ -278,6 +278,15 @@ FLASH4_SWEEP = (
     pa.Flash4Config(128, 176, pack_gqa=False, mma_pv_is_rs=False),
     pa.Flash4Config(192, 128, pack_gqa=False, mma_pv_is_rs=False),
     pa.Flash4Config(128, 128, pack_gqa=False, intra_wg_overlap=False),
+    # Round 2, around the round-1 winner (192x128 with P from shared memory, GQA unpacked: three MMA warp
+    # groups of 64 query rows each): its neighbours in tile_n, with GQA packing, RS and no overlap.
+    pa.Flash4Config(192, 128, mma_pv_is_rs=False),
+    pa.Flash4Config(192, 96, pack_gqa=False, mma_pv_is_rs=False),
+    pa.Flash4Config(192, 112, pack_gqa=False, mma_pv_is_rs=False),
+    pa.Flash4Config(192, 144, pack_gqa=False, mma_pv_is_rs=False),
+    pa.Flash4Config(192, 160, pack_gqa=False, mma_pv_is_rs=False),
+    pa.Flash4Config(192, 128, pack_gqa=False, mma_pv_is_rs=True),
+    pa.Flash4Config(192, 128, pack_gqa=False, mma_pv_is_rs=False, intra_wg_overlap=False),
 )
 
 
@@ -436,6 +445,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--sections", default="ceilings,sweep,qk,attention,norms,dispatch",
                     help="any of ceilings,sweep,qk,attention,flash4,norms,dispatch (flash4: the launch-shape sweep)")
+    ap.add_argument("--flash4-configs", default=None, help="indices into FLASH4_SWEEP to run, e.g. 0,8,10-16")
     args = ap.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("bench_kernels needs CUDA (use --smoke for a CPU code-path check)")
@@ -493,7 +503,14 @@ def main() -> None:
         dump()
     if "flash4" in sections:
         flash4_cases = [(44160, PREFIXES), (12090, PREFIXES), (12090, (1615,))] if not args.smoke else [(20, (5, 19))]
-        results["flash4_configs"] = bench_flash4_configs(env, models, flash4_cases, FLASH4_SWEEP)
+        sweep = FLASH4_SWEEP
+        if args.flash4_configs:  # a subset by index, e.g. "0,8,10-16"
+            picked = set()
+            for part in args.flash4_configs.split(","):
+                lo, _, hi = part.partition("-")
+                picked.update(range(int(lo), int(hi or lo) + 1))
+            sweep = tuple(c for i, c in enumerate(FLASH4_SWEEP) if i in picked)
+        results["flash4_configs"] = bench_flash4_configs(env, models, flash4_cases, sweep)
         dump()
     results["norms"] = bench_norms(env, models, (2 * 12090, 2 * 44160) if not args.smoke else (40,), results["ceilings"]) \
         if "norms" in sections else []

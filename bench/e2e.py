@@ -258,3 +258,35 @@ def fp8_step(model, width: int, height: int, frames: int, log=print) -> dict:
             del tower
     log(out)
     return out
+
+
+def profile_step(model, width: int, height: int, frames: int, log=print, top: int = 25) -> dict:
+    """Where one warm denoising step's GPU time goes (both CFG branches, prefixes 1615/2866, the default fast
+    path): torch.profiler's kernel table, the `top` kernels by total device time, grouped by kernel name."""
+    from bench.models import step_inputs
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.prefill import make_gen_tower
+
+    inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=(1615, 2866))
+    model.fast_path = FastPathOptions.from_env(model.device)
+    try:
+        with torch.no_grad():
+            tower = make_gen_tower(model, inputs.cache, inputs.branches)
+            inputs.engine_step(tower)  # dispatch measures, kernels compile
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                inputs.engine_step(tower)
+                torch.cuda.synchronize()
+    finally:
+        model.fast_path = None
+    rows = []
+    for evt in prof.key_averages():
+        device_us = getattr(evt, "device_time_total", None)
+        if device_us is None:
+            device_us = getattr(evt, "cuda_time_total", 0)
+        if device_us > 0:
+            rows.append({"kernel": evt.key[:120], "calls": evt.count, "ms": device_us / 1e3})
+    rows.sort(key=lambda r: -r["ms"])
+    out = {"shape": f"{width}x{height} {frames}f", "total_ms": sum(r["ms"] for r in rows), "top": rows[:top]}
+    log(out)
+    return out
