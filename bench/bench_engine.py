@@ -292,7 +292,8 @@ def main_e2e(args) -> int:
         if dispatcher is not None:
             results.setdefault("attention_paths", {})[family] = [
                 dict(gen=key[3][1], heads=key[3][2], longest_kv=key[-1], path=d.path.value, triton_ms=d.triton_ms,
-                     torch_ms=d.torch_ms, flash4_ms=d.flash4_ms)
+                     torch_ms=d.torch_ms, flash4_ms=d.flash4_ms,
+                     flash4_config=None if d.flash4_config is None else d.flash4_config.label)
                 for key, d in dispatcher.decisions().items() if key[0] == "prefix_attention"
             ]
             log({"attention_paths": results["attention_paths"][family]})
