@@ -393,7 +393,7 @@ def prefix_attention_flash4(
                          "which this flash-attn-4 version does not have; use Flash4Config() or the pinned version")
     batch, n_gen, hq, head_dim = q.shape
     cu_q, cu_k = layout.cu_seqlens(q.device)
-    # The library writes straight into a contiguous `out` (no copy of [B*N, Hq, D] per layer).
+    # The library writes straight into a contiguous `out` (no copy of [B*N, Hq, D]).
     direct = takes_knobs and out is not None and out.is_contiguous()
     if direct:
         kwargs["out"] = out.view(batch * n_gen, hq, head_dim)
