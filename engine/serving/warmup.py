@@ -1,21 +1,30 @@
-"""Warm a loaded model at every whitelisted size of its default modes, so no user request is cold.
+"""Warm a loaded model at every whitelisted size of its family's slow-to-start modes, so no user request is cold.
 
 A first request at a new size pays, on the user's time, for what the fast path does once per shape:
 Triton kernels compile (or load from Triton's on-disk cache), `kernels.dispatch` times its candidates,
 cuDNN and cuBLAS build their plans, the VAE decoder's convolutions pick algorithms, and the step's
-CUDA graphs are captured. `warm_up` runs a short request (a few steps, the mode's default frames and
-guidance, a prompt of typical caption length) at each whitelisted size, so all of that happens at load
-time instead: the job queue does it right after loading a model when `COSMOS3_WARMUP` names the modes
-(the job that caused the load shows the "warm-up" stage meanwhile; `preload` warms at start). The
-dispatcher's choices and compiled kernels live on the model and in the process, so later requests of
-any prompt reuse them. Measured effect: docs/PERFORMANCE.md (bench/bench_engine.py --e2e).
+CUDA graphs are captured. A warm-up runs a short request (a few steps, the mode's default frames and
+guidance, a prompt of typical caption length) at each whitelisted size, so all of that happens before
+a user asks. The dispatcher's choices and compiled kernels live on the model and in the process, so
+later requests of any prompt reuse them. Measured effect: docs/PERFORMANCE.md (bench/bench_engine.py --e2e).
+
+Which modes: `DEFAULT_MODES` per family (the measured reasons are beside it); `COSMOS3_WARMUP=t2i,t2v`
+names them instead, and `COSMOS3_WARMUP=off` (or `none`, `0`, empty) turns warm-up off. Where: only on
+a CUDA host, never for a GPU group and never on the CPU (so CI and the tiny CPU app never warm).
+When: the job queue (`engine.serving.queue.JobQueue`) plans a model's warm requests right after it
+loads it and runs them on its GPU worker one at a time, in the background, only while no user job
+waits: a user job that arrives cancels the warm request in flight and runs first, and warm-up resumes
+after it. So nobody waits for a warm-up; `JobQueue.state()["warming"]` shows how far it got, and
+`JobQueue.warm_default` loads and warms a model at start, before any user asks.
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
-from typing import Callable
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 from ..model.defaults import sampling_defaults
 
@@ -27,6 +36,58 @@ _SENTENCE = ("A weathered lighthouse keeper climbs the spiral stairs at dusk, la
 # Two prompt lengths: a short prose prompt and a long caption (real captions run 1.5k-3k tokens), so
 # the dispatcher's per-length buckets and the attention plans of both kinds exist before a user asks.
 WARM_PROMPTS = (_SENTENCE, _SENTENCE * 60)
+
+# The modes a warm-up can run: each needs only a prompt and a size (i2v, v2v and action need inputs).
+WARMABLE_MODES = ("t2i", "t2v")
+ENV = "COSMOS3_WARMUP"
+OFF_VALUES = ("off", "none", "0", "")
+
+# What to warm when COSMOS3_WARMUP is unset. The rule: warm a mode whose first request (of the process,
+# or at a size not used before) takes more than 1.5x a warm one. Measured on an H200 (docs/PERFORMANCE.md):
+# - Edge T2I at a new size: 10.6x warm without warm-up, 1.43x after it. Edge T2V 832x480/121f, the
+#   first request of a process: 24.4 s against 13 s warm (1.88x); after a T2V warm-up (80 s for Edge's
+#   9 sizes x 2 prompts) 1.02x. Both modes are warmed.
+# - Nano T2I: 5.16 s cold against 2.09 s warm (2.5x), so it is warmed. Nano T2V 720p: 201.5 s cold
+#   against ~196 s warm (1.03x: the compiles are amortised over a 200 s request), while warming its six
+#   T2V sizes would hold the GPU for ~6-7 minutes. Not warmed.
+# - Super: not measured; T2I only, on Nano's reasoning (an image request is short, so its compiles
+#   dominate it; a video request is long enough to amortise them). Super runs on a GPU group, which is
+#   never warmed, so this entry matters only if Super ever fits one GPU.
+# A family not listed here ("custom") is not warmed: nothing was measured for it.
+DEFAULT_MODES: dict[str, tuple[str, ...]] = {
+    "edge": ("t2i", "t2v"),
+    "nano": ("t2i",),
+    "super": ("t2i",),
+}
+
+
+def modes_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, ...] | None:
+    """What `COSMOS3_WARMUP` asks for: None when unset (each family's `DEFAULT_MODES` apply), () when
+    off ("off", "none", "0" or empty), else the modes it names, in order. Raises ValueError naming the
+    variable, what it holds and what is allowed for anything else."""
+    environ = os.environ if environ is None else environ
+    if ENV not in environ:
+        return None
+    value = environ[ENV]
+    if value.strip().lower() in OFF_VALUES:
+        return ()
+    modes = []
+    for item in value.split(","):
+        mode = item.strip().lower()
+        if mode and mode not in WARMABLE_MODES:
+            raise ValueError(
+                f"{ENV}={value!r} names the mode {item.strip()!r}, which cannot be warmed up; allowed: a comma-"
+                f"separated list of {', '.join(WARMABLE_MODES)}, or one of {', '.join(repr(v) for v in OFF_VALUES)} "
+                "to turn warm-up off, or unset for each family's default.")
+        if mode and mode not in modes:
+            modes.append(mode)
+    return tuple(modes)
+
+
+def modes_for(family: str, asked: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The modes to warm for a model of `family`: what `COSMOS3_WARMUP` asked (`modes_from_env`), else the
+    family's default."""
+    return asked if asked is not None else DEFAULT_MODES.get(family, ())
 
 
 def warm_requests(info, modes=("t2i", "t2v")) -> list[dict]:
@@ -44,26 +105,90 @@ def warm_requests(info, modes=("t2i", "t2v")) -> list[dict]:
     return requests
 
 
-def modes_from_env() -> tuple[str, ...]:
-    """`COSMOS3_WARMUP=t2i,t2v` (modes to warm at load; unset or empty: none)."""
-    return tuple(m.strip() for m in os.environ.get("COSMOS3_WARMUP", "").split(",") if m.strip())
+def warm_one(model, request: dict, cancel: threading.Event | None = None) -> dict:
+    """Run one warm request through `generate` (nothing is saved). With `cancel` set it stops within a
+    step and raises `JobCancelled`. Returns {"mode", "width", "height", "prompt_chars", "seconds"}."""
+    from ..pipeline.run import generate
+
+    began = time.perf_counter()
+    generate(model, request, cancel=cancel)
+    return {"mode": request["mode"], "width": request["width"], "height": request["height"],
+            "prompt_chars": len(request["prompt"]), "seconds": time.perf_counter() - began}
 
 
 def warm_up(model, modes=("t2i", "t2v"), report: Callable[[int, int], None] | None = None,
             cancel: threading.Event | None = None) -> list[dict]:
-    """Run `warm_requests` through `generate`; `report(done, total)` after each. Returns, per request,
-    {"mode", "width", "height", "prompt_chars", "seconds"}."""
-    from ..pipeline.run import generate
-
+    """All of `warm_requests` in a row, on the calling thread (benchmarks and scripts; the job queue runs
+    them one at a time in the background instead); `report(done, total)` after each. Returns `warm_one`'s
+    record per request."""
     requests = warm_requests(model.info, modes)
     done = []
     for request in requests:
         if cancel is not None and cancel.is_set():
             break
-        began = time.perf_counter()
-        generate(model, request)
-        done.append({"mode": request["mode"], "width": request["width"], "height": request["height"],
-                     "prompt_chars": len(request["prompt"]), "seconds": time.perf_counter() - began})
+        done.append(warm_one(model, request, cancel=cancel))
         if report is not None:
             report(len(done), len(requests))
     return done
+
+
+@dataclass(frozen=True)
+class WarmStep:
+    """One piece of background warm work: a warm request for a loaded model, or (request None) loading
+    the model first, which then plans its warm requests (`JobQueue.warm_default`)."""
+
+    model_name: str
+    request: dict | None = None
+
+
+class WarmBacklog:
+    """The job queue's warm work not yet done, in order, with done/total per model for `state()`.
+
+    Plain bookkeeping: the queue calls it under its own lock, and its single worker runs the steps."""
+
+    def __init__(self):
+        self._steps: deque[WarmStep] = deque()
+        self._progress: dict[str, dict[str, int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._steps)
+
+    def load(self, model_name: str) -> None:
+        self._steps.append(WarmStep(model_name))
+
+    def plan(self, model_name: str, requests: list[dict]) -> None:
+        """A model was just loaded: these are its warm requests (any left from an earlier load are replaced)."""
+        self.drop(model_name)
+        if requests:
+            self._steps.extend(WarmStep(model_name, request) for request in requests)
+            self._progress[model_name] = {"done": 0, "total": len(requests)}
+
+    def next(self) -> WarmStep:
+        return self._steps.popleft()
+
+    def put_back(self, step: WarmStep) -> None:
+        """A step cancelled for a user job: still to do, and first when the GPU is idle again."""
+        if step.request is None or step.model_name in self._progress:
+            self._steps.appendleft(step)
+
+    def finished(self, step: WarmStep) -> None:
+        """A step ran (well or not: a failed warm request only costs warmth, it is not retried)."""
+        progress = self._progress.get(step.model_name)
+        if step.request is None or progress is None:
+            return
+        progress["done"] += 1
+        if progress["done"] >= progress["total"]:
+            del self._progress[step.model_name]
+
+    def drop(self, model_name: str) -> None:
+        """The model left memory (evicted): its warm work is moot."""
+        self._steps = deque(s for s in self._steps if s.model_name != model_name)
+        self._progress.pop(model_name, None)
+
+    def clear(self) -> None:
+        self._steps.clear()
+        self._progress.clear()
+
+    def status(self) -> dict[str, dict[str, int]]:
+        """{model: {"done", "total"}} for each model still warming; empty when idle."""
+        return {name: dict(progress) for name, progress in self._progress.items()}
