@@ -132,29 +132,3 @@ def test_warm_up_covers_every_whitelisted_size_of_the_default_modes(models):
         assert {r["prompt"] for r in requests} == set(WARM_PROMPTS)
         for request in requests[:1]:  # each one is a valid request as written
             engine.validate_request(model.info, request["mode"], request)
-
-
-def test_the_queue_warms_a_model_after_loading_it_when_asked(tiny_family, tmp_path, monkeypatch):
-    from engine.serving import queue as job_queue
-    from engine.serving import warmup
-    from engine.serving.events import Finished, Progress
-    from engine.serving.registry import ModelEntry, ModelRegistry
-
-    warmed = []
-    monkeypatch.setenv("COSMOS3_WARMUP", "t2i")
-    monkeypatch.setattr(job_queue, "torch_cuda_available", lambda: True)  # the hook is GPU-only
-    original_requests = warmup.warm_requests
-    monkeypatch.setattr(warmup, "warm_requests", lambda info, modes: [dict(r, steps=1) for r in
-                                                                       original_requests(info, modes)[:2]])
-    original = warmup.warm_up
-    monkeypatch.setattr(warmup, "warm_up", lambda model, modes, **k: warmed.append(modes) or original(model, modes, **k))
-    jobs = job_queue.JobQueue(ModelRegistry([ModelEntry("nano", str(tiny_family["nano"]))]), tmp_path / "out")
-    try:
-        events = list(jobs.submit("nano", dict(mode="t2i", prompt="a boat", steps=1)).events(timeout=300))
-        again = list(jobs.submit("nano", dict(mode="t2i", prompt="a boat", steps=1)).events(timeout=300))
-    finally:
-        jobs.close()
-    stages = [(e.stage, e.step, e.total) for e in events if isinstance(e, Progress) and e.stage == "warm-up"]
-    assert warmed == [("t2i",)] and stages == [("warm-up", 1, 2), ("warm-up", 2, 2)]
-    assert isinstance(events[-1], Finished) and isinstance(again[-1], Finished)
-    assert not [e for e in again if isinstance(e, Progress) and e.stage == "warm-up"]  # once per load

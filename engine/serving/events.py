@@ -20,7 +20,7 @@ class Started:
 
 @dataclass(frozen=True)
 class Progress:
-    stage: str  # "load" | "warm-up" | "prompt" | "prefill" | "denoise" | "decode" | "save"
+    stage: str  # "load" | "prompt" | "prefill" | "denoise" | "decode" | "save"
     step: int
     total: int
     elapsed_s: float

@@ -5,6 +5,9 @@
 `Started`, `Progress`, then one of `Finished`, `Failed`, `Cancelled`). Whatever a job does, the
 worker survives it: an out-of-memory step frees caches and fails that job only, and a model that
 fails to load leaves the models already loaded in place.
+
+When no job waits, the same worker warms the models it loaded (`engine.serving.warmup`), one short
+request at a time; a job that arrives stops the warm request in flight and runs first.
 """
 from __future__ import annotations
 
@@ -133,10 +136,40 @@ def typical_wait(durations: dict[str, float], position: int, model_name: str | N
     return position * typical
 
 
+def _warm_failed(step: warmup.WarmStep, exc: Exception) -> None:
+    """Log a warm step that failed (it costs that size its warmth, nothing else)."""
+    import torch
+
+    request = step.request
+    what = "loading it" if request is None else (
+        f"{request['mode']} {request['width']}x{request['height']}, a {len(request['prompt'])}-character prompt")
+    log.warning("warm-up of model %s (%s) failed; it serves without it: %r", step.model_name, what, exc, exc_info=exc)
+    if isinstance(exc, torch.OutOfMemoryError):
+        free_memory()  # as after a job's: the next user job finds the cache freed
+
+
 def torch_cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def free_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def model_bytes(model: LoadedModel) -> int:
+    if getattr(model, "is_group", False):
+        return model.bytes_per_gpu  # a GPU group's weights live in its worker processes
+    total = 0
+    for module in (model.transformer, model.vae, model.sound_tokenizer):
+        if module is not None:
+            total += sum(p.numel() * p.element_size() for p in module.parameters())
+    return total
 
 
 def _default_memory_budget() -> int:
@@ -172,6 +205,10 @@ class JobQueue:
         self._models: OrderedDict[str, LoadedModel] = OrderedDict()
         self._durations: dict[str, float] = {}
         self._closed = False
+        # Read once, here: a COSMOS3_WARMUP naming an unknown mode fails the start, not a user's job.
+        self._warm_modes = warmup.modes_from_env()
+        self._backlog = warmup.WarmBacklog()
+        self._warm_cancel: threading.Event | None = None  # set: the warm request in flight stops
         self._worker = threading.Thread(target=self._work, name="cosmos3-gpu-worker", daemon=True)
         self._worker.start()
 
@@ -205,6 +242,7 @@ class JobQueue:
                        outputs_root=outputs_root, previews=bool(previews))
             self._waiting.append(job)
             job.events.put(Queued(position=self._position_locked(job)))
+            self._stop_warming_locked()  # a user job never waits for a warm-up
             self._lock.notify_all()
         return JobHandle(job, self)
 
@@ -225,11 +263,16 @@ class JobQueue:
         with self._lock:
             self._lock.notify_all()
 
+    def _stop_warming_locked(self) -> None:
+        if self._warm_cancel is not None:
+            self._warm_cancel.set()
+
     def close(self, timeout: float = 10.0) -> None:
         with self._lock:
             self._closed = True
             for job in self._waiting:
                 job.cancel.set()
+            self._stop_warming_locked()
             self._lock.notify_all()
         self._worker.join(timeout)
 
@@ -237,20 +280,32 @@ class JobQueue:
         with self._lock:
             return list(self._models)
 
+    def warming(self) -> dict[str, dict[str, int]]:
+        """The models still warming up in the background, {model: {"done", "total"}}; cheap (the UI's status line)."""
+        with self._lock:
+            return self._backlog.status()
+
     def state(self) -> dict:
-        """What `GET /v1/queue` shows: the jobs waiting and running here, and the models loaded."""
+        """What `GET /v1/queue` shows: the jobs waiting and running here, the models loaded, and the
+        models still warming up in the background, e.g. {"edge": {"done": 3, "total": 36}} (warm
+        requests, two prompt lengths per size; empty when idle)."""
         with self._lock:
             return {"backend": "local", "waiting": len(self._waiting), "running": int(self._running is not None),
-                    "max_size": self.max_size, "loaded_models": list(self._models)}
+                    "max_size": self.max_size, "loaded_models": list(self._models),
+                    "warming": self._backlog.status()}
 
     # -- the worker ---------------------------------------------------------------------------
 
-    def _next_job(self) -> _Job | None:
+    def _next_work(self) -> _Job | warmup.WarmStep | None:
+        """A waiting job first; warm work only when none waits; None once closed."""
         with self._lock:
-            while not self._waiting and not self._closed:
+            while not self._waiting and not self._closed and not self._backlog:
                 self._lock.wait()
             if not self._waiting:
-                return None
+                if self._closed:
+                    return None
+                self._warm_cancel = threading.Event()
+                return self._backlog.next()
             job = self._waiting.pop(0)
             self._running = job
             for index, waiting in enumerate(self._waiting):
@@ -288,8 +343,11 @@ class JobQueue:
     def use_gpu_call(self, gpu_call: Callable) -> None:
         """Run each job as `gpu_call(model_name, request, outputs_root)` (e.g. a `spaces.GPU`-wrapped
         `self.run`). Such a call may run in another process, so it gets no progress or cancel hooks:
-        a job can still be cancelled while it waits, not once it runs."""
-        self._gpu_call = gpu_call
+        a job can still be cancelled while it waits, not once it runs. No warm-up runs from then on:
+        the worker's warm requests would run outside any GPU call."""
+        with self._lock:
+            self._gpu_call = gpu_call
+            self._backlog.clear()
 
     def preload(self) -> list[str]:
         """Load every registered model now (ZeroGPU wants weights in place before the first GPU call)."""
@@ -297,35 +355,85 @@ class JobQueue:
             self._model(name, None)
         return self.loaded_models()
 
+    def warm_default(self, model_name: str) -> bool:
+        """Load `model_name` and warm it up in the background, on the worker, without a user job and
+        without making one wait (a job that arrives runs first; a load already under way finishes).
+        False, doing nothing, where no warm-up would run: no CUDA, a GPU group, ZeroGPU, or no modes to warm."""
+        family = self.registry.info(model_name).family  # an unknown name raises here
+        if (not torch_cuda_available() or self.registry.gpus > 1 or self._gpu_call is not None
+                or not warmup.modes_for(family, self._warm_modes)):
+            return False
+        with self._lock:
+            self._backlog.load(model_name)
+            self._lock.notify_all()
+        return True
+
     def _work(self) -> None:
         while True:
-            job = self._next_job()
-            if job is None:
+            work = self._next_work()
+            if work is None:
                 return
-            if job.cancel.is_set():
-                self._finish(job, Cancelled())
-                continue
-            job.events.put(Started(model_name=job.model_name))
-            started = time.perf_counter()
-            try:
-                if self._gpu_call is not None:
-                    result = self._gpu_call(job.model_name, job.request, str(job.outputs_root))
-                else:
-                    result = self.run(job.model_name, job.request, str(job.outputs_root),
-                                      on_progress=job.events.put, cancel=job.cancel, previews=job.previews)
-            except JobCancelled:
-                self._finish(job, Cancelled())
-            except Exception as exc:  # noqa: BLE001 - every failure becomes the job's message
-                self._finish(job, self._failure(exc, job))
+            if isinstance(work, warmup.WarmStep):
+                self._warm(work)
             else:
-                self._durations[job.model_name] = time.perf_counter() - started
-                self._finish(job, Finished(result))
+                self._run_job(work)
+
+    def _run_job(self, job: _Job) -> None:
+        if job.cancel.is_set():
+            self._finish(job, Cancelled())
+            return
+        job.events.put(Started(model_name=job.model_name))
+        started = time.perf_counter()
+        try:
+            if self._gpu_call is not None:
+                result = self._gpu_call(job.model_name, job.request, str(job.outputs_root))
+            else:
+                result = self.run(job.model_name, job.request, str(job.outputs_root),
+                                  on_progress=job.events.put, cancel=job.cancel, previews=job.previews)
+        except JobCancelled:
+            self._finish(job, Cancelled())
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the job's message
+            self._finish(job, self._failure(exc, job))
+        else:
+            self._durations[job.model_name] = time.perf_counter() - started
+            self._finish(job, Finished(result))
+
+    def _warm(self, step: warmup.WarmStep) -> None:
+        """One piece of background warm work. Whatever happens costs warmth only, never the worker."""
+        with self._lock:
+            cancel = self._warm_cancel
+        try:
+            if step.request is None:
+                self._model(step.model_name)  # warm_default: the load plans the warm requests
+            elif step.model_name in self._models:
+                warmup.warm_one(self._models[step.model_name], step.request, cancel=cancel)
+        except JobCancelled:  # a user job arrived (or close): this size is still cold, so it goes back
+            with self._lock:
+                self._backlog.put_back(step)
+                self._warm_cancel = None
+            return
+        except Exception as exc:  # noqa: BLE001 - the model still serves, only this size stays cold
+            _warm_failed(step, exc)
+        with self._lock:
+            self._backlog.finished(step)
+            self._warm_cancel = None
+
+    def _plan_warm_up(self, name: str, model: LoadedModel) -> None:
+        """Queue the warm requests of a model just loaded (`engine.serving.warmup` says which and why)."""
+        # ZeroGPU runs each job inside a GPU call of its own, which the worker's warm requests would lack;
+        # a GPU group's ranks would need warming in their own processes; the CPU has nothing to compile.
+        if self._gpu_call is not None or getattr(model, "is_group", False) or not torch_cuda_available():
+            return
+        requests = warmup.warm_requests(model.info, warmup.modes_for(model.info.family, self._warm_modes))
+        with self._lock:
+            self._backlog.plan(name, requests)
+            self._lock.notify_all()
 
     def _failure(self, exc: Exception, job: _Job) -> Failed:
         import torch
 
         if isinstance(exc, torch.OutOfMemoryError):
-            self._free_memory()
+            free_memory()
             return Failed("The GPU ran out of memory for this request. Try a smaller size, fewer frames, or "
                           "another model; the server has freed its caches and keeps serving.", kind="oom")
         if isinstance(exc, CheckpointError):
@@ -344,34 +452,6 @@ class JobQueue:
         return Failed(f"Generation failed because of an internal error (request id {job.id}); the server log "
                       "has the details.", kind="error")
 
-    def _free_memory(self) -> None:
-        import torch
-
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-    @staticmethod
-    def _model_bytes(model: LoadedModel) -> int:
-        if getattr(model, "is_group", False):
-            return model.bytes_per_gpu  # a GPU group's weights live in its worker processes
-        total = 0
-        for module in (model.transformer, model.vae, model.sound_tokenizer):
-            if module is not None:
-                total += sum(p.numel() * p.element_size() for p in module.parameters())
-        return total
-
-    @staticmethod
-    def _warm_up(model: LoadedModel, name: str, on_progress) -> None:
-        """Warm every size of the modes `COSMOS3_WARMUP` names; a failure only costs the warmth."""
-        began = time.perf_counter()
-        report = None if on_progress is None else (lambda done, total: on_progress(Progress(
-            stage="warm-up", step=done, total=total, elapsed_s=time.perf_counter() - began, eta_s=None)))
-        try:
-            warmup.warm_up(model, warmup.modes_from_env(), report=report)
-        except Exception:  # noqa: BLE001 - the model still serves, only cold
-            log.exception("warm-up of model %s failed; it serves without it", name)
-
     def _model(self, name: str, on_progress=None) -> LoadedModel:
         if name in self._models:
             self._models.move_to_end(name)
@@ -385,15 +465,16 @@ class JobQueue:
         parameters = sum(component_parameter_count(root / c) for c in ("transformer", "vae"))
         need = parameters * (2 if torch_cuda_available() else 4)
         # Switching variants evicts the least recently used ones until the newcomer fits the budget.
-        while self._models and sum(self._model_bytes(m) for m in self._models.values()) + need > self.memory_budget_bytes:
-            _, evicted = self._models.popitem(last=False)
+        while self._models and sum(model_bytes(m) for m in self._models.values()) + need > self.memory_budget_bytes:
+            evicted_name, evicted = self._models.popitem(last=False)
+            with self._lock:
+                self._backlog.drop(evicted_name)  # its warmth leaves with it
             if getattr(evicted, "is_group", False):
                 evicted.close()  # its worker processes hold the GPUs' memory
-            self._free_memory()
+            free_memory()
         model = self._loader(root)
         if self._safety_checker is not None:
             model.safety_checker = self._safety_checker
-        if warmup.modes_from_env() and torch_cuda_available() and not getattr(model, "is_group", False):  # no cold first request (engine.serving.warmup)
-            self._warm_up(model, name, on_progress)
         self._models[name] = model
+        self._plan_warm_up(name, model)  # after it is in `_models`, where the warm steps look for it
         return model
