@@ -4,7 +4,8 @@
     python app.py --model nano=nvidia/Cosmos3-Nano --model edge=/models/cosmos3-edge --port 7860
     python app.py --review --auth-file reviewers.txt --criteria realism,prompt_adherence
 
-Models load lazily on their first job, so the app starts in seconds. Every flag that a hosted app
+Models load lazily on their first job, so the app starts in seconds; on a CUDA host the first model
+also loads and warms up in the background at start (engine.serving.warmup). Every flag that a hosted app
 (a Hugging Face Space, which runs `python app.py` with no arguments) needs also has an environment
 variable; a flag wins over its variable. See docs/HOSTING.md.
 """
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Environment variables (a flag wins over its variable): COSMOS3_MODELS=\"name=source,...\", "
                "COSMOS3_MODEL_ROOTS (folders, separated by ':'), COSMOS3_OUTPUTS, COSMOS3_REVIEW=1, "
                "COSMOS3_AUTH=\"user:pass,...\", COSMOS3_AUTH_FILE, COSMOS3_CRITERIA, COSMOS3_REVIEW_DB, COSMOS3_SAFETY=1, "
+               "COSMOS3_WARMUP (modes to warm in the background on a GPU, e.g. t2i,t2v, or off; default per model family), "
                "GRADIO_SERVER_NAME, GRADIO_SERVER_PORT; HF_HUB_OFFLINE and HF_HOME are read by huggingface_hub.")
     parser.add_argument("--model", action="append", type=parse_model, default=[], metavar="NAME=SOURCE",
                         help="serve a checkpoint (a folder or a Hugging Face repo id) under NAME; repeatable. "
@@ -250,8 +252,9 @@ def use_zero_gpu(job_queue, registry) -> bool:
 
     if not on_zero_gpu():
         return False
-    job_queue.preload()
+    # The GPU call first: a queue running jobs through it plans no warm-up, which would run outside any GPU call.
     job_queue.use_gpu_call(gpu_wrapper(job_queue.run, job_duration(registry)))
+    job_queue.preload()
     return True
 
 
@@ -322,6 +325,7 @@ def create_studio(args: argparse.Namespace):
             queue_options["loader"] = partial(load_model, gpus=args.gpus)
         job_queue = JobQueue(registry, args.outputs, max_size=args.queue_size, **queue_options)
         use_zero_gpu(job_queue, registry)
+        job_queue.warm_default(registry.names()[0])  # the UI's first model, in the background; a no-op off CUDA
     from cosmos3_ui.review.store import DB_NAME, DEFAULT_CRITERIA, ReviewStore, adopt_legacy_db
 
     # Earlier versions kept the review database in the outputs folder: move it out, in public mode too,

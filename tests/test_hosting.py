@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -207,16 +208,46 @@ def test_on_zerogpu_each_job_runs_inside_the_gpu_call(tiny_family, tmp_path, mon
     monkeypatch.setitem(sys.modules, "spaces", fake_spaces(calls))
     monkeypatch.setattr(zerogpu, "spaces_installed", lambda: True)
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    # A ZeroGPU Space reports CUDA; no warm-up may run there: it would run outside any GPU call.
+    from engine.serving import queue as job_queue, warmup
+
+    monkeypatch.setattr(job_queue, "torch_cuda_available", lambda: True)
+    warmed = []
+    monkeypatch.setattr(warmup, "warm_one", lambda model, request, cancel=None: warmed.append(request))
     argv = ["--model", f"edge={tiny_family['edge']}", "--model", f"nano={tiny_family['nano']}",
             "--outputs", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")]
     studio = app.create_studio(app.parse_args(argv))
     queue = studio.service.queue
     try:
         assert sorted(queue.loaded_models()) == ["edge", "nano"]  # weights in place before any GPU call
+        assert queue.warming() == {} and warmed == []
         handle = queue.submit("edge", {"mode": "t2i", "prompt": "a cube", "steps": 2, "seed": 4})
         result = handle.result(timeout=120)
         assert result.seed == 4 and result.outputs["image"].is_file()
         assert calls == [zerogpu.DURATION_MIN_S]  # one reservation, sized from this request
+    finally:
+        queue.close()
+
+
+def test_on_a_cuda_host_the_app_loads_and_warms_its_first_model_in_the_background(tiny_family, tmp_path, monkeypatch):
+    from engine.serving import queue as job_queue, warmup
+
+    warmed = []
+    monkeypatch.setattr(warmup, "warm_one", lambda model, request, cancel=None: warmed.append(model.info.family))
+    monkeypatch.delenv("COSMOS3_WARMUP", raising=False)
+    argv = ["--model", f"edge={tiny_family['edge']}", "--model", f"nano={tiny_family['nano']}",
+            "--outputs", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")]
+    cpu = app.create_studio(app.parse_args(argv)).service.queue
+    cpu.close()
+    assert cpu.loaded_models() == [] and warmed == []  # on the CPU (CI), models still load on first use only
+    monkeypatch.setattr(job_queue, "torch_cuda_available", lambda: True)
+    queue = app.create_studio(app.parse_args(argv)).service.queue
+    try:
+        deadline = time.monotonic() + 10
+        while len(warmed) < len(warmup.warm_requests(queue.registry.info("edge"), ("t2i", "t2v"))):
+            assert time.monotonic() < deadline, f"warmed {warmed}"
+            time.sleep(0.01)
+        assert queue.loaded_models() == ["edge"] and set(warmed) == {"edge"}
     finally:
         queue.close()
 
