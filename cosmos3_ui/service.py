@@ -21,7 +21,6 @@ from .files import redact, serve_results_from
 
 STAGE_LABELS = {
     "load": "Loading the model",
-    "warm-up": "Warming up the model at every size (once per load)",
     "conditioning": "Encoding the conditioning input",
     "prompt": "Preparing the prompt",
     "prefill": "Reading the prompt (text tower)",
@@ -90,6 +89,14 @@ class JobStatus:
                 text += f" · about {self.eta_s:.0f} s left"
             return text
         return label
+
+
+def warming_note(warming: dict) -> str:
+    """What the line beside Generate adds while the queue warms models in the background (its
+    `warming()`: {model: {"done", "total"}}), e.g. "edge warming up (3 of 36 runs)"; "" when none does.
+    A run is one short warm request: two prompt lengths per size."""
+    return "; ".join(f"{name} warming up ({progress['done']} of {progress['total']} runs)"
+                     for name, progress in warming.items())
 
 
 @dataclass

@@ -302,6 +302,20 @@ def test_the_line_beside_generate_gives_the_queue_position_its_wait_and_the_step
     assert "Denoising: step 3/10 · about 2 s left" in follower.status_line(running)
 
 
+def test_the_line_beside_generate_says_which_model_still_warms_up_in_the_background():
+    from types import SimpleNamespace
+
+    from cosmos3_ui.jobs import JobFollower
+
+    warming = {"edge": {"done": 3, "total": 36}}
+    follower = JobFollower(SimpleNamespace(queue=SimpleNamespace(eta_seconds=lambda position: None,
+                                                                 warming=lambda: dict(warming))))
+    running = JobStatus(stage="denoise", step=3, total=10, eta_s=2.4)
+    assert "Denoising: step 3/10 · about 2 s left · edge warming up (3 of 36 runs)" in follower.status_line(running)
+    warming.clear()  # done: the note goes
+    assert "warming" not in follower.status_line(running)
+
+
 def test_cancel_reaches_only_the_sessions_own_job():
     jobs = ActiveJobs()
     mine, theirs = FakeHandle("job-1"), FakeHandle("job-2")
