@@ -33,6 +33,15 @@ def test_each_family_warms_the_modes_whose_cold_first_request_exceeds_1_5x_warm(
     assert warmup.modes_for("edge", ()) == ()
 
 
+def test_a_released_edge_warms_36_short_runs_and_nano_12():
+    """The counts docs/HOSTING.md quotes: every whitelisted size of the default modes, two prompt lengths each."""
+    from engine.model.variants import VariantInfo
+
+    counts = {family: len(warmup.warm_requests(VariantInfo.released(family), warmup.modes_for(family, None)))
+              for family in ("edge", "nano")}
+    assert counts == {"edge": 36, "nano": 12}
+
+
 @pytest.mark.parametrize("value, modes", [
     (None, None),  # unset: each family's default
     ("t2i,t2v", ("t2i", "t2v")),
