@@ -47,12 +47,12 @@ OFF_VALUES = ("off", "none", "0", "")
 # - Edge T2I at a new size: 10.6x warm without warm-up, 1.43x after it. Edge T2V 832x480/121f, the
 #   first request of a process: 24.4 s against 13 s warm (1.88x); after a T2V warm-up (80 s for Edge's
 #   9 sizes x 2 prompts) 1.02x. Both modes are warmed.
-# - Nano T2I: 5.16 s cold against 2.09 s warm (2.5x), so it is warmed. Nano T2V 720p: 201.5 s cold
-#   against ~196 s warm (1.03x: the compiles are amortised over a 200 s request), while warming its six
+# - Nano T2I: 5.16 s cold against 2.09 s warm (2.5x), so it is warmed. Nano T2V 720p: 208.2 s cold
+#   against 195.4 s warm (1.07x: the compiles are amortised over a 200 s request), while warming its six
 #   T2V sizes would hold the GPU for ~6-7 minutes. Not warmed.
 # - Super: not measured; T2I only, on Nano's reasoning (an image request is short, so its compiles
-#   dominate it; a video request is long enough to amortise them). Super runs on a GPU group, which is
-#   never warmed, so this entry matters only if Super ever fits one GPU.
+#   dominate it; a video request is long enough to amortise them). In bf16 Super runs on a GPU group,
+#   which is never warmed; in FP8 (COSMOS3_FP8=1) it fits one H200, and this entry applies.
 # A family not listed here ("custom") is not warmed: nothing was measured for it.
 DEFAULT_MODES: dict[str, tuple[str, ...]] = {
     "edge": ("t2i", "t2v"),
