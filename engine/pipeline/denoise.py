@@ -17,7 +17,7 @@ import torch
 
 from ..model.loader import LoadedModel
 from ..serving.events import JobCancelled
-from . import whole_step
+from . import pacing, whole_step
 from .preview import Previewer
 from .state import GenLayout, Latents, RunState, Schedulers
 from .transformer import time_embeds
@@ -152,6 +152,8 @@ def denoise_stage(state: RunState) -> None:
     timesteps = state.schedulers.vision.timesteps
     values = timesteps.tolist()  # one host copy before the loop, none per step
     sigmas = state.schedulers.vision.sigmas.tolist() if state.preview is not None else None
+    # One step queued ahead of the GPU at most: a cancel stops the GPU's work too, and progress is honest.
+    pacer = pacing.StepPacer.for_tensor(state.latents.vision, state.report, len(timesteps))
     for i, t in enumerate(timesteps):
         if state.cancelled:
             raise JobCancelled()
@@ -160,7 +162,8 @@ def denoise_stage(state: RunState) -> None:
         if state.preview is not None and state.preview.due(i + 1):
             state.preview.show(i + 1, state.latents.vision - sigmas[i] * vision_v)  # x0 = x_t - sigma * v
         _scheduler_steps(state, t, vision_v, cond_v, uncond_v)
-        state.report(i + 1, len(timesteps))
+        pacer.launched(i)
+    pacer.finish()
 
 
 def _branch_velocities(state: RunState, timestep: float, with_uncond: bool) -> tuple[Velocity, Velocity]:

@@ -31,6 +31,7 @@ import torch
 
 from ..serving.events import JobCancelled
 from .fast_path import FastGenTower, FastPathOptions
+from .pacing import StepPacer
 from .scheduler_tables import SamplerState, sampler_for
 from .transformer import time_embeds
 
@@ -224,24 +225,13 @@ def denoise(step: WholeStep, plan: list[bool], report: Callable[[int, int], None
             cancel: threading.Event | None) -> torch.Tensor:
     """The loop over replays; returns the final sample. Progress is reported as steps complete."""
     total = step.sampler.steps
-    on_gpu = step.sample.is_cuda
-    done: list = []
+    pacer = StepPacer.for_tensor(step.sample, report, total)  # one step queued ahead, and progress honest
     for i in range(total):
         if cancel is not None and cancel.is_set():
             raise JobCancelled()
         step.sampler.load_row(i)
         step.t.copy_(step.timesteps[i])
         step.run(2 if plan[i] else 1)
-        if on_gpu:
-            event = torch.cuda.Event()
-            event.record()
-            done.append(event)
-            if i > 0:
-                done[i - 1].synchronize()  # keeps one step queued ahead, and progress honest
-                report(i, total)
-        else:
-            report(i + 1, total)
-    if on_gpu:
-        done[-1].synchronize()
-        report(total, total)
+        pacer.launched(i)
+    pacer.finish()
     return step.sample.clone()

@@ -1,0 +1,92 @@
+"""The denoising loops keep at most one step queued ahead of the GPU (`engine.pipeline.pacing`), so a cancel
+stops the GPU's work too and progress reports only steps the device has finished.
+
+On the CPU the device is faked: events that record when they were recorded and synchronized."""
+import pytest
+
+import engine
+from engine.pipeline import pacing
+from engine.pipeline.fast_path import FastPathOptions
+from engine.pipeline.run import generate
+
+
+class FakeEvent:
+    log: list
+
+    def __init__(self):
+        self.index = sum(1 for entry in self.log if entry[0] == "record")
+        self.synced = False
+
+    def record(self):
+        self.log.append(("record", self.index))
+
+    def synchronize(self):
+        self.synced = True
+        self.log.append(("sync", self.index))
+
+
+def _pacer(total):
+    log = []
+    event = type("Event", (FakeEvent,), {"log": log})
+    reports = []
+    pacer = pacing.StepPacer(True, lambda step, n: log.append(("report", step)) or reports.append((step, n)), total,
+                             new_event=event)
+    return pacer, log, reports
+
+
+def test_each_step_is_reported_once_the_device_has_finished_it_with_one_step_queued_ahead():
+    pacer, log, reports = _pacer(3)
+    pacer.launched(0)
+    assert log == [("record", 0)]  # nothing waited on yet: step 0 is queued and the host goes on
+    pacer.launched(1)
+    assert log[1:] == [("record", 1), ("sync", 0), ("report", 1)]  # step 1 queued before waiting for step 0
+    pacer.launched(2)
+    assert log[4:] == [("record", 2), ("sync", 1), ("report", 2)]
+    pacer.finish()
+    assert log[7:] == [("sync", 2), ("report", 3)]
+    assert reports == [(1, 3), (2, 3), (3, 3)]
+    pacer.finish()  # idempotent: nothing left to wait for
+    assert len(reports) == 3
+
+
+def test_on_the_cpu_every_step_is_reported_as_it_is_called():
+    reports = []
+    pacer = pacing.StepPacer(False, lambda step, n: reports.append(step), 2, new_event=lambda: pytest.fail("no events"))
+    pacer.launched(0)
+    pacer.launched(1)
+    pacer.finish()
+    assert reports == [1, 2]
+
+
+@pytest.fixture(scope="module")
+def nano(tiny_family):
+    return engine.load_model(tiny_family["nano"], device="cpu")
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["eager loop", "whole-step loop"])
+def test_both_denoising_loops_pace_every_step(nano, monkeypatch, whole):
+    log = []
+    event = type("Event", (FakeEvent,), {"log": log})
+    made = []
+
+    def gpu_pacer(sample, report, total):
+        made.append(pacing.StepPacer(True, report, total, new_event=event))
+        return made[-1]
+
+    monkeypatch.setattr(pacing.StepPacer, "for_tensor", staticmethod(gpu_pacer))
+    progress = []
+    nano.fast_path = FastPathOptions(enabled=True, batched_cfg=True, cuda_graphs=False, kernels="torch",
+                                     fused_projections=True, whole_step=whole)
+    try:
+        generate(nano, dict(mode="t2i", prompt="a lighthouse at dusk", seed=1, steps=4),
+                 on_progress=lambda p: progress.append(p.step) if p.stage == "denoise" else None)
+    finally:
+        nano.fast_path = None
+    assert len(made) == 1
+    records = [i for kind, i in log if kind == "record"]
+    syncs = [i for kind, i in log if kind == "sync"]
+    assert records == syncs == [0, 1, 2, 3]
+    # Step i is waited for only after step i+1 is queued (never more than one step ahead, never idle).
+    assert log.index(("sync", 0)) > log.index(("record", 1))
+    assert log.index(("sync", 1)) < log.index(("record", 3))
+    assert progress == [1, 2, 3, 4]
