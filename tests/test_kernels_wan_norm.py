@@ -6,13 +6,17 @@ import torch
 from kernels.wan_norm import norm_silu_into, norm_silu_reference
 
 
+# The kernel runs where its tensors are: on a GPU machine the conftest leaves the interpreter off.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 @pytest.mark.parametrize("channels", [8, 24, 48])
 def test_norm_silu_kernel_is_the_reference_and_writes_only_the_interior(channels):
     generator = torch.Generator().manual_seed(channels)
-    x = (3 * torch.randn(1, channels, 3, 5, 7, generator=generator)).to(torch.bfloat16)
+    x = (3 * torch.randn(1, channels, 3, 5, 7, generator=generator)).to(DEVICE, torch.bfloat16)
     x = x.contiguous(memory_format=torch.channels_last_3d)
-    gamma = (1 + 0.1 * torch.randn(channels, 1, 1, 1, generator=generator)).to(torch.bfloat16)
-    buffer = torch.full((1, channels, 5, 7, 9), 7.0, dtype=torch.bfloat16).contiguous(
+    gamma = (1 + 0.1 * torch.randn(channels, 1, 1, 1, generator=generator)).to(DEVICE, torch.bfloat16)
+    buffer = torch.full((1, channels, 5, 7, 9), 7.0, dtype=torch.bfloat16, device=DEVICE).contiguous(
         memory_format=torch.channels_last_3d)
     interior = buffer[:, :, 2:, 1:6, 1:8]
     norm_silu_into(x, gamma, channels ** 0.5, interior)
