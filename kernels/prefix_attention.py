@@ -286,6 +286,7 @@ def prefix_attention(
 # or the GPU is not SM90+, dispatch simply does not offer it. The packed buffer is already the varlen
 # layout it takes (PackedKVLayout.cu_seqlens), so one call covers every branch with no copy of K/V.
 FLASH4_ENV_VAR = "COSMOS3_FLASH4"
+FLASH4_CACHE_ENV_VAR = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 
 
 @dataclass(frozen=True)
@@ -336,6 +337,10 @@ def _flash4_entry() -> tuple[Callable | None, bool, str | None]:
     defaults, one output copy) rather than fail."""
     if os.environ.get(FLASH4_ENV_VAR, "1") == "0":
         return None, False, f"{FLASH4_ENV_VAR}=0"
+    # Its on-disk kernel cache (read when the library is imported; keyed by its sources and versions), so a
+    # restarted server loads a compiled config in ~0.01 s instead of compiling it again in ~2 s
+    # (bench/bench_flash4_cache.py, docs/PERFORMANCE.md). An explicit setting, 0 included, is kept.
+    os.environ.setdefault(FLASH4_CACHE_ENV_VAR, "1")
     try:
         from flash_attn.cute import flash_attn_varlen_func
     except Exception as err:  # ImportError, or the CuTe DSL failing to load its compiler libraries

@@ -1,4 +1,6 @@
 """Prefix attention (varlen CFG branches, GQA) against SDPA per branch in fp32."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -150,6 +152,22 @@ def test_flash4_config_refuses_a_tile_the_kernel_cannot_take(tile, why):
     with pytest.raises(ValueError, match=why) as err:
         pa.Flash4Config(*tile)
     assert str(tile[0]) in str(err.value)
+
+
+@pytest.mark.parametrize("preset", [None, "0", "1"])
+def test_flash4s_disk_cache_is_on_unless_set(monkeypatch, preset):
+    if preset is None:  # set first, so that the teardown restores whatever was there before
+        monkeypatch.setenv(pa.FLASH4_CACHE_ENV_VAR, "placeholder")
+        monkeypatch.delenv(pa.FLASH4_CACHE_ENV_VAR)
+    else:
+        monkeypatch.setenv(pa.FLASH4_CACHE_ENV_VAR, preset)
+    monkeypatch.setenv(pa.FLASH4_ENV_VAR, "1")
+    pa._flash4_entry.cache_clear()
+    try:
+        pa._flash4_entry()  # sets the default before it imports the library (installed or not)
+        assert os.environ[pa.FLASH4_CACHE_ENV_VAR] == (preset or "1")
+    finally:
+        pa._flash4_entry.cache_clear()
 
 
 def test_cu_seqlens_are_the_packed_rows():

@@ -3,8 +3,8 @@
 Kernel launches return at once, so a loop with no host sync runs ahead of the GPU: on a long step
 (Edge T2V 480p, ~220 ms) the host can queue most of a request's steps before the GPU has finished the
 first. A cancel then stops only the host, and the GPU still works through every queued step; progress
-reports steps the GPU has not run. Measured on an H200 (docs/PERFORMANCE.md, background warm-up): a user
-job that cancelled a warm-up request in flight took 2.95 s where it takes 0.44 s warm.
+reports steps the GPU has not run. (The whole-step loop has always paced itself so; the eager loop, which
+runs Edge T2V 480p and every sound or action request, did not.)
 
 The pacer records an event after each step and waits for the previous step's event before the next
 one is queued: the GPU always has one step in hand (no idle gap between steps), and at most one step's
