@@ -21,6 +21,7 @@ then takes the PyTorch path and is not cached), and can list ``decisions()`` for
 from __future__ import annotations
 
 import enum
+import logging
 import os
 from dataclasses import dataclass
 from typing import Callable, Hashable
@@ -30,6 +31,8 @@ import torch
 from kernels import norms, prefix_attention as attn, qk_norm_rope as qk
 from kernels.packed_kv import PackedKVLayout
 from kernels.timing import time_ms
+
+log = logging.getLogger("kernels.dispatch")
 
 MODES = ("auto", "triton", "torch")
 ENV_VAR = "COSMOS3_KERNELS"
@@ -142,21 +145,29 @@ class KernelDispatcher:
         self._decisions[key] = decision
         return decision
 
-    def _fastest(self, candidates: dict) -> tuple[object, float]:
-        """(key, median ms) of the fastest of ``{key: fn}``; the first listed wins a tie."""
+    def _fastest(self, candidates: dict, skip_failures: bool = False) -> tuple[object, float | None]:
+        """(key, median ms) of the fastest of ``{key: fn}``; the first listed wins a tie. With
+        ``skip_failures`` a candidate that raises is logged and left out ((None, None) if all do)."""
         best_key, best_ms = None, float("inf")
         for key, fn in candidates.items():
-            ms = time_ms(fn, warmup=self.warmup, iters=self.iters).median_ms
+            try:
+                ms = time_ms(fn, warmup=self.warmup, iters=self.iters).median_ms
+            except Exception as err:  # noqa: BLE001 - a library config this GPU cannot build is not fatal
+                if not skip_failures:
+                    raise
+                log.warning("kernel candidate %s failed and is left out: %s: %s", key, type(err).__name__, err)
+                continue
             if ms < best_ms:
                 best_key, best_ms = key, ms
-        return best_key, best_ms
+        return (best_key, best_ms) if best_key is not None or not skip_failures else (None, None)
 
     def _measure(self, run_triton: dict, run_torch: Callable[[], object], run_flash4: dict | None = None) -> Decision:
         """Time every Triton candidate, the PyTorch path and each flash-attn-4 config if offered; keep the
         fastest."""
         torch_ms = time_ms(run_torch, warmup=self.warmup, iters=self.iters).median_ms
         best_cfg, best_ms = self._fastest(run_triton)
-        flash4_cfg, flash4_ms = self._fastest(run_flash4) if run_flash4 else (None, None)
+        # A library kernel may refuse a launch shape on a GPU it was not measured on: left out, not fatal.
+        flash4_cfg, flash4_ms = self._fastest(run_flash4, skip_failures=True) if run_flash4 else (None, None)
         path = min(  # in this order, so that a tie keeps PyTorch
             ((Path.TORCH, torch_ms), (Path.TRITON, best_ms), (Path.FLASH4, flash4_ms)),
             key=lambda c: float("inf") if c[1] is None else c[1],
@@ -271,13 +282,11 @@ class KernelDispatcher:
                 cfg: (lambda cfg=cfg: attn.prefix_attention(q, kv_buffer, layout, scale=scale, out=scratch, config=cfg))
                 for cfg in self.attention_configs
             }
-            run_flash4 = None
-            if attn.flash4_unsupported(q) is None:
-                run_flash4 = {
-                    cfg: (lambda cfg=cfg: attn.prefix_attention_flash4(q, kv_buffer, layout, scale=scale, out=scratch,
-                                                                       config=cfg))
-                    for cfg in self.flash4_configs
-                }
+            run_flash4 = {
+                cfg: (lambda cfg=cfg: attn.prefix_attention_flash4(q, kv_buffer, layout, scale=scale, out=scratch,
+                                                                   config=cfg))
+                for cfg in attn.flash4_configs_for(q, self.flash4_configs)
+            }
             return self._measure(
                 candidates,
                 lambda: attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=scratch),

@@ -304,6 +304,9 @@ class Flash4Config:
     pack_gqa: bool | None = None
     mma_pv_is_rs: bool | None = None
     intra_wg_overlap: bool | None = None
+    # Offered only on GPUs of this compute capability major, where it was measured (the knobs mean
+    # different kernels on SM100); None: anywhere flash-attn-4 runs.
+    sm: int | None = None
 
     def __post_init__(self) -> None:
         if (self.tile_m is None) != (self.tile_n is None):
@@ -320,11 +323,12 @@ class Flash4Config:
         return " ".join([tile, *knobs])
 
 
-# The library's own choice, and the fastest of 17 launch shapes in our H200 sweep at 12k and 44k gen tokens
-# (docs/PERFORMANCE.md, flash-attn-4 launch shapes): 192-row query tiles over three MMA warp groups, P
-# through shared memory, GQA heads not packed; 2.5-5.8% faster than the library's 128x128 and, with the same
-# 128-key blocks, the same bits. Dispatch times both per shape (each is one JIT compile per process).
-DEFAULT_FLASH4_CONFIGS = (Flash4Config(), Flash4Config(192, 128, pack_gqa=False, mma_pv_is_rs=False))
+# The library's own choice, and the fastest of 17 launch shapes in our H200 sweep (docs/PERFORMANCE.md,
+# flash-attn-4 launch shapes): 192-row query tiles over three MMA warp groups, P through shared memory, GQA
+# heads not packed. At 44k gen tokens it was 2.5-3.8% faster than the library's 128x128 in both rounds and,
+# with the same 128-key blocks, gives the same bits; at 12k the rounds disagreed. Dispatch times both per
+# shape (each is one JIT compile per process, or a load from flash-attn-4's disk cache).
+DEFAULT_FLASH4_CONFIGS = (Flash4Config(), Flash4Config(192, 128, pack_gqa=False, mma_pv_is_rs=False, sm=9))
 
 
 @functools.cache
@@ -364,6 +368,20 @@ def flash4_unsupported(q: torch.Tensor) -> str | None:
         return f"head_dim {q.shape[-1]} is not a multiple of 8"
     _, _, why = _flash4_entry()
     return why
+
+
+def usable_flash4_configs(configs: tuple[Flash4Config, ...], sm_major: int, takes_knobs: bool) -> tuple[Flash4Config, ...]:
+    """The configs to offer on a GPU of compute capability `sm_major`: those measured for it (or for any), and
+    only the library's own choice when its launch knobs cannot be passed (`_flash4_entry`)."""
+    return tuple(c for c in configs if (c.sm is None or c.sm == sm_major) and (takes_knobs or not flash4_call_kwargs(c)))
+
+
+def flash4_configs_for(q: torch.Tensor, configs: tuple[Flash4Config, ...]) -> tuple[Flash4Config, ...]:
+    """`usable_flash4_configs` for the GPU and library that q would run on (none where flash-attn-4 cannot)."""
+    if flash4_unsupported(q) is not None:
+        return ()
+    major, _ = torch.cuda.get_device_capability(q.device)
+    return usable_flash4_configs(configs, major, _flash4_entry()[1])
 
 
 def flash4_call_kwargs(config: Flash4Config | None) -> dict:

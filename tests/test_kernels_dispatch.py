@@ -133,6 +133,36 @@ def test_measure_keeps_the_fastest_of_torch_triton_and_flash4(monkeypatch):
     assert d._measure({"cfg": run_triton}, run_torch, flash4).path is dsp.Path.TORCH  # a tie keeps PyTorch
 
 
+def test_a_flash4_config_that_fails_to_build_is_left_out_not_fatal(monkeypatch, caplog):
+    from kernels.timing import Timing
+
+    def broken():
+        raise RuntimeError("launch shared memory exceeds the limit")
+
+    run_torch, run_triton, run_lib = (lambda: "torch"), (lambda: "triton"), (lambda: "flash4 lib")
+    ms = {run_torch: 2.0, run_triton: 1.5, run_lib: 1.0}
+    monkeypatch.setattr(dsp, "time_ms", lambda fn, **kw: Timing((ms[fn],)) if fn in ms else fn())
+    d = dsp.KernelDispatcher("auto")
+    wide = pa.Flash4Config(192, 128, pack_gqa=False, mma_pv_is_rs=False, sm=9)
+    won = d._measure({"cfg": run_triton}, run_torch, {wide: broken, pa.Flash4Config(): run_lib})
+    assert (won.path, won.flash4_config, won.flash4_ms) == (dsp.Path.FLASH4, pa.Flash4Config(), 1.0)
+    assert "launch shared memory" in caplog.text
+    none = d._measure({"cfg": run_triton}, run_torch, {wide: broken})
+    assert (none.path, none.flash4_ms, none.flash4_config) == (dsp.Path.TRITON, None, None)
+    with pytest.raises(RuntimeError):  # our own Triton configs are not excused
+        d._measure({"cfg": broken}, run_torch)
+
+
+def test_flash4_configs_are_offered_where_they_were_measured_and_can_be_passed():
+    lib = pa.Flash4Config()
+    wide = pa.Flash4Config(192, 128, pack_gqa=False, mma_pv_is_rs=False, sm=9)
+    assert pa.usable_flash4_configs((lib, wide), 9, True) == (lib, wide)
+    assert pa.usable_flash4_configs((lib, wide), 10, True) == (lib,)  # measured on SM90 only
+    assert pa.usable_flash4_configs((lib, wide), 9, False) == (lib,)  # no private entry: library defaults only
+    assert wide in pa.DEFAULT_FLASH4_CONFIGS and lib in pa.DEFAULT_FLASH4_CONFIGS
+    assert pa.flash4_configs_for(torch.empty(1, 1, 1, 128), pa.DEFAULT_FLASH4_CONFIGS) == ()  # CPU: none
+
+
 def test_a_flash4_decision_runs_flash4_with_its_config(monkeypatch):
     layout = PackedKVLayout((3, 5), 8)
     q = torch.randn(2, 8, 4, 16, dtype=torch.bfloat16)
