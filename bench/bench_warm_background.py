@@ -73,6 +73,7 @@ def main() -> int:
                 row["wait_to_start_s"] = time.perf_counter() - submitted
             if isinstance(event, Finished):
                 row["total_s"] = time.perf_counter() - submitted
+                row["stage_s"] = dict(getattr(event.result, "timings", {}) or {})  # where the seconds went
             row["last_event"] = type(event).__name__
         print(json.dumps(row), flush=True)
         return row
