@@ -20,7 +20,8 @@ import gradio as gr
 from .common import status_html
 from engine.serving.events import Cancelled, Failed, Finished, Preview
 
-from .service import ActiveJobs, JobStatus, StudioError, StudioService, apply_event, cancel_outcome, warming_note
+from .service import (ActiveJobs, JobStatus, StudioError, StudioService, apply_event, cancel_outcome, warming_note,
+                      warming_status)
 
 log = logging.getLogger("cosmos3_ui")
 
@@ -126,9 +127,7 @@ class JobFollower:
             except Exception:  # noqa: BLE001 - an estimate only
                 eta = None
             text += f" · about {eta:.0f} s" if eta else ""
-        # Only the local queue warms (and says so cheaply); a forwarding queue has no `warming`.
-        warming = getattr(self.service.queue, "warming", None)
-        note = warming_note(warming()) if callable(warming) else ""
+        note = warming_note(warming_status(self.service.queue))
         text += f" · {note}" if note else ""
         return status_html(text, "info")
 

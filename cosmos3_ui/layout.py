@@ -27,7 +27,7 @@ from .parts import ActionTab, ApiBox, GenTab, HistoryBox, Page, ResultBox, Sampl
 from .reasoner_panel import ActionDescribe, ReasonApi, ReasonerPanel, ReasonerWiring, availability
 from .review.tabs import ReviewTabs
 from .review_tabs import BatchTab, CompareTab
-from .service import StudioError, StudioService
+from .service import StudioError, StudioService, warming_panel, warming_status
 
 # ==============================================================================================
 # Pieces shared by the tabs
@@ -317,6 +317,9 @@ class Studio:
                     model = gr.Dropdown(C.model_choices(self.service.describe_all()), value=self.default_model,
                                         label="Model", interactive=True, elem_id="model-picker")
                     switch_note = gr.Markdown("", elem_id="switch-note")
+                    # Background warm-up (engine.serving.warmup): shown while it runs, polled only then.
+                    self.warming = gr.Markdown("", visible=False, elem_id="warming-note")
+                    self.warming_timer = gr.Timer(2.0, active=False)
                 variant = gr.Markdown(C.variant_markdown(first), elem_id="variant-panel")
             shown_model = gr.State(self.default_model)
             current_tab = gr.State("t2i")
@@ -376,9 +379,18 @@ class Studio:
         if self.review_tab is not None:
             self.review_tab.wire(blocks)
             self.batch_tab.wire()
+        blocks.load(self.warming_updates, outputs=[self.warming, self.warming_timer], queue=False,
+                    api_visibility=PRIVATE)
+        self.warming_timer.tick(self.warming_updates, outputs=[self.warming, self.warming_timer], queue=False,
+                                api_visibility=PRIVATE)
         # The tab was closed or reloaded: Gradio only marks a running handler dead, so stop the engine
         # job too and let the GPU move on to the next one.
         blocks.unload(self.jobs.stop_session)
+
+    def warming_updates(self) -> tuple:
+        """The warm-up note and its poll: visible and polling while a model warms, hidden and idle after."""
+        text = warming_panel(warming_status(self.service.queue))
+        return gr.update(value=text, visible=bool(text)), gr.Timer(active=bool(text))
 
     def launch(self, *, host: str = "127.0.0.1", port: int = 7860, prevent_thread_lock: bool = False,
                quiet: bool = False, **extra):

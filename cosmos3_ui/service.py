@@ -99,6 +99,22 @@ def warming_note(warming: dict) -> str:
                      for name, progress in warming.items())
 
 
+def warming_status(queue) -> dict:
+    """The queue's `warming()`: only the local queue warms (and says so cheaply); a forwarding queue
+    (Ray, a remote engine) has no `warming` and shows nothing."""
+    warming = getattr(queue, "warming", None)
+    return warming() if callable(warming) else {}
+
+
+def warming_panel(warming: dict) -> str:
+    """The note under the model picker while models warm up in the background; "" when none does."""
+    note = warming_note(warming)
+    if not note:
+        return ""
+    return (f"{note[0].upper()}{note[1:]} in the background. A size not warmed yet may take longer the first "
+            "time; your jobs always go first.")
+
+
 @dataclass
 class ActiveJob:
     handle: Any

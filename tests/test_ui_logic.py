@@ -316,6 +316,31 @@ def test_the_line_beside_generate_says_which_model_still_warms_up_in_the_backgro
     assert "warming" not in follower.status_line(running)
 
 
+def test_the_note_under_the_model_picker_shows_and_polls_only_while_a_model_warms(tiny_family, tmp_path):
+    from types import SimpleNamespace
+
+    from cosmos3_ui.layout import Studio
+    from cosmos3_ui.service import StudioService
+
+    warming = {"edge": {"done": 3, "total": 36}}
+    registry = ModelRegistry([ModelEntry(n, str(p), "tiny random weights") for n, p in tiny_family.items()])
+    queue = SimpleNamespace(submit=lambda *a, **k: None, warming=lambda: dict(warming))
+    studio = Studio(StudioService(registry, queue, tmp_path))
+    try:
+        note, timer = studio.warming_updates()
+        assert note["visible"] and note["value"].startswith("Edge warming up (3 of 36 runs) in the background")
+        assert "your jobs always go first" in note["value"]
+        assert timer.active is True  # polled while it warms
+        warming.clear()
+        note, timer = studio.warming_updates()
+        assert (note["visible"], note["value"], timer.active) == (False, "", False)  # hidden, no more polling
+        studio.service.queue = SimpleNamespace(submit=lambda *a, **k: None)  # a forwarding queue: nothing to say
+        note, timer = studio.warming_updates()
+        assert (note["visible"], timer.active) == (False, False)
+    finally:
+        studio.close()
+
+
 def test_cancel_reaches_only_the_sessions_own_job():
     jobs = ActiveJobs()
     mine, theirs = FakeHandle("job-1"), FakeHandle("job-2")
