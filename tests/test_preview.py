@@ -117,3 +117,18 @@ def test_the_whole_step_loop_previews_from_the_samplers_x0():
     whole.sampler.m_prev = None  # the distilled sampler keeps no x0: the sample is shown
     report(2, 3)
     assert shown[-1][1] is whole.sample
+
+
+def test_the_whole_step_loop_sends_previews_through_the_real_generate(nano, no_budget):
+    """The sampler holds its x0 as [1, 1, C, T, h, w] (it was built on the sample unsqueezed); the preview
+    must get the sample's own shape."""
+    from engine.pipeline.fast_path import FastPathOptions
+
+    nano.fast_path = FastPathOptions(enabled=True, batched_cfg=True, cuda_graphs=False, kernels="torch",
+                                     fused_projections=True, whole_step=True)
+    try:
+        _, previews = _run(nano, {"mode": "t2i", "prompt": "a kite over a beach", "steps": 8, "seed": 3}, previews=True)
+    finally:
+        nano.fast_path = None
+    assert [p.step for p in previews] == [2, 4, 6]
+    assert all(p.image.dtype == np.uint8 and p.image.ndim == 3 for p in previews)

@@ -206,6 +206,6 @@ def _previewing(report: Callable[[int, int], None], preview: Previewer, whole) -
     def report_and_preview(step: int, total: int) -> None:
         report(step, total)
         if preview.due(step):
-            held = whole.sampler.m_prev
-            preview.show(step, held if held is not None else whole.sample)
+            held = whole.sampler.m_prev  # built on the sample unsqueezed: [1, 1, C, T, h, w], the same values
+            preview.show(step, held.view(whole.sample.shape) if held is not None else whole.sample)
     return report_and_preview
