@@ -90,3 +90,31 @@ def test_both_denoising_loops_pace_every_step(nano, monkeypatch, whole):
     assert log.index(("sync", 0)) > log.index(("record", 1))
     assert log.index(("sync", 1)) < log.index(("record", 3))
     assert progress == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["eager loop", "whole-step loop"])
+def test_a_preview_never_runs_ahead_of_the_progress_reported_before_it(nano, monkeypatch, whole):
+    """Before pacing, the eager loop reported step k-1 before it sent the preview of step k; pacing must
+    keep that (the preview waits for the device anyway, so the step before it is finished)."""
+    from engine.serving.events import Preview
+
+    log = []
+    event = type("Event", (FakeEvent,), {"log": log})
+    monkeypatch.setattr(pacing.StepPacer, "for_tensor", staticmethod(
+        lambda sample, report, total: pacing.StepPacer(True, report, total, new_event=event)))
+    events = []
+    nano.fast_path = FastPathOptions(enabled=True, batched_cfg=True, cuda_graphs=False, kernels="torch",
+                                     fused_projections=True, whole_step=whole)
+    try:
+        generate(nano, dict(mode="t2i", prompt="a lighthouse at dusk", seed=1, steps=8), previews=True,
+                 on_progress=lambda e: events.append(("preview", e.step) if isinstance(e, Preview) else
+                                                      ("progress", e.step) if e.stage == "denoise" else None))
+    finally:
+        nano.fast_path = None
+    events = [e for e in events if e is not None]
+    previews = [i for i, (kind, _) in enumerate(events) if kind == "preview"]
+    assert previews, events  # the first planned preview is always shown
+    for index in previews:
+        reported = [step for kind, step in events[:index] if kind == "progress"]
+        assert reported and reported[-1] >= events[index][1] - 1, events
+    assert [step for kind, step in events if kind == "progress"] == list(range(1, 9))

@@ -160,6 +160,7 @@ def denoise_stage(state: RunState) -> None:
         cond_v, uncond_v = _branch_velocities(state, values[i], state.plan[i])
         vision_v = guided(cond_v.vision, uncond_v.vision, state.request["guidance_scale"])
         if state.preview is not None and state.preview.due(i + 1):
+            pacer.settle()
             state.preview.show(i + 1, state.latents.vision - sigmas[i] * vision_v)  # x0 = x_t - sigma * v
         _scheduler_steps(state, t, vision_v, cond_v, uncond_v)
         pacer.launched(i)

@@ -28,6 +28,7 @@ class StepPacer:
         self.total = total
         self._new_event = new_event or torch.cuda.Event
         self._previous = None
+        self._previous_step = -1  # the step whose event `_previous` is
 
     @classmethod
     def for_tensor(cls, sample: torch.Tensor, report: Callable[[int, int], None], total: int) -> "StepPacer":
@@ -39,13 +40,17 @@ class StepPacer:
             return
         event = self._new_event()
         event.record()
-        if self._previous is not None:
-            self._previous.synchronize()  # step i-1 is done; step i stays queued, so the GPU never idles
-            self.report(i, self.total)
-        self._previous = event
+        self.settle()  # step i-1 is done; step i stays queued, so the GPU never idles
+        self._previous, self._previous_step = event, i
 
-    def finish(self) -> None:
+    def settle(self) -> None:
+        """Wait for the last step queued and report it now. The eager loop calls it before a preview,
+        which waits for the device anyway, so the steps before the preview are reported before it, as
+        they were before pacing."""
         if self._previous is not None:
             self._previous.synchronize()
             self._previous = None
-            self.report(self.total, self.total)
+            self.report(self._previous_step + 1, self.total)
+
+    def finish(self) -> None:
+        self.settle()
