@@ -336,3 +336,34 @@ def test_the_queue_warms_a_tiny_model_through_the_real_generate(tiny_family, tmp
     assert isinstance(events[-1], Finished)
     assert not [e for e in events if isinstance(e, Progress) and e.stage == "warm-up"]
     assert [(w["mode"], w["prompt_chars"]) for w in warmed] == [("t2i", len(p)) for p in warmup.WARM_PROMPTS]
+
+
+def test_warming_shows_from_warm_default_on_through_the_load_and_clears_if_the_load_fails(fake_gpu, make_queue):
+    """The UI polls the note only while `warming()` says something, and the page's first look is often during
+    the first model's load at start: the load counts as warming (0 done) so the note shows from then."""
+    loading, go_on = threading.Event(), threading.Event()
+
+    def slow_loader(root):
+        loading.set()
+        assert go_on.wait(5)
+        return _stand_in(root)
+
+    jobs = make_queue(loader=slow_loader)
+    fake_gpu.hold()
+    assert jobs.warm_default("edge") is True
+    _until(loading.is_set)
+    total = len(_warm_names(jobs, "edge", ("t2i", "t2v")))
+    assert jobs.warming() == {"edge": {"done": 0, "total": total}}  # still loading
+    go_on.set()
+    _until(fake_gpu.warm_started.is_set)
+    assert jobs.warming() == {"edge": {"done": 0, "total": total}}
+    fake_gpu.release()
+    _until(lambda: not jobs.warming())
+
+    def broken_loader(root):
+        raise RuntimeError("checkpoint unreadable")
+
+    broken = make_queue(loader=broken_loader)
+    assert broken.warm_default("edge") is True
+    _until(lambda: not broken.warming())  # a failed load leaves nothing warming (the UI stops polling)
+    assert broken.loaded_models() == []

@@ -359,12 +359,12 @@ class JobQueue:
         """Load `model_name` and warm it up in the background, on the worker, without a user job and
         without making one wait (a job that arrives runs first; a load already under way finishes).
         False, doing nothing, where no warm-up would run: no CUDA, a GPU group, ZeroGPU, or no modes to warm."""
-        family = self.registry.info(model_name).family  # an unknown name raises here
-        if (not torch_cuda_available() or self.registry.gpus > 1 or self._gpu_call is not None
-                or not warmup.modes_for(family, self._warm_modes)):
+        info = self.registry.info(model_name)  # an unknown name raises here
+        modes = warmup.modes_for(info.family, self._warm_modes)
+        if not torch_cuda_available() or self.registry.gpus > 1 or self._gpu_call is not None or not modes:
             return False
         with self._lock:
-            self._backlog.load(model_name)
+            self._backlog.load(model_name, len(warmup.warm_requests(info, modes)))
             self._lock.notify_all()
         return True
 

@@ -153,8 +153,11 @@ class WarmBacklog:
     def __bool__(self) -> bool:
         return bool(self._steps)
 
-    def load(self, model_name: str) -> None:
+    def load(self, model_name: str, total: int) -> None:
+        """Load the model, then warm it (`total` requests, as `plan` will get). It counts as warming from
+        now on, loading included: the UI's note shows, and its poll runs, from the start."""
         self._steps.append(WarmStep(model_name))
+        self._progress.setdefault(model_name, {"done": 0, "total": total})  # a warm-up under way keeps its count
 
     def plan(self, model_name: str, requests: list[dict]) -> None:
         """A model was just loaded: these are its warm requests (any left from an earlier load are replaced)."""
@@ -174,7 +177,11 @@ class WarmBacklog:
     def finished(self, step: WarmStep) -> None:
         """A step ran (well or not: a failed warm request only costs warmth, it is not retried)."""
         progress = self._progress.get(step.model_name)
-        if step.request is None or progress is None:
+        if progress is None:
+            return
+        if step.request is None:  # a load: if it planned nothing (it failed, or nothing to warm), nothing warms
+            if not any(s.model_name == step.model_name for s in self._steps):
+                del self._progress[step.model_name]
             return
         progress["done"] += 1
         if progress["done"] >= progress["total"]:
