@@ -416,8 +416,10 @@ def prefix_attention_flash4(
                          "which this flash-attn-4 version does not have; use Flash4Config() or the pinned version")
     batch, n_gen, hq, head_dim = q.shape
     cu_q, cu_k = layout.cu_seqlens(q.device)
-    # The library writes straight into a contiguous `out` (no copy of [B*N, Hq, D]).
-    direct = takes_knobs and out is not None and out.is_contiguous()
+    # The library writes straight into a contiguous `out` (no copy of [B*N, Hq, D]); it asserts that one is
+    # q's shape and dtype, so any other `out` (e.g. fp32) gets the library's result copied in, as before.
+    direct = (takes_knobs and out is not None and out.is_contiguous() and out.dtype == q.dtype
+              and out.shape == q.shape and out.device == q.device)
     if direct:
         kwargs["out"] = out.view(batch * n_gen, hq, head_dim)
     result = fn(

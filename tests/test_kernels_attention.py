@@ -170,6 +170,52 @@ def test_flash4s_disk_cache_is_on_unless_set(monkeypatch, preset):
         pa._flash4_entry.cache_clear()
 
 
+class FakeFlash4:
+    """flash-attn-4's private forward as far as the wrapper uses it: checks a given `out` as the library
+    does (shape, dtype), writes the reference result into it, or returns a new tensor."""
+
+    def __init__(self):
+        self.kwargs = None
+
+    def __call__(self, q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                 out=None, **knobs):
+        self.kwargs = dict(knobs, out=out)
+        result = torch.zeros_like(q) + 1  # the values do not matter here, only where they go
+        if out is None:
+            return result, None
+        assert out.shape == q.shape and out.dtype == q.dtype, "out shape/dtype != expected"  # as the library
+        out.copy_(result)
+        return out, None
+
+
+@pytest.fixture
+def fake_flash4(monkeypatch):
+    fake = FakeFlash4()
+    monkeypatch.setattr(pa, "flash4_unsupported", lambda q: None)
+    monkeypatch.setattr(pa, "_flash4_entry", lambda: (fake, True, None))
+    return fake
+
+
+def test_flash4_writes_straight_into_an_out_of_q_s_dtype_and_copies_into_any_other(fake_flash4):
+    layout, q, buf = _inputs((3, 5), 8, 4, 2, 16, torch.bfloat16)
+    out = torch.zeros_like(q)
+    assert pa.prefix_attention_flash4(q, buf, layout, out=out) is out and (out == 1).all()
+    assert fake_flash4.kwargs["out"] is not None and fake_flash4.kwargs["out"].data_ptr() == out.data_ptr()
+    wide = torch.zeros(q.shape, dtype=torch.float32)  # the library refuses it: the wrapper copies instead
+    assert pa.prefix_attention_flash4(q, buf, layout, out=wide) is wide and (wide == 1).all()
+    assert fake_flash4.kwargs["out"] is None
+    config = pa.Flash4Config(192, 128, pack_gqa=False, mma_pv_is_rs=False, sm=9)
+    pa.prefix_attention_flash4(q, buf, layout, config=config)
+    assert fake_flash4.kwargs == {"tile_mn": (192, 128), "pack_gqa": False, "mma_pv_is_rs": False, "out": None}
+
+
+def test_a_flash4_config_with_knobs_is_refused_by_name_where_the_library_cannot_take_them(fake_flash4, monkeypatch):
+    monkeypatch.setattr(pa, "_flash4_entry", lambda: (fake_flash4, False, None))
+    layout, q, buf = _inputs((3, 5), 8, 4, 2, 16, torch.bfloat16)
+    with pytest.raises(ValueError, match="config 192x128 pack_gqa=False needs the library's _flash_attn_fwd"):
+        pa.prefix_attention_flash4(q, buf, layout, config=pa.Flash4Config(192, 128, pack_gqa=False))
+
+
 def test_cu_seqlens_are_the_packed_rows():
     layout = PackedKVLayout((5, 9, 0), 16)
     cu_q, cu_k = layout.cu_seqlens("cpu")
