@@ -325,7 +325,7 @@ class Flash4Config:
 
 # The library's own choice, and the fastest of 17 launch shapes in our H200 sweep (docs/PERFORMANCE.md,
 # flash-attn-4 launch shapes): 192-row query tiles over three MMA warp groups, P through shared memory, GQA
-# heads not packed. At 44k gen tokens it was 2.5-3.8% faster than the library's 128x128 in both rounds and,
+# heads not packed. At 44k gen tokens it took 2.5-3.6% less time than the library's 128x128 in both rounds and,
 # with the same 128-key blocks, gives the same bits; at 12k the rounds disagreed. Dispatch times both per
 # shape (each is one JIT compile per process, or a load from flash-attn-4's disk cache).
 DEFAULT_FLASH4_CONFIGS = (Flash4Config(), Flash4Config(192, 128, pack_gqa=False, mma_pv_is_rs=False, sm=9))
