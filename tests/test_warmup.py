@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.model.variants import inspect_checkpoint
+from engine.model.variants import VariantInfo, inspect_checkpoint
 from engine.pipeline import run as pipeline_run
 from engine.serving import queue as job_queue
 from engine.serving import warmup
@@ -367,3 +367,19 @@ def test_warming_shows_from_warm_default_on_through_the_load_and_clears_if_the_l
     assert broken.warm_default("edge") is True
     _until(lambda: not broken.warming())  # a failed load leaves nothing warming (the UI stops polling)
     assert broken.loaded_models() == []
+
+
+def test_a_warm_request_cancelled_before_it_starts_runs_nothing(monkeypatch):
+    from engine.serving.events import JobCancelled
+
+    ran = []
+    monkeypatch.setattr(pipeline_run, "generate", lambda *a, **k: ran.append(a))
+    cancel = threading.Event()
+    cancel.set()
+    request = warmup.warm_requests(VariantInfo.released("edge"), ("t2i",))[0]
+    with pytest.raises(JobCancelled):
+        warmup.warm_one(object(), request, cancel=cancel)
+    assert ran == []  # not even the prompt encoding and prefill of a cold first run
+    cancel.clear()
+    warmup.warm_one(object(), request, cancel=cancel)
+    assert len(ran) == 1
