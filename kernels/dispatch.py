@@ -146,8 +146,8 @@ class KernelDispatcher:
         return decision
 
     def _fastest(self, candidates: dict, skip_failures: bool = False) -> tuple[object, float | None]:
-        """(key, median ms) of the fastest of ``{key: fn}``; the first listed wins a tie. With
-        ``skip_failures`` a candidate that raises is logged and left out ((None, None) if all do)."""
+        """(key, median ms) of the fastest of ``{key: fn}``, (None, None) if none ran; the first listed wins a
+        tie. With ``skip_failures`` a candidate that raises is logged and left out."""
         best_key, best_ms = None, float("inf")
         for key, fn in candidates.items():
             try:
@@ -159,7 +159,7 @@ class KernelDispatcher:
                 continue
             if ms < best_ms:
                 best_key, best_ms = key, ms
-        return (best_key, best_ms) if best_key is not None or not skip_failures else (None, None)
+        return (best_key, best_ms) if best_ms < float("inf") else (None, None)  # keys may be None (one config)
 
     def _measure(self, run_triton: dict, run_torch: Callable[[], object], run_flash4: dict | None = None) -> Decision:
         """Time every Triton candidate, the PyTorch path and each flash-attn-4 config if offered; keep the
@@ -167,7 +167,7 @@ class KernelDispatcher:
         torch_ms = time_ms(run_torch, warmup=self.warmup, iters=self.iters).median_ms
         best_cfg, best_ms = self._fastest(run_triton)
         # A library kernel may refuse a launch shape on a GPU it was not measured on: left out, not fatal.
-        flash4_cfg, flash4_ms = self._fastest(run_flash4, skip_failures=True) if run_flash4 else (None, None)
+        flash4_cfg, flash4_ms = self._fastest(run_flash4 or {}, skip_failures=True)
         path = min(  # in this order, so that a tie keeps PyTorch
             ((Path.TORCH, torch_ms), (Path.TRITON, best_ms), (Path.FLASH4, flash4_ms)),
             key=lambda c: float("inf") if c[1] is None else c[1],

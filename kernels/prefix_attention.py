@@ -289,6 +289,10 @@ FLASH4_ENV_VAR = "COSMOS3_FLASH4"
 FLASH4_CACHE_ENV_VAR = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 
 
+# The library arguments a Flash4Config may set besides the tile (its field names are theirs).
+_FLASH4_KNOBS = ("pack_gqa", "mma_pv_is_rs", "intra_wg_overlap")
+
+
 @dataclass(frozen=True)
 class Flash4Config:
     """A launch shape for flash-attn-4's SM90 forward kernel; None leaves a knob to the library's heuristic.
@@ -318,8 +322,7 @@ class Flash4Config:
     @property
     def label(self) -> str:
         tile = "lib" if self.tile_m is None else f"{self.tile_m}x{self.tile_n}"
-        knobs = [f"{name}={getattr(self, name)}" for name in ("pack_gqa", "mma_pv_is_rs", "intra_wg_overlap")
-                 if getattr(self, name) is not None]
+        knobs = [f"{name}={getattr(self, name)}" for name in _FLASH4_KNOBS if getattr(self, name) is not None]
         return " ".join([tile, *knobs])
 
 
@@ -388,8 +391,7 @@ def flash4_call_kwargs(config: Flash4Config | None) -> dict:
     """The keyword arguments a config adds to the library call (none for the library's own choice)."""
     if config is None:
         return {}
-    kwargs = {name: getattr(config, name) for name in ("pack_gqa", "mma_pv_is_rs", "intra_wg_overlap")
-              if getattr(config, name) is not None}
+    kwargs = {name: getattr(config, name) for name in _FLASH4_KNOBS if getattr(config, name) is not None}
     if config.tile_m is not None:
         kwargs["tile_mn"] = (config.tile_m, config.tile_n)
     return kwargs

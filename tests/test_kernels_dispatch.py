@@ -129,6 +129,9 @@ def test_measure_keeps_the_fastest_of_torch_triton_and_flash4(monkeypatch):
     assert d._measure({"cfg": run_triton}, run_torch, flash4).path is dsp.Path.TRITON
     assert d._measure({"cfg": run_triton}, run_torch).flash4_ms is None  # not offered: not timed
     assert d._measure({"cfg": run_triton}, run_torch, {}).flash4_ms is None  # no configs: not timed
+    # The fused elementwise and QK kernels have one launch config, keyed None: it is still timed and can win.
+    single = d._measure({None: run_triton}, run_torch)
+    assert (single.path, single.triton_ms, single.config) == (dsp.Path.TRITON, 1.5, None)
     ms.update({run_triton: 2.0, run_lib: 2.0})
     assert d._measure({"cfg": run_triton}, run_torch, flash4).path is dsp.Path.TORCH  # a tie keeps PyTorch
 
