@@ -360,8 +360,8 @@ class JobQueue:
         without making one wait (a job that arrives runs first; a load already under way finishes).
         False, doing nothing, where no warm-up would run: no CUDA, a GPU group, ZeroGPU, or no modes to warm."""
         info = self.registry.info(model_name)  # an unknown name raises here
-        modes = warmup.modes_for(info.family, self._warm_modes)
-        if not torch_cuda_available() or self.registry.gpus > 1 or self._gpu_call is not None or not modes:
+        modes = self._modes_to_warm(info.family, group=self.registry.gpus > 1)
+        if not modes:
             return False
         with self._lock:
             self._backlog.load(model_name, len(warmup.warm_requests(info, modes)))
@@ -402,31 +402,33 @@ class JobQueue:
         """One piece of background warm work. Whatever happens costs warmth only, never the worker."""
         with self._lock:
             cancel = self._warm_cancel
+        cancelled = False
         try:
             if step.request is None:
                 self._model(step.model_name)  # warm_default: the load plans the warm requests
             elif step.model_name in self._models:
                 warmup.warm_one(self._models[step.model_name], step.request, cancel=cancel)
         except JobCancelled:  # a user job arrived (or close): this size is still cold, so it goes back
-            with self._lock:
-                self._backlog.put_back(step)
-                self._warm_cancel = None
-            return
+            cancelled = True
         except Exception as exc:  # noqa: BLE001 - the model still serves, only this size stays cold
             _warm_failed(step, exc)
         with self._lock:
-            self._backlog.finished(step)
+            (self._backlog.put_back if cancelled else self._backlog.finished)(step)
             self._warm_cancel = None
 
+    def _modes_to_warm(self, family: str, group: bool) -> tuple[str, ...]:
+        """What a model of `family` warms here (`engine.serving.warmup` says which and why); none on ZeroGPU
+        (each job runs in a GPU call of its own, which warm requests would lack), for a GPU group (its ranks
+        would need warming in their own processes) or on the CPU (nothing to compile)."""
+        if self._gpu_call is not None or group or not torch_cuda_available():
+            return ()
+        return warmup.modes_for(family, self._warm_modes)
+
     def _plan_warm_up(self, name: str, model: LoadedModel) -> None:
-        """Queue the warm requests of a model just loaded (`engine.serving.warmup` says which and why)."""
-        # ZeroGPU runs each job inside a GPU call of its own, which the worker's warm requests would lack;
-        # a GPU group's ranks would need warming in their own processes; the CPU has nothing to compile.
-        if self._gpu_call is not None or getattr(model, "is_group", False) or not torch_cuda_available():
-            return
-        requests = warmup.warm_requests(model.info, warmup.modes_for(model.info.family, self._warm_modes))
+        """Queue the warm requests of a model just loaded (none: any left from an earlier load are dropped)."""
+        modes = self._modes_to_warm(model.info.family, group=getattr(model, "is_group", False))
         with self._lock:
-            self._backlog.plan(name, requests)
+            self._backlog.plan(name, warmup.warm_requests(model.info, modes))
             self._lock.notify_all()
 
     def _failure(self, exc: Exception, job: _Job) -> Failed:
