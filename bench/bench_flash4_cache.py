@@ -56,10 +56,14 @@ def main() -> int:
     if args.child:
         child()
         return 0
+    sys.path.insert(0, str(ROOT))
+    from kernels import prefix_attention as pa  # torch and triton only: flash-attn-4 is imported in the children
+
     results = {}
     with tempfile.TemporaryDirectory() as cache:
         for label, enabled in (("cache off", "0"), ("cache on, empty", "1"), ("cache on, filled", "1")):
-            env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=enabled, FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=cache)
+            env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=cache)
+            env[pa.FLASH4_CACHE_ENV_VAR] = enabled  # the engine's default is on; each process here says which
             done = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 results[label] = f"failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"

@@ -15,13 +15,11 @@ class FakeEvent:
 
     def __init__(self):
         self.index = sum(1 for entry in self.log if entry[0] == "record")
-        self.synced = False
 
     def record(self):
         self.log.append(("record", self.index))
 
     def synchronize(self):
-        self.synced = True
         self.log.append(("sync", self.index))
 
 
@@ -63,6 +61,11 @@ def nano(tiny_family):
     return engine.load_model(tiny_family["nano"], device="cpu")
 
 
+def _fast(whole: bool) -> FastPathOptions:
+    return FastPathOptions(enabled=True, batched_cfg=True, cuda_graphs=False, kernels="torch", fused_projections=True,
+                           whole_step=whole)
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["eager loop", "whole-step loop"])
 def test_both_denoising_loops_pace_every_step(nano, monkeypatch, whole):
     log = []
@@ -75,8 +78,7 @@ def test_both_denoising_loops_pace_every_step(nano, monkeypatch, whole):
 
     monkeypatch.setattr(pacing.StepPacer, "for_tensor", staticmethod(gpu_pacer))
     progress = []
-    nano.fast_path = FastPathOptions(enabled=True, batched_cfg=True, cuda_graphs=False, kernels="torch",
-                                     fused_projections=True, whole_step=whole)
+    nano.fast_path = _fast(whole)
     try:
         generate(nano, dict(mode="t2i", prompt="a lighthouse at dusk", seed=1, steps=4),
                  on_progress=lambda p: progress.append(p.step) if p.stage == "denoise" else None)
@@ -103,8 +105,7 @@ def test_a_preview_never_runs_ahead_of_the_progress_reported_before_it(nano, mon
     monkeypatch.setattr(pacing.StepPacer, "for_tensor", staticmethod(
         lambda sample, report, total: pacing.StepPacer(True, report, total, new_event=event)))
     events = []
-    nano.fast_path = FastPathOptions(enabled=True, batched_cfg=True, cuda_graphs=False, kernels="torch",
-                                     fused_projections=True, whole_step=whole)
+    nano.fast_path = _fast(whole)
     try:
         generate(nano, dict(mode="t2i", prompt="a lighthouse at dusk", seed=1, steps=8), previews=True,
                  on_progress=lambda e: events.append(("preview", e.step) if isinstance(e, Preview) else
