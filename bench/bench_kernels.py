@@ -367,6 +367,55 @@ def bench_norms(env: Env, models: dict, token_counts, ceilings) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------------
+# The tower's GEMMs, per BLAS library
+# --------------------------------------------------------------------------------------------------
+def gemm_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each gen-layer projection as the fast path runs it (q|k|v and gate|up fused)."""
+    hidden, d = cfg["hidden"], cfg["d"]
+    qkv = (cfg["hq"] + 2 * cfg["hkv"]) * d
+    mlp_in = 2 * cfg["inter"] if cfg["flavour"] == "diffusers" else cfg["inter"]  # SwiGLU's gate|up, or ReLU^2's up
+    return {"qkv": (hidden, qkv), "out": (cfg["hq"] * d, hidden), "mlp_in": (hidden, mlp_in),
+            "down": (cfg["inter"], hidden)}
+
+
+def bench_gemms(env: Env, models: dict, row_counts, ceilings) -> list[dict]:
+    """Each projection at each row count (both CFG branches' tokens), under cuBLAS and under cuBLASLt
+    (`torch.backends.cuda.preferred_blas_library`): is the GEMM term of a step at the matmul ceiling, and
+    does the other library's heuristic pick a faster kernel? Same inputs, same output bits are not assumed."""
+    rows = []
+    dt = torch.bfloat16
+    on_cuda = device() == "cuda"
+    libraries = ("cublas", "cublaslt") if on_cuda else ("cpu",)  # --smoke: the code path only
+    before = torch.backends.cuda.preferred_blas_library() if on_cuda else None
+    try:
+        for name, cfg in models.items():
+            for m in row_counts:
+                for proj, (k, n) in gemm_shapes(cfg).items():
+                    x = torch.randn(m, k, dtype=dt, device=device())
+                    w = torch.randn(n, k, dtype=dt, device=device()) / k ** 0.5
+                    row = dict(model=name, proj=proj, m=m, k=k, n=n)
+                    results = {}
+                    for library in libraries:
+                        if on_cuda:
+                            torch.backends.cuda.preferred_blas_library(library)
+                        t = timed(env, lambda: F.linear(x, w))
+                        results[library] = F.linear(x, w)
+                        row[f"{library}_ms"] = round(t.median_ms, 4)
+                        row[f"{library}_tflop_s"] = round(2 * m * k * n / (t.median_ms * 1e-3) / 1e12, 1)
+                    outputs = list(results.values())
+                    row["same_bits"] = all(torch.equal(outputs[0], o) for o in outputs[1:])
+                    row["of_ceiling"] = round(max(row[f"{lib}_tflop_s"] for lib in libraries)
+                                              / ceilings["matmul_tflop_s"], 3)
+                    print("gemm", row, flush=True)
+                    rows.append(row)
+                    del x, w, results
+    finally:
+        if on_cuda:
+            torch.backends.cuda.preferred_blas_library(before)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
 # Dispatch as the engine would see it
 # --------------------------------------------------------------------------------------------------
 def bench_dispatch(env: Env, models: dict, cases, configs) -> list[dict]:
@@ -444,7 +493,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--sections", default="ceilings,sweep,qk,attention,norms,dispatch",
-                    help="any of ceilings,sweep,qk,attention,flash4,norms,dispatch (flash4: the launch-shape sweep)")
+                    help="any of ceilings,sweep,qk,attention,flash4,norms,gemm,dispatch (flash4: the launch-shape sweep; "
+                         "gemm: each projection under cuBLAS and cuBLASLt)")
     ap.add_argument("--flash4-configs", default=None, help="indices into FLASH4_SWEEP to run, e.g. 0,8,10-16")
     args = ap.parse_args()
     if not args.smoke and not torch.cuda.is_available():
@@ -515,6 +565,10 @@ def main() -> None:
     results["norms"] = bench_norms(env, models, (2 * 12090, 2 * 44160) if not args.smoke else (40,), results["ceilings"]) \
         if "norms" in sections else []
     dump()
+    if "gemm" in sections:
+        results["gemm"] = bench_gemms(env, models, (64,) if args.smoke else (2 * 1024, 2 * 12090, 2 * 44160),
+                                      results["ceilings"])
+        dump()
     disp_cases = [(1024, PREFIXES), (12090, PREFIXES), (44160, PREFIXES)] if not args.smoke else []
     results["dispatch"] = bench_dispatch(env, models, disp_cases, configs[:2]) if "dispatch" in sections else []
     dump()
