@@ -140,3 +140,30 @@ def test_whole_step_graphs_with_flash4_attention_equal_the_eager_fast_loop(edge,
         for name in ("auto", "whole_step"):
             edge.dispatchers.pop(name, None)
         edge.dispatchers.update(saved)
+
+
+def test_capture_graph_keeps_the_allocators_cache_and_replays_what_it_captured(monkeypatch):
+    """`capture_graph` is `torch.cuda.graph` without the empty_cache before every capture (each new prompt
+    length recaptures): the cached blocks stay, and the replay computes what the eager call computes.
+    Short of memory, it still frees the cache first."""
+    from engine.pipeline.fast_path import CAPTURE_EMPTY_CACHE_BELOW, capture_graph
+
+    emptied = []
+    real_empty = torch.cuda.empty_cache
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1) or real_empty())
+    x = torch.randn(1024, 1024, device="cuda")
+    w = torch.randn(1024, 1024, device="cuda")
+    block = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    del block  # a free block in the allocator's cache
+    reserved = torch.cuda.memory_reserved()
+    graph, out = capture_graph(lambda: torch.relu(x @ w))
+    assert emptied == [] and torch.cuda.memory_reserved() >= reserved
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.relu(x @ w))
+
+    free, total = torch.cuda.mem_get_info()
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (int(total * CAPTURE_EMPTY_CACHE_BELOW / 2), total))
+    capture_graph(lambda: x * 2)
+    assert emptied == [1]

@@ -103,3 +103,36 @@ def test_a_wrong_coefficient_is_caught():
     ours.table[3, 0] = torch.nextafter(ours.table[3, 0], torch.tensor(2.0))
     with pytest.raises(AssertionError, match="step 3"):
         _run_both(reference, ours, shape, seed=1)
+
+
+def test_a_schedule_is_built_once_and_each_request_gets_its_own_copy(monkeypatch):
+    """The table of a schedule seen before comes from the cache (no second build), equal bit for bit, and
+    is a copy: a request that changes its table does not change the next request's."""
+    from engine.pipeline import scheduler_tables
+
+    built = []
+    real = scheduler_tables.unipc_table
+    monkeypatch.setattr(scheduler_tables, "unipc_table", lambda *a, **k: built.append(1) or real(*a, **k))
+    monkeypatch.setattr(scheduler_tables, "_unipc_tables", type(scheduler_tables._unipc_tables)())
+    shape = (1, 1, 48, 2, 4, 4)
+    first = sampler_for(_unipc(7, flow_shift=3.0), torch.empty(shape))
+    second = sampler_for(_unipc(7, flow_shift=3.0), torch.empty(shape))
+    assert len(built) == 1
+    assert torch.equal(first.table, second.table) and first.table.data_ptr() != second.table.data_ptr()
+    first.table[2, 0] = 0.5
+    third = sampler_for(_unipc(7, flow_shift=3.0), torch.empty(shape))
+    assert torch.equal(third.table, second.table)
+    # Any change to what the table is computed from builds a new one: shift, steps, corrector.
+    for other in (_unipc(7, flow_shift=5.0), _unipc(8, flow_shift=3.0), _unipc(7, flow_shift=3.0, disable_corrector=[2])):
+        sampler_for(other, torch.empty(shape))
+    assert len(built) == 4
+    _run_both(_unipc(7, flow_shift=3.0), sampler_for(_unipc(7, flow_shift=3.0), torch.empty(shape)), shape, seed=2)
+
+
+def test_the_table_cache_is_bounded(monkeypatch):
+    from engine.pipeline import scheduler_tables
+
+    monkeypatch.setattr(scheduler_tables, "_unipc_tables", type(scheduler_tables._unipc_tables)())
+    for steps in range(2, 4 + scheduler_tables.MAX_CACHED_TABLES):
+        sampler_for(_unipc(steps, flow_shift=3.0), torch.empty(1, 1, 48, 1, 2, 2))
+    assert len(scheduler_tables._unipc_tables) == scheduler_tables.MAX_CACHED_TABLES

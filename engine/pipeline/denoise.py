@@ -59,7 +59,7 @@ def schedule_stage(state: RunState) -> None:
                           request["guidance_interval"])
 
 
-def _time_embeds(transformer, timestep: float, count: int, dtype, once: bool = False) -> torch.Tensor:
+def _time_embeds(transformer, timestep: float, count: int, dtype, device, once: bool = False) -> torch.Tensor:
     """The timestep embedding for `count` tokens that share one timestep.
 
     With `once`, one row is computed and broadcast. Why: the embedder runs in fp32 (diffusers keeps it
@@ -67,7 +67,7 @@ def _time_embeds(transformer, timestep: float, count: int, dtype, once: bool = F
     exact path keeps the reference's per-row computation so that it stays bit for bit.
     """
     rows = 1 if once else count
-    embeds = time_embeds(transformer, torch.full((rows,), timestep, device=transformer.device), dtype)
+    embeds = time_embeds(transformer, torch.full((rows,), timestep, device=device), dtype)
     return embeds.expand(count, -1) if once else embeds
 
 
@@ -75,17 +75,18 @@ def gen_tokens(model: LoadedModel, layout: GenLayout, latents: Latents, timestep
     """The gen part of the sequence for this step; the same for both CFG branches. `once`: embed the
     timestep once and broadcast it (the fast path; see `_time_embeds`)."""
     tr = model.transformer
-    dtype = tr.dtype
+    # The latents live on the tower's device; diffusers' `tr.device` (like `tr.dtype`) walks every submodule.
+    dtype, device = tr.dtype, latents.vision.device
     vision, _ = tr._patchify_and_pack_latents([latents.vision.to(dtype)])
     vision = tr.proj_in(vision)
     count = int(layout.vision_noisy_local.numel())
     vision = tr._apply_timestep_embeds_to_noisy_tokens(
-        vision, _time_embeds(tr, timestep, count, dtype, once), [layout.noisy_frames], [layout.vision_shape])
+        vision, _time_embeds(tr, timestep, count, dtype, device, once), [layout.noisy_frames], [layout.vision_shape])
     parts = [vision]
     if latents.sound is not None:
         sound = tr.audio_proj_in(latents.sound.to(dtype).T) + tr.audio_modality_embed
         sound = tr._apply_timestep_embeds_to_noisy_tokens(
-            sound, _time_embeds(tr, timestep, layout.sound_len, dtype, once), [layout.sound_noisy],
+            sound, _time_embeds(tr, timestep, layout.sound_len, dtype, device, once), [layout.sound_noisy],
             [(layout.sound_len, 1, 1)])
         parts.append(sound)
     if latents.action is not None:
@@ -93,7 +94,7 @@ def gen_tokens(model: LoadedModel, layout: GenLayout, latents: Latents, timestep
         action = tr.action_proj_in(latents.action.to(dtype), ids) + tr.action_modality_embed
         if layout.any_noisy_action:
             action = tr._apply_timestep_embeds_to_noisy_tokens(
-                action, _time_embeds(tr, timestep, int(layout.action_noisy.numel()), dtype, once),
+                action, _time_embeds(tr, timestep, int(layout.action_noisy.numel()), dtype, device, once),
                 [layout.action_noisy], [(layout.action_len, 1, 1)])
         parts.append(action)
     return torch.cat(parts, dim=0) if len(parts) > 1 else vision

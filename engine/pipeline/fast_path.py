@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import torch
 
@@ -37,6 +38,12 @@ from kernels.packed_kv import PackedKVLayout
 
 from .fp8 import fp8_from_env, tower_weights
 from .transformer import KVCache
+
+T = TypeVar("T")
+
+# A capture first returns the allocator's cached blocks to the driver only when less than this share of the
+# GPU's memory is free (see `capture_graph`).
+CAPTURE_EMPTY_CACHE_BELOW = 0.2
 
 # Why a bound: a graph pays where launches dominate (T2I: ~1k gen tokens, ~15 launches per layer and
 # branch). For long videos a step is seconds of attention and a graph only adds a second memory pool.
@@ -80,6 +87,29 @@ class FastPathOptions:
     @classmethod
     def for_model(cls, model) -> "FastPathOptions":
         return model.fast_path if model.fast_path is not None else cls.from_env(model.device)
+
+
+def capture_graph(run: Callable[[], T], pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Capture `run()` as a CUDA graph on a side stream; returns (graph, what `run` returned).
+
+    What `torch.cuda.graph` does, less its unconditional `empty_cache()` (and the host's pinned-memory
+    cache) before every capture. Why: that hands every cached block back to the driver, so each recapture
+    (one per new prompt length and branch count) paid for freeing, and the next request paid cudaMalloc for
+    all of it again. It still frees first when the GPU is short of memory, where the graph's private pool
+    could otherwise fail to grow. The kernels captured are the same, so the replay's bits are too.
+    """
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    if free < CAPTURE_EMPTY_CACHE_BELOW * total:
+        torch.cuda.empty_cache()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        graph.capture_begin(pool=pool)
+        try:
+            out = run()
+        finally:
+            graph.capture_end()
+    return graph, out
 
 
 @dataclass
@@ -251,9 +281,7 @@ class FastGenTower:
             torch.cuda.current_stream().wait_stream(side)
             # Each graph keeps its own memory pool: with CFG run branch by branch, one graph's output must
             # survive the other's replay.
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_out = self.run(static_in, first, count)
+            graph, static_out = capture_graph(lambda: self.run(static_in, first, count))
             self._graphs[key] = (graph, static_in, static_out)
             return eager
         graph, static_in, static_out = self._graphs[key]

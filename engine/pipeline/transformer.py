@@ -52,8 +52,12 @@ class KVCache:
 def allocate_cache(transformer, prefix_lens: tuple[int, ...], gen_len: int) -> KVCache:
     layout = PackedKVLayout(tuple(prefix_lens), gen_len)
     attn = transformer.layers[0].self_attn
+    # Read once: diffusers' `ModelMixin.dtype` and `.device` walk every submodule for hooks on each read,
+    # 2-5 ms apiece on a full-size tower; one read per layer cost ~0.1 s of host time per request (H200,
+    # docs/PERFORMANCE.md, "A request's host time").
+    dtype, device = transformer.dtype, transformer.device
     buffers = [
-        layout.allocate(attn.num_key_value_heads, attn.head_dim, dtype=transformer.dtype, device=transformer.device)
+        layout.allocate(attn.num_key_value_heads, attn.head_dim, dtype=dtype, device=device)
         for _ in transformer.layers
     ]
     return KVCache(layout, buffers)

@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from ..serving.events import JobCancelled
-from .fast_path import FastGenTower, FastPathOptions
+from .fast_path import FastGenTower, FastPathOptions, capture_graph
 from .pacing import StepPacer
 from .scheduler_tables import SamplerState, sampler_for
 from .transformer import time_embeds
@@ -84,11 +84,12 @@ class WholeStep:
 
     def _tokens(self) -> torch.Tensor:
         tr = self.model.transformer
-        vision, _ = tr._patchify_and_pack_latents([self.sample.to(tr.dtype)])
+        dtype = tr.dtype
+        vision, _ = tr._patchify_and_pack_latents([self.sample.to(dtype)])
         vision = tr.proj_in(vision)
         count = int(self.layout.vision_noisy_local.numel())
         # The timestep embedding once, broadcast (as the fast path's `_time_embeds(once=True)`).
-        embeds = time_embeds(tr, self.t.reshape(1), tr.dtype).expand(count, -1)
+        embeds = time_embeds(tr, self.t.reshape(1), dtype).expand(count, -1)
         return tr._apply_timestep_embeds_to_noisy_tokens(
             vision, embeds, [self.layout.noisy_frames], [self.layout.vision_shape])
 
@@ -141,10 +142,7 @@ class WholeStep:
             tensor.copy_(value)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self._step(count)
-        self._graphs[count] = graph
+        self._graphs[count], _ = capture_graph(lambda: self._step(count), pool=self._pool)
 
     def run(self, count: int) -> None:
         """One step: a replay, after capturing at the first step of each branch count. The capture's
