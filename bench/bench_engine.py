@@ -184,8 +184,13 @@ def main(argv=None) -> int:
     parser.add_argument("--warm-up-first", default=None,
                         help="workloads (comma-separated) whose family's fresh model first runs engine.serving.warmup over "
                         "that mode's sizes, then the workload's first request and a warm repeat (before any other row)")
-    parser.add_argument("--profile-step", default=None, help="after the Nano rows: one warm step's GPU kernels "
-                        "at WxHxF (torch.profiler, top kernels by device time)")
+    parser.add_argument("--profile-step", default=None, help="after a family's rows: one warm step's GPU kernels at "
+                        "[FAMILY:]WxHxF, Nano unless FAMILY (edge or nano) is given (torch.profiler, top kernels by "
+                        "device time)")
+    parser.add_argument("--profile-request", default=None, help="e2e workloads to run once more, warm, under "
+                        "torch.profiler: the GPU's busy share of the request and its top kernels")
+    parser.add_argument("--profile-prefixes", default="1615,2866", help="text tokens of the two CFG branches in "
+                        "--profile-step (generate's default empty negative prompt is ~59 tokens)")
     parser.add_argument("--fp8-step", default=None, help="after the Nano rows: one step bf16 vs FP8 at WxHxF")
     parser.add_argument("--cold-only", default="nano-t2v-720p", help="e2e workloads measured cold only (device time)")
     args = parser.parse_args(argv)
@@ -265,7 +270,10 @@ def main_e2e(args) -> int:
         mine = [n for n in names if e2e.WORKLOADS[n][0] == family]
         mine_ablate = [n for n in ablate if e2e.WORKLOADS[n][0] == family]
         mine_warm_first = [n for n in warm_first if e2e.WORKLOADS[n][0] == family]
-        extra = (args.warm_up_effect and family == "edge") or ((args.fp8_step or args.profile_step) and family == "nano")
+        profile_family, _, profile_shape = (args.profile_step or "").rpartition(":")
+        profile_family = profile_family or "nano"
+        extra = ((args.warm_up_effect and family == "edge") or (args.fp8_step and family == "nano")
+                 or (args.profile_step and family == profile_family))
         if not (mine or mine_ablate or mine_warm_first or extra):
             continue
         model = as_loaded_model(build_transformer(family), family, vae=build_vae(), tokenizer=build_tokenizer())
@@ -273,6 +281,8 @@ def main_e2e(args) -> int:
             results["warm_up_first"].append(dict(workload=name, **e2e.warm_up_effect(model, name, log=log)))
         for name in mine:
             e2e.run(model, [name], warm=name not in args.cold_only.split(","), log=log, rows=results["e2e"])
+        for name in [n for n in (args.profile_request or "").split(",") if n in mine]:
+            results.setdefault("profile_request", []).append(e2e.profile_request(model, name, log=log))
         for name in mine_ablate:
             results["ablations"].append(e2e.ablate(model, name, log=log))
         if mine_ablate and family == "edge":
@@ -282,9 +292,11 @@ def main_e2e(args) -> int:
         if args.fp8_step and family == "nano":
             width, height, frames = (int(v) for v in args.fp8_step.split("x"))
             results["fp8_step"] = e2e.fp8_step(model, width, height, frames, log=log)
-        if args.profile_step and family == "nano":
-            width, height, frames = (int(v) for v in args.profile_step.split("x"))
-            results["profile_step"] = e2e.profile_step(model, width, height, frames, log=log)
+        if args.profile_step and family == profile_family:
+            width, height, frames = (int(v) for v in profile_shape.split("x"))
+            prefixes = tuple(int(v) for v in args.profile_prefixes.split(","))
+            results["profile_step"] = dict(family=family, **e2e.profile_step(model, width, height, frames, log=log,
+                                                                             prefix_lens=prefixes))
         # Which attention each shape got (dispatch measures Triton, SDPA and flash-attn-4 where installed).
         # The key is dispatch's: (op, device, dtype, q shape [B, N, Hq, D], kv heads, uniform prefix, bucket);
         # "longest_kv" is that bucket, the longest branch's key rows rounded up to a power of two.

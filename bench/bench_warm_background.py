@@ -21,10 +21,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+USER_PROMPT = "A lighthouse keeper climbs the stairs at dusk. " * 30
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--after-runs", type=int, default=20, help="submit the user job once this many warm runs are done")
+    ap.add_argument("--profile-user-job", action="store_true", help="run the user's requests under cProfile (on the "
+                    "worker thread) and keep each one's top functions and the dispatch decisions it added")
     ap.add_argument("--cpu-check", action="store_true", help="the tiny Edge on the CPU, the GPU check stubbed: the "
                     "script's own code path only, nothing timed means anything")
     args = ap.parse_args()
@@ -53,21 +58,59 @@ def main() -> int:
         job_queue.torch_cuda_available = lambda: True
         jobs = JobQueue(registry, tmp / "out")
     else:
+        # The queue validates requests against the registry's facts for "edge". The tiny checkpoint's are
+        # tiny sizes, so before 2026-12-01 13:00 UTC the "user" request ran at a size the full-size model had
+        # never warmed (64x64: its first use compiled Triton kernels). The released facts match the model served.
+        from engine.model.variants import VariantInfo
+
+        registry._infos["edge"] = VariantInfo.released("edge")
         jobs = JobQueue(registry, tmp / "out", loader=full_size_edge)
     out = {"timeline": []}
+    profiles = []
+    if args.profile_user_job:
+        import cProfile
+        import io
+        import pstats
+
+        from engine.pipeline import run as pipeline_run
+
+        plain_generate = pipeline_run.generate
+
+        def generate(model, request, *a, **k):  # the queue imports `generate` from its module on each job
+            if request["prompt"] != USER_PROMPT:
+                return plain_generate(model, request, *a, **k)
+            dispatch = model.dispatchers.get("auto")
+            before = set(dispatch.decisions()) if dispatch is not None else set()
+            profiler = cProfile.Profile()
+            profiler.enable()
+            try:
+                return plain_generate(model, request, *a, **k)
+            finally:
+                profiler.disable()
+                text = io.StringIO()
+                stats = pstats.Stats(profiler, stream=text)
+                stats.sort_stats("cumulative").print_stats(40)
+                stats.sort_stats("tottime").print_stats(20)
+                dispatch = model.dispatchers.get("auto")
+                added = [str(key) for key in dispatch.decisions() if key not in before] if dispatch is not None else []
+                profiles.append({"dispatch_decisions_added": added,
+                                 "profile": "\n".join(l[:220] for l in text.getvalue().splitlines() if l.strip())})
+
+        pipeline_run.generate = generate
     t0 = time.perf_counter()
     out["warm_default"] = jobs.warm_default("edge")
     from engine.model.defaults import sampling_defaults
 
     sizes = [tuple(size) for size in sampling_defaults(registry.info("edge"), "t2i")["resolutions"]]
     width, height = (640, 640) if (640, 640) in sizes else sizes[0]  # the tiny Edge (--cpu-check) has tiny sizes
-    request = dict(mode="t2i", prompt="A lighthouse keeper climbs the stairs at dusk. " * 30, width=width,
+    request = dict(mode="t2i", prompt=USER_PROMPT, width=width,
                    height=height, seed=1)
 
     def user_job(label):
         submitted = time.perf_counter()
         handle = jobs.submit("edge", request)
-        row = {"label": label, "submitted_at_s": submitted - t0, "warming_at_submit": jobs.warming()}
+        row = {"label": label, "size": [width, height], "submitted_at_s": submitted - t0,
+               "warming_at_submit": jobs.warming()}
         for event in handle.events(timeout=600):
             if isinstance(event, Started):
                 row["wait_to_start_s"] = time.perf_counter() - submitted
@@ -90,6 +133,10 @@ def main() -> int:
     out["warming_after_mid"] = jobs.warming()
     out["warm_reference"] = user_job("again, warm (warm-up still pending or done)")
     out["load_s"] = loads
+    if profiles:
+        out["user_job_profiles"] = profiles
+        for entry in profiles:
+            print(entry["dispatch_decisions_added"], "\n", entry["profile"][:9000], flush=True)
     jobs.close(timeout=30)
     out["closed_at_s"] = time.perf_counter() - t0
     print(json.dumps({k: v for k, v in out.items() if k != "timeline"}, default=str), flush=True)

@@ -128,6 +128,30 @@ def run(model, names, *, warm: bool = True, log=print, rows: list | None = None)
     return rows
 
 
+def profile_request(model, name: str, log=print, top: int = 12) -> dict:
+    """One more warm request of workload `name` under torch.profiler: how much of its denoise the GPU was
+    busy (kernel time summed, against the wall time), and the top kernels. Run after `run` warmed it."""
+    family, request, _ = WORKLOADS[name]
+    request = dict(request, prompt=long_prompt(model), seed=1)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        timings = timed_generate(model, request)
+        torch.cuda.synchronize()
+    kernels = []
+    for evt in prof.key_averages():
+        device_us = getattr(evt, "device_time_total", None)
+        if device_us is None:
+            device_us = getattr(evt, "cuda_time_total", 0)
+        if device_us > 0:
+            kernels.append({"kernel": evt.key[:120], "calls": evt.count, "ms": device_us / 1e3})
+    kernels.sort(key=lambda r: -r["ms"])
+    busy_ms = sum(r["ms"] for r in kernels)
+    out = {"workload": name, "timings": timings, "kernel_ms_total": busy_ms,
+           "kernel_share_of_wall": busy_ms / 1e3 / timings["wall_s"], "top": kernels[:top]}
+    log(out)
+    return out
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| workload | run | prefill s | denoise s (ms/step) | decode s | total s | published (source) |",
              "|---|---|---|---|---|---|---|"]
@@ -244,7 +268,7 @@ def fp8_step(model, width: int, height: int, frames: int, log=print) -> dict:
     from engine.pipeline.prefill import make_gen_tower
     from kernels.timing import time_ms
 
-    inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=(1615, 2866))
+    inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=tuple(prefix_lens))
     out = {"shape": f"{width}x{height} {frames}f"}
     with torch.no_grad():
         for label, fp8 in (("bf16", False), ("FP8", True)):
@@ -260,14 +284,16 @@ def fp8_step(model, width: int, height: int, frames: int, log=print) -> dict:
     return out
 
 
-def profile_step(model, width: int, height: int, frames: int, log=print, top: int = 25) -> dict:
-    """Where one warm denoising step's GPU time goes (both CFG branches, prefixes 1615/2866, the default fast
-    path): torch.profiler's kernel table, the `top` kernels by total device time, grouped by kernel name."""
+def profile_step(model, width: int, height: int, frames: int, log=print, top: int = 25,
+                 prefix_lens: tuple[int, int] = (1615, 2866)) -> dict:
+    """Where one warm denoising step's GPU time goes (both CFG branches with `prefix_lens` text tokens, the
+    default fast path): torch.profiler's kernel table, the `top` kernels by total device time, grouped by
+    kernel name."""
     from bench.models import step_inputs
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.prefill import make_gen_tower
 
-    inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=(1615, 2866))
+    inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=tuple(prefix_lens))
     model.fast_path = FastPathOptions.from_env(model.device)
     try:
         with torch.no_grad():
@@ -287,6 +313,7 @@ def profile_step(model, width: int, height: int, frames: int, log=print, top: in
         if device_us > 0:
             rows.append({"kernel": evt.key[:120], "calls": evt.count, "ms": device_us / 1e3})
     rows.sort(key=lambda r: -r["ms"])
-    out = {"shape": f"{width}x{height} {frames}f", "total_ms": sum(r["ms"] for r in rows), "top": rows[:top]}
+    out = {"shape": f"{width}x{height} {frames}f", "prefix_lens": list(prefix_lens),
+           "total_ms": sum(r["ms"] for r in rows), "top": rows[:top]}
     log(out)
     return out
