@@ -298,12 +298,14 @@ def main_e2e(args) -> int:
             results["profile_step"] = dict(family=family, **e2e.profile_step(model, width, height, frames, log=log,
                                                                              prefix_lens=prefixes))
         # Which attention each shape got (dispatch measures Triton, SDPA and flash-attn-4 where installed).
-        # The key is dispatch's: (op, device, dtype, q shape [B, N, Hq, D], kv heads, uniform prefix, bucket);
+        # The key is dispatch's: (op, device, dtype, q shape [B, N, Hq, D], kv heads, uniform prefix, bucket,
+        # lengths on the device);
         # "longest_kv" is that bucket, the longest branch's key rows rounded up to a power of two.
         dispatcher = model.dispatchers.get("auto")
         if dispatcher is not None:
             results.setdefault("attention_paths", {})[family] = [
-                dict(gen=key[3][1], heads=key[3][2], longest_kv=key[-1], path=d.path.value, triton_ms=d.triton_ms,
+                dict(gen=key[3][1], heads=key[3][2], longest_kv=key[6], device_lengths=key[7], path=d.path.value,
+                     triton_ms=d.triton_ms,
                      torch_ms=d.torch_ms, flash4_ms=d.flash4_ms,
                      flash4_config=None if d.flash4_config is None else d.flash4_config.label)
                 for key, d in dispatcher.decisions().items() if key[0] == "prefix_attention"

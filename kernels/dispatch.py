@@ -71,6 +71,23 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def lengths_on_device_refused(device: torch.device, head_dim: int, dtype: torch.dtype, mode: str) -> str | None:
+    """None where the gen tower's kernels can all take the K/V lengths from the device (`PackedKVLayout.lengths`),
+    else why not: that needs the Triton QK kernel (bit-exact rounding: CUDA, head_dim 128, a reduction order
+    it reproduces) and the Triton or flash-attn-4 attention (bf16 or fp16)."""
+    if mode == "torch":
+        return "the kernels are forced to the PyTorch path"
+    if torch.device(device).type != "cuda":
+        return f"device {device} (the kernels that read lengths on the device need CUDA)"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"dtype {dtype} (the attention kernels take bf16 or fp16)"
+    if head_dim != 128:
+        return f"head_dim {head_dim} (the bit-exact QK kernel is verified at 128)"
+    if qk.torch_reduce_order(torch.device(device)) is None:
+        return "this PyTorch build reduces in an order the QK kernel does not reproduce"
+    return None
+
+
 def _device_key(t: torch.Tensor) -> str:
     if t.device.type == "cuda":
         return f"cuda:{t.device.index if t.device.index is not None else torch.cuda.current_device()}"
@@ -161,10 +178,10 @@ class KernelDispatcher:
                 best_key, best_ms = key, ms
         return (best_key, best_ms) if best_ms < float("inf") else (None, None)  # keys may be None (one config)
 
-    def _measure(self, run_triton: dict, run_torch: Callable[[], object], run_flash4: dict | None = None) -> Decision:
-        """Time every Triton candidate, the PyTorch path and each flash-attn-4 config if offered; keep the
-        fastest."""
-        torch_ms = time_ms(run_torch, warmup=self.warmup, iters=self.iters).median_ms
+    def _measure(self, run_triton: dict, run_torch: Callable[[], object] | None, run_flash4: dict | None = None) -> Decision:
+        """Time every Triton candidate, the PyTorch path (unless None: not a candidate) and each flash-attn-4
+        config if offered; keep the fastest."""
+        torch_ms = None if run_torch is None else time_ms(run_torch, warmup=self.warmup, iters=self.iters).median_ms
         best_cfg, best_ms = self._fastest(run_triton)
         # A library kernel may refuse a launch shape on a GPU it was not measured on: left out, not fatal.
         flash4_cfg, flash4_ms = self._fastest(run_flash4 or {}, skip_failures=True)
@@ -205,9 +222,11 @@ class KernelDispatcher:
                 unsupported = f"bit-exact rounding is verified for head_dim 128 only, got {q.shape[-1]}"
             elif not torch.compiler.is_compiling() and qk.torch_reduce_order(q.device) is None:
                 unsupported = "this PyTorch build reduces in an order the kernel does not reproduce"
+        # With the lengths on the device the PyTorch path is no candidate: it writes k and v at host offsets.
+        device_lengths = layout.lengths is not None
         key = (
             "qk_norm_rope", _device_key(q), q.dtype, tuple(q.shape), k.shape[2], flavour,
-            bool(round_norm_before_rope), cos.dim() == 3 and cos.shape[0] > 1,
+            bool(round_norm_before_rope), cos.dim() == 3 and cos.shape[0] > 1, device_lengths,
         )
 
         def timers() -> Decision:
@@ -221,7 +240,7 @@ class KernelDispatcher:
             def run_torch():
                 qk.qk_norm_rope_pack_reference(*args, **kw)
 
-            return self._measure({None: run_triton}, run_torch)
+            return self._measure({None: run_triton}, None if device_lengths else run_torch)
 
         return self._decide(key, q, unsupported, timers)
 
@@ -256,6 +275,9 @@ class KernelDispatcher:
             return qk.qk_norm_rope_pack(
                 *args, eps=eps, flavour=flavour, round_norm_before_rope=round_norm_before_rope, q_out=q_out
             )
+        if layout.lengths is not None:
+            raise ValueError(f"QK-norm + RoPE + pack with the lengths on the device needs the Triton kernel, which "
+                             f"reads the gen offsets there; dispatch chose the PyTorch path ({decision.reason})")
         return qk.qk_norm_rope_pack_reference(*args, eps=eps, flavour=flavour, q_out=q_out)
 
     # ---------------------------------------------------------------------------------------------
@@ -271,9 +293,13 @@ class KernelDispatcher:
             unsupported = str(err)
         # Prefix lengths change with every prompt: bucket the longest key run by powers of two so a
         # new prompt re-uses the measurement of a similar one.
+        # With the lengths on the device (`PackedKVLayout.lengths`, a step graph kept for any prompt length)
+        # the PyTorch path is no candidate: SDPA slices each branch by host integers, which a replay for
+        # another prompt would not change.
+        device_lengths = layout.lengths is not None
         key = (
             "prefix_attention", _device_key(q), q.dtype, tuple(q.shape), kv_buffer.shape[2],
-            layout.uniform_prefix, 1 << (layout.max_kv_len - 1).bit_length(),
+            layout.uniform_prefix, 1 << (layout.kv_len_limit - 1).bit_length(), device_lengths,
         )
 
         def timers() -> Decision:
@@ -289,7 +315,8 @@ class KernelDispatcher:
             }
             return self._measure(
                 candidates,
-                lambda: attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=scratch),
+                None if device_lengths else
+                (lambda: attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=scratch)),
                 run_flash4,
             )
 
@@ -310,6 +337,9 @@ class KernelDispatcher:
             return attn.prefix_attention(q, kv_buffer, layout, scale=scale, out=out, config=decision.config)
         if decision.path is Path.FLASH4:
             return attn.prefix_attention_flash4(q, kv_buffer, layout, scale=scale, out=out, config=decision.flash4_config)
+        if layout.lengths is not None:
+            raise ValueError(f"prefix attention with the lengths on the device needs a kernel that reads them (Triton "
+                             f"or flash-attn-4); dispatch chose the PyTorch path ({decision.reason})")
         return attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=out)
 
     # ---------------------------------------------------------------------------------------------

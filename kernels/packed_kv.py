@@ -14,17 +14,49 @@ contiguous copy per token, and attention reads one head's rows at a fixed stride
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 
+class DeviceLengths:
+    """Device copies of a layout's row bookkeeping that keep their addresses while their values change.
+
+    Why: a CUDA graph reads the index tensors it was captured with. When a layout carries these
+    (`PackedKVLayout.lengths`), the kernels take every branch's start and length from them and nothing
+    from host integers, so one captured step serves any prompt lengths that fit the buffer:
+    `write(layout)` puts a new request's values in before the replay.
+    """
+
+    def __init__(self, layout: "PackedKVLayout", device: torch.device | str):
+        self.num_branches = layout.num_branches
+        values = _index_values(layout)
+        self.tensors = {name: torch.tensor(v, dtype=torch.int32, device=device) for name, v in values.items()}
+
+    def write(self, layout: "PackedKVLayout") -> None:
+        """Copy `layout`'s starts, lengths and offsets in (same branch count; stream-ordered, no host sync)."""
+        if layout.num_branches != self.num_branches:
+            raise ValueError(f"DeviceLengths holds {self.num_branches} branches, got a layout with {layout.num_branches}")
+        for name, values in _index_values(layout).items():
+            self.tensors[name].copy_(torch.tensor(values, dtype=torch.int32))
+
+
 @dataclass(frozen=True)
 class PackedKVLayout:
-    """Row bookkeeping for branches with differing prefix lengths and one shared gen length."""
+    """Row bookkeeping for branches with differing prefix lengths and one shared gen length.
+
+    `capacity_rows` (default: exactly `total_rows`) lets the buffer hold more rows than these lengths
+    need, and `kv_len_bound` (default: `max_kv_len`) is what the kernels size their launch by, so that
+    any prompt whose longest branch fits the bound launches the same way. `lengths` (not part of the
+    value: equal layouts compare equal with or without it) are device tensors the kernels then read
+    instead of the cached ones: see `DeviceLengths`.
+    """
 
     prefix_lens: tuple[int, ...]
     gen_len: int
+    capacity_rows: int = 0
+    kv_len_bound: int = 0
+    lengths: DeviceLengths | None = field(default=None, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.prefix_lens:
@@ -35,6 +67,23 @@ class PackedKVLayout:
             raise ValueError(f"gen_len must be >= 1, got {self.gen_len}")
         object.__setattr__(self, "prefix_lens", tuple(int(p) for p in self.prefix_lens))
         object.__setattr__(self, "gen_len", int(self.gen_len))
+        if self.capacity_rows and self.capacity_rows < self.total_rows:
+            raise ValueError(f"capacity_rows {self.capacity_rows} is less than the {self.total_rows} rows of {self.prefix_lens}"
+                             f" + {self.gen_len} gen tokens per branch")
+        if self.kv_len_bound and self.kv_len_bound < self.max_kv_len:
+            raise ValueError(f"kv_len_bound {self.kv_len_bound} is less than the longest branch's {self.max_kv_len} keys")
+        if self.lengths is not None and self.lengths.num_branches != self.num_branches:
+            raise ValueError(f"lengths hold {self.lengths.num_branches} branches, the layout has {self.num_branches}")
+
+    @property
+    def rows(self) -> int:
+        """Rows of the buffer: `capacity_rows` if set, else exactly `total_rows`."""
+        return max(self.total_rows, self.capacity_rows)
+
+    @property
+    def kv_len_limit(self) -> int:
+        """What launches are sized by (flash-attn-4's max_seqlen_k, the Triton key tile, dispatch's bucket)."""
+        return self.kv_len_bound or self.max_kv_len
 
     @property
     def num_branches(self) -> int:
@@ -65,13 +114,14 @@ class PackedKVLayout:
     def allocate(
         self, num_kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device | str
     ) -> torch.Tensor:
-        """One layer's buffer, ``[2, total_rows, num_kv_heads, head_dim]`` (uninitialised)."""
-        return torch.empty(2, self.total_rows, num_kv_heads, head_dim, dtype=dtype, device=device)
+        """One layer's buffer, ``[2, rows, num_kv_heads, head_dim]`` (uninitialised: every kernel reads only
+        a branch's own rows, or masks the scores and zeroes the values of any other rows a tile reaches)."""
+        return torch.empty(2, self.rows, num_kv_heads, head_dim, dtype=dtype, device=device)
 
     def check_buffer(self, kv_buffer: torch.Tensor) -> None:
-        if kv_buffer.dim() != 4 or kv_buffer.shape[0] != 2 or kv_buffer.shape[1] != self.total_rows:
+        if kv_buffer.dim() != 4 or kv_buffer.shape[0] != 2 or kv_buffer.shape[1] != self.rows:
             raise ValueError(
-                f"kv_buffer must be [2, {self.total_rows}, kv_heads, head_dim] for {self}, "
+                f"kv_buffer must be [2, {self.rows}, kv_heads, head_dim] for {self}, "
                 f"got {tuple(kv_buffer.shape)}"
             )
         if kv_buffer.stride(-1) != 1:
@@ -108,6 +158,9 @@ class PackedKVLayout:
         Why cached: a fresh host-to-device copy per layer per step would cost a launch and a pageable copy
         36 times a step, and could not be captured in a CUDA graph.
         """
+        if self.lengths is not None:
+            t = self.lengths.tensors
+            return t["starts"], t["lens"], t["gen_offsets"], t["longest_first"]
         return _index_tensors(self, str(torch.device(device)))
 
     def cu_seqlens(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,25 +170,35 @@ class PackedKVLayout:
         and its queries are rows ``b*N:(b+1)*N`` of q flattened to ``[B*N, H, D]``. Cached per device for
         the reasons ``index_tensors`` gives.
         """
+        if self.lengths is not None:
+            return self.lengths.tensors["cu_q"], self.lengths.tensors["cu_k"]
         return _cu_seqlens(self, str(torch.device(device)))
+
+
+def _index_values(layout: PackedKVLayout) -> dict[str, list[int]]:
+    """Every index tensor's values, by name (one table for the cached tensors and `DeviceLengths`)."""
+    branches = range(layout.num_branches)
+    return {
+        "starts": [layout.branch_start(b) for b in branches],
+        "lens": [layout.kv_len(b) for b in branches],
+        "gen_offsets": [layout.gen_offset(b) for b in branches],
+        "longest_first": sorted(branches, key=lambda b: -layout.kv_len(b)),
+        "cu_q": [b * layout.gen_len for b in range(layout.num_branches + 1)],
+        "cu_k": [layout.branch_start(b) for b in range(layout.num_branches + 1)],
+    }
 
 
 @functools.lru_cache(maxsize=64)
 def _index_tensors(
     layout: PackedKVLayout, device: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    branches = range(layout.num_branches)
-    starts = torch.tensor([layout.branch_start(b) for b in branches], dtype=torch.int32, device=device)
-    lens = torch.tensor([layout.kv_len(b) for b in branches], dtype=torch.int32, device=device)
-    gen_offsets = torch.tensor([layout.gen_offset(b) for b in branches], dtype=torch.int32, device=device)
-    order = sorted(branches, key=lambda b: -layout.kv_len(b))
-    longest_first = torch.tensor(order, dtype=torch.int32, device=device)
-    return starts, lens, gen_offsets, longest_first
+    values = _index_values(layout)
+    return tuple(torch.tensor(values[name], dtype=torch.int32, device=device)
+                 for name in ("starts", "lens", "gen_offsets", "longest_first"))
 
 
 @functools.lru_cache(maxsize=64)
 def _cu_seqlens(layout: PackedKVLayout, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    branches = range(layout.num_branches + 1)
-    cu_q = torch.tensor([b * layout.gen_len for b in branches], dtype=torch.int32, device=device)
-    cu_k = torch.tensor([layout.branch_start(b) for b in branches], dtype=torch.int32, device=device)
-    return cu_q, cu_k
+    values = _index_values(layout)
+    return (torch.tensor(values["cu_q"], dtype=torch.int32, device=device),
+            torch.tensor(values["cu_k"], dtype=torch.int32, device=device))

@@ -53,7 +53,7 @@ def prefix_attention_reference(
         out = torch.empty_like(q)
     if layout.uniform_prefix:
         kv_len = layout.kv_len(0)
-        kv = kv_buffer.unflatten(1, (batch, kv_len))  # [2, B, L+N, Hkv, D]
+        kv = kv_buffer[:, : layout.total_rows].unflatten(1, (batch, kv_len))  # [2, B, L+N, Hkv, D]
         o = F.scaled_dot_product_attention(
             q.transpose(1, 2), kv[0].transpose(1, 2), kv[1].transpose(1, 2), scale=scale, enable_gqa=True
         )
@@ -248,7 +248,7 @@ def prefix_attention(
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     elif tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
-    block_n = min(config.block_n, max(16, triton.next_power_of_2(layout.max_kv_len)))
+    block_n = min(config.block_n, max(16, triton.next_power_of_2(layout.kv_len_limit)))
     block_m = min(config.block_m, max(16, triton.next_power_of_2(n_gen)))
     kv_starts, kv_lens, _, longest_first = layout.index_tensors(q.device)
     k_plane, v_plane = kv_buffer[0], kv_buffer[1]
@@ -427,7 +427,7 @@ def prefix_attention_flash4(
     result = fn(
         q.reshape(batch * n_gen, hq, head_dim), kv_buffer[0], kv_buffer[1],
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-        max_seqlen_q=n_gen, max_seqlen_k=layout.max_kv_len,
+        max_seqlen_q=n_gen, max_seqlen_k=layout.kv_len_limit,
         softmax_scale=scale if scale is not None else 1.0 / math.sqrt(head_dim), causal=False, **kwargs,
     )
     if direct:

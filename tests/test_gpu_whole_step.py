@@ -59,12 +59,14 @@ def edge():
     torch.cuda.empty_cache()
 
 
-def _generate(model, request, whole: bool):
+def _generate(model, request, whole: bool, **options):
+    """`generate` with the whole step on or off and any other fast-path switches (`FastPathOptions` fields)."""
+    from dataclasses import replace
+
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.run import generate
 
-    model.fast_path = FastPathOptions.from_env(model.device).__class__(
-        **{**FastPathOptions.from_env(model.device).__dict__, "whole_step": whole})
+    model.fast_path = replace(FastPathOptions.from_env(model.device), whole_step=whole, **options)
     try:
         return generate(model, request)
     finally:
@@ -75,18 +77,58 @@ def test_whole_step_graphs_equal_the_eager_fast_loop(edge):
     request = dict(mode="t2i", prompt="A lighthouse keeper at dusk. " * 40, negative_prompt="blurry, low quality",
                    seed=3, steps=16, width=640, height=640, guidance_interval=[400, 1000])
     eager = _generate(edge, request, whole=False)
-    graphed = _generate(edge, request, whole=True)
+    graphed = _generate(edge, request, whole=True, lengths_on_device=False)
     kept = edge.dispatchers["whole_step"]
     step = next(iter(kept.values()))
     assert step.use_graphs and step.captured_counts == {1, 2}, "both branch counts captured"
+    assert step.tower.cache.layout.lengths is None
     diff = np.abs(graphed.frames.astype(int) - eager.frames.astype(int)).max()
     print(f"whole-step graphs vs eager fast loop: max uint8 diff {diff}")
     assert diff == 0
     # A second request of the same shape and text lengths replays the kept graphs.
     again = dict(request, seed=11, guidance_scale=4.5)
-    graphed = _generate(edge, again, whole=True)
+    graphed = _generate(edge, again, whole=True, lengths_on_device=False)
     assert next(iter(kept.values())) is step
     assert np.array_equal(graphed.frames, _generate(edge, again, whole=False).frames)
+
+
+def test_a_kept_step_with_the_lengths_on_the_device_serves_a_new_prompt_length_bit_for_bit(edge, monkeypatch):
+    """The default whole step keeps its graphs across prompt lengths: a request at a new length (same
+    power-of-two bucket) replays the kept step without capturing, and its frames equal (1) a fresh capture
+    at that length with the same kernel choices, and (2) the eager fast loop with the kernels forced to
+    Triton, which the graphs then run too."""
+    from engine.pipeline import whole_step
+
+    saved = {name: edge.dispatchers.pop(name) for name in ("auto", "triton", "whole_step") if name in edge.dispatchers}
+    records = []
+    original = whole_step.WholeStep._record
+    monkeypatch.setattr(whole_step.WholeStep, "_record", lambda self, count: records.append(count) or original(self, count))
+    try:
+        first = dict(mode="t2i", prompt="A lighthouse keeper at dusk. " * 40, negative_prompt="blurry, low quality",
+                     seed=3, steps=16, width=640, height=640, guidance_interval=[400, 1000])
+        second = dict(first, prompt="A lighthouse keeper at dusk. " * 43, seed=4)
+        for kernels in ("auto", "triton"):
+            edge.dispatchers.pop("whole_step", None)
+            records.clear()
+            _generate(edge, first, whole=True, kernels=kernels)
+            step = next(iter(edge.dispatchers["whole_step"].values()))
+            assert step.tower.cache.layout.lengths is not None and sorted(records) == [1, 2]
+            replayed = _generate(edge, second, whole=True, kernels=kernels)
+            assert len(edge.dispatchers["whole_step"]) == 1 and sorted(records) == [1, 2], "no capture for the new length"
+            edge.dispatchers.pop("whole_step")
+            fresh = _generate(edge, second, whole=True, kernels=kernels)
+            assert sorted(records) == [1, 1, 2, 2]
+            diff = np.abs(replayed.frames.astype(int) - fresh.frames.astype(int)).max()
+            print(f"{kernels}: kept step at a new prompt length vs a fresh capture: max uint8 diff {diff}")
+            assert diff == 0
+        eager = _generate(edge, second, whole=False, kernels="triton")
+        diff = np.abs(replayed.frames.astype(int) - eager.frames.astype(int)).max()
+        print(f"kept step (Triton) at a new prompt length vs the eager loop (Triton): max uint8 diff {diff}")
+        assert diff == 0
+    finally:
+        for name in ("auto", "triton", "whole_step"):
+            edge.dispatchers.pop(name, None)
+        edge.dispatchers.update(saved)
 
 
 def test_uint8_decode_equals_the_exact_decode_on_cuda(edge):
@@ -130,11 +172,26 @@ def test_whole_step_graphs_with_flash4_attention_equal_the_eager_fast_loop(edge,
         eager = _generate(edge, request, whole=False)
         paths = {d.path for key, d in edge.dispatchers["auto"].decisions().items() if key[0] == "prefix_attention"}
         assert paths == {dsp.Path.FLASH4}, paths
-        graphed = _generate(edge, request, whole=True)
+        graphed = _generate(edge, request, whole=True, lengths_on_device=False)
         step = next(iter(edge.dispatchers["whole_step"].values()))
         assert step.use_graphs and step.captured_counts == {1, 2}, "both branch counts captured"
         diff = np.abs(graphed.frames.astype(int) - eager.frames.astype(int)).max()
         print(f"whole-step graphs with flash-attn-4 vs eager fast loop: max uint8 diff {diff}")
+        assert diff == 0
+        # With the lengths on the device (capacity rows; cu_seqlens rewritten per prompt, max_seqlen_k the
+        # bound): flash-attn-4 in a kept step at a new prompt length equals a fresh capture at that length.
+        edge.dispatchers.pop("whole_step")
+        _generate(edge, request, whole=True)
+        second = dict(request, prompt="A lighthouse keeper at dusk. " * 43, seed=6)
+        replayed = _generate(edge, second, whole=True)
+        assert len(edge.dispatchers["whole_step"]) == 1
+        edge.dispatchers.pop("whole_step")
+        fresh = _generate(edge, second, whole=True)
+        paths = {d.path for key, d in edge.dispatchers["auto"].decisions().items()
+                 if key[0] == "prefix_attention" and key[-1]}
+        assert paths == {dsp.Path.FLASH4}, paths
+        diff = np.abs(replayed.frames.astype(int) - fresh.frames.astype(int)).max()
+        print(f"flash-attn-4, lengths on the device: kept step at a new length vs a fresh capture: max diff {diff}")
         assert diff == 0
     finally:
         for name in ("auto", "whole_step"):

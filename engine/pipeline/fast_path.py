@@ -17,12 +17,17 @@
   the step is short enough for launch overhead to matter;
 - **whole step** (`engine.pipeline.whole_step`): the gen tokens, tower, velocity, CFG combine and the sampler
   update (`engine.pipeline.scheduler_tables`) run from static device buffers, captured as one graph where CUDA
-  graphs apply, and kept across requests of the same shape.
+  graphs apply, and kept across requests of the same shape;
+- **lengths on the device** (with the whole step): the K/V buffers get a capacity of rows and the attention
+  reads each branch's start and length from device tensors, so a kept step graph serves any prompt length
+  that fits, instead of a capture per new length; attention then runs our Triton kernel or flash-attn-4,
+  never SDPA, which slices by host integers.
 
 Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.EagerGenTower`). Switches:
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_FUSED_PROJECTIONS=0`, `COSMOS3_VAE_CHANNELS_LAST=0`,
-`COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`, and the one pass that is off by default and
+`COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`, `COSMOS3_LENGTHS_ON_DEVICE=0`, and the one
+pass that is off by default and
 approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`); `bench/bench_engine.py` ablates them.
 """
 from __future__ import annotations
@@ -65,6 +70,7 @@ class FastPathOptions:
     whole_step: bool = True
     uint8_frames: bool = True
     vae_fast_decode: bool = True  # a step of the uint8 decode: uint8_frames off (COSMOS3_UINT8_FRAMES=0) turns it off too
+    lengths_on_device: bool = True  # whole-step graphs kept for any prompt length (engine.pipeline.whole_step)
     fp8: bool = False  # approximate: off unless asked for (engine.pipeline.fp8)
     fp8_policy: str = ""  # which GEMMs and how (engine.pipeline.fp8.FP8Policy); "": COSMOS3_FP8_POLICY or the default
 
@@ -80,6 +86,7 @@ class FastPathOptions:
             whole_step=_env_on("COSMOS3_WHOLE_STEP"),
             uint8_frames=_env_on("COSMOS3_UINT8_FRAMES"),
             vae_fast_decode=_env_on("COSMOS3_VAE_FAST_DECODE"),
+            lengths_on_device=_env_on("COSMOS3_LENGTHS_ON_DEVICE"),
             fp8=fp8_from_env(),
             fp8_policy=os.environ.get("COSMOS3_FP8_POLICY", "").strip(),
         )

@@ -11,6 +11,7 @@ import torch
 
 from ..model.loader import LoadedModel
 from ..parallel.group import GroupGenTower, group_prefill
+from . import whole_step
 from .fast_path import FastGenTower, FastPathOptions
 from .layout import positions
 from .state import Branch, GenLayout, RunState
@@ -24,16 +25,19 @@ def prefill_stage(state: RunState) -> None:
     state.branches = [Branch(0, cond_ids, positions(model, layout, len(cond_ids), request["fps"]))]
     if any(state.plan):
         state.branches.append(Branch(1, uncond_ids, positions(model, layout, len(uncond_ids), request["fps"])))
-    state.cache = prefill_cache(model, state.branches, layout)
+    state.cache = prefill_cache(model, state.branches, layout, lengths_on_device=whole_step.lengths_on_device(state))
     state.tower = make_gen_tower(model, state.cache, state.branches, state.options)
 
 
-def prefill_cache(model: LoadedModel, branches: list[Branch], layout: GenLayout) -> KVCache:
+def prefill_cache(model: LoadedModel, branches: list[Branch], layout: GenLayout, *,
+                  lengths_on_device: bool = False) -> KVCache:
     """The text tower once per branch, its K/V written into the packed cache (on a GPU group: each
-    rank's head share of the branch it serves, `engine.parallel.group`)."""
+    rank's head share of the branch it serves, `engine.parallel.group`). `lengths_on_device`: see
+    `transformer.KVCache` (decided by `whole_step.lengths_on_device`)."""
     if model.parallel is not None:
         return group_prefill(model, branches, layout.gen_len)
-    cache = allocate_cache(model.transformer, tuple(len(b.token_ids) for b in branches), layout.gen_len)
+    cache = allocate_cache(model.transformer, tuple(len(b.token_ids) for b in branches), layout.gen_len,
+                           lengths_on_device=lengths_on_device)
     for branch in branches:
         ids = torch.tensor(branch.token_ids, dtype=torch.long, device=model.device)
         branch.rotary = prefill(model.transformer, cache, branch.index, ids, branch.position_ids)

@@ -12,11 +12,11 @@ on the same inputs they agree with the full diffusers forward (tests/test_engine
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from kernels.packed_kv import PackedKVLayout
+from kernels.packed_kv import DeviceLengths, PackedKVLayout
 
 from .attention import attend_causal, attend_prefix
 
@@ -33,34 +33,71 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 @dataclass
 class KVCache:
-    """Per-layer packed K/V buffers `[2, rows, kv_heads, head_dim]` for all CFG branches of a request."""
+    """Per-layer packed K/V buffers `[2, rows, kv_heads, head_dim]` for all CFG branches of a request.
+
+    With its lengths on the device (`allocate_cache(..., lengths_on_device=True)`), the buffers have a
+    fixed capacity of rows for every prompt whose longest branch fits a power-of-two bound, and each
+    leading branch count has its own layout carrying `DeviceLengths`: a step captured over this cache reads
+    every length from the device, so it replays for another prompt once `lengths_key` matches and the
+    prompt's buffers and lengths are copied in (`engine.pipeline.whole_step`).
+    """
 
     layout: PackedKVLayout
     buffers: list[torch.Tensor]
+    leading_layouts: dict[int, PackedKVLayout] = field(default_factory=dict)
 
     def branch(self, layer: int, branch: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.layout.branch_kv(self.buffers[layer], branch)
 
     def leading(self, branches: int) -> tuple[PackedKVLayout, list[torch.Tensor]]:
         """Layout and buffer views holding only the first `branches` branches (rows start at 0)."""
+        if branches in self.leading_layouts:  # lengths on the device: the whole buffers, at capacity
+            return self.leading_layouts[branches], self.buffers
         if branches == self.layout.num_branches:
             return self.layout, self.buffers
         layout = PackedKVLayout(self.layout.prefix_lens[:branches], self.layout.gen_len)
         return layout, [buffer[:, : layout.total_rows] for buffer in self.buffers]
 
+    @property
+    def lengths_key(self) -> tuple:
+        """What a step captured over this cache depends on: the exact prefix lengths, or with the lengths
+        on the device only the branch count, gen length and row capacity."""
+        layout = self.layout
+        if layout.lengths is not None:
+            return ("device", layout.num_branches, layout.gen_len, layout.rows, layout.kv_len_limit)
+        return ("exact", layout.prefix_lens, layout.gen_len)
 
-def allocate_cache(transformer, prefix_lens: tuple[int, ...], gen_len: int) -> KVCache:
+    def adopt_lengths(self, other: "KVCache") -> None:
+        """Write `other`'s lengths (same `lengths_key`) into this cache's device lengths, every branch count."""
+        if other.lengths_key != self.lengths_key or self.layout.lengths is None:
+            raise ValueError(f"cannot take the lengths of a cache keyed {other.lengths_key} into one keyed {self.lengths_key}")
+        for count, layout in self.leading_layouts.items():
+            layout.lengths.write(other.leading_layouts[count])
+
+
+def allocate_cache(transformer, prefix_lens: tuple[int, ...], gen_len: int, *, lengths_on_device: bool = False) -> KVCache:
+    """The request's K/V buffers. `lengths_on_device`: sized to a capacity and with `DeviceLengths` (see
+    `KVCache`); only where every attention call can read lengths from the device (CUDA, the fast path)."""
     layout = PackedKVLayout(tuple(prefix_lens), gen_len)
     attn = transformer.layers[0].self_attn
     # Read once: diffusers' `ModelMixin.dtype` and `.device` walk every submodule for hooks on each read,
     # 2-5 ms apiece on a full-size tower; one read per layer cost ~0.1 s of host time per request (H200,
     # docs/PERFORMANCE.md, "A request's host time").
     dtype, device = transformer.dtype, transformer.device
+    leading = {}
+    if lengths_on_device:
+        # Every branch's keys fit the bound, so the branches' rows fit `branches * bound` in any order.
+        bound = 1 << (layout.max_kv_len - 1).bit_length()
+        capacity = layout.num_branches * bound
+        for count in range(1, layout.num_branches + 1):
+            sized = PackedKVLayout(layout.prefix_lens[:count], gen_len, capacity_rows=capacity, kv_len_bound=bound)
+            leading[count] = replace(sized, lengths=DeviceLengths(sized, device))
+        layout = leading[layout.num_branches]
     buffers = [
         layout.allocate(attn.num_key_value_heads, attn.head_dim, dtype=dtype, device=device)
         for _ in transformer.layers
     ]
-    return KVCache(layout, buffers)
+    return KVCache(layout, buffers, leading)
 
 
 @dataclass

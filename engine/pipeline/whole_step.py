@@ -10,10 +10,14 @@ step. Between replays the host only copies the step's coefficient row (device to
 cancel, and reports progress once the previous step's event has fired, so at most one step is in
 flight when a cancel arrives.
 
-Graphs survive across requests of the same shape and text lengths: the captured step reads the
-packed K/V buffers, rotary tables and sampler buffers of its `WholeStep`, and a later request copies
-its own prefill and tables into them (`WholeStep.adopt`). A different text length recaptures (the
-cost is measured in bench/bench_engine.py, beside what a length bucket would cost).
+Graphs survive across requests of the same shape: the captured step reads the packed K/V buffers,
+rotary tables and sampler buffers of its `WholeStep`, and a later request copies its own prefill and
+tables into them (`WholeStep.adopt`). By default the K/V cache keeps its lengths on the device
+(`lengths_on_device`, `transformer.KVCache`): its buffers have a capacity of rows for every prompt whose
+longest branch fits a power-of-two bound, the attention and QK kernels read every start, length and
+offset from device tensors, and `adopt` rewrites those, so one capture serves any prompt length in the
+bound. Without it (`COSMOS3_LENGTHS_ON_DEVICE=0`, or where the kernels cannot read lengths on the device)
+a different text length recaptures; docs/PERFORMANCE.md has both costs.
 
 Bit for bit: each op is the one the eager loop runs, in the same order, so the graph's result equals
 the eager fast path's (tests/test_whole_step.py on the CPU, tests/test_gpu_whole_step.py on the H200).
@@ -29,14 +33,33 @@ from typing import Callable
 
 import torch
 
+from kernels.dispatch import lengths_on_device_refused
+
 from ..serving.events import JobCancelled
-from .fast_path import FastGenTower, FastPathOptions, capture_graph
+from .fast_path import GRAPH_MAX_GEN_TOKENS, FastGenTower, FastPathOptions, capture_graph
 from .pacing import StepPacer
 from .scheduler_tables import SamplerState, sampler_for
 from .transformer import time_embeds
 
 # Graphs kept per loaded model; each holds its tower's activations pool, so keep few.
 MAX_CACHED_STEPS = 2
+
+
+def lengths_on_device(state) -> bool:
+    """Whether this request's K/V cache should carry its lengths on the device (`transformer.KVCache`):
+    where its step will be a kept graph (as `applies` and `cacheable` say, decided before the tower exists)
+    and every attention call can take the lengths from the device (the Triton kernel: CUDA, bf16 or fp16;
+    not with the kernels forced to PyTorch). `state`: the request's RunState, before the prefill stage."""
+    options, model, latents, schedulers = state.options, state.model, state.latents, state.schedulers
+    branches = 2 if any(state.plan) else 1
+    if not (options.enabled and options.lengths_on_device and options.whole_step and options.batched_cfg
+            and options.cuda_graphs and model.parallel is None and latents.vision.is_cuda
+            and state.layout.gen_len * branches <= GRAPH_MAX_GEN_TOKENS
+            and latents.sound is None and latents.action is None
+            and schedulers.sound is None and schedulers.action is None):
+        return False
+    attn = model.transformer.layers[0].self_attn
+    return lengths_on_device_refused(latents.vision.device, attn.head_dim, model.dtype, options.kernels) is None
 
 
 def applies(model, latents, tower, schedulers) -> bool:
@@ -50,13 +73,13 @@ def applies(model, latents, tower, schedulers) -> bool:
 class StepKey:
     shape: tuple
     condition_frames: tuple
-    prefix_lens: tuple
+    lengths: tuple  # `KVCache.lengths_key`: the exact prefix lengths, or only the capacity when they live on the device
     kind: str
     anchored: bool
     options: FastPathOptions
 
     def __hash__(self):
-        return hash((self.shape, self.condition_frames, self.prefix_lens, self.kind, self.anchored, self.options))
+        return hash((self.shape, self.condition_frames, self.lengths, self.kind, self.anchored, self.options))
 
 
 class WholeStep:
@@ -159,9 +182,12 @@ class WholeStep:
     # -- a later request of the same shape ---------------------------------------------------
 
     def adopt(self, tower: FastGenTower, sampler: SamplerState, sample, vision_mask, clean) -> None:
-        """Copy a new request's prefill, rotary tables, start sample and sampler into the static buffers."""
+        """Copy a new request's prefill, rotary tables, start sample and sampler into the static buffers
+        (and, with the lengths on the device, its prompt lengths)."""
         for static, fresh in zip(self.tower.cache.buffers, tower.cache.buffers):
             static.copy_(fresh)
+        if self.tower.cache.layout.lengths is not None:
+            self.tower.cache.adopt_lengths(tower.cache)
         self.tower.cos.copy_(tower.cos)
         self.tower.sin.copy_(tower.sin)
         self.sample.copy_(sample)
@@ -204,7 +230,7 @@ def prepare(state) -> WholeStep | None:
         return None
     anchored = sampler.kind == "distilled" and bool(cond.condition_frames) and cond.clean is not None
     clean = cond.clean if anchored else None
-    key = StepKey(tuple(latents.vision.shape), tuple(cond.condition_frames), tuple(tower.cache.layout.prefix_lens), sampler.kind, anchored,
+    key = StepKey(tuple(latents.vision.shape), tuple(cond.condition_frames), tower.cache.lengths_key, sampler.kind, anchored,
                   tower.options)
     timesteps = schedulers.vision.timesteps.to(device=latents.vision.device, dtype=torch.float32)
 
