@@ -178,7 +178,8 @@ def main(argv=None) -> int:
     parser.add_argument("--e2e", default=None, help="end-to-end workloads (bench/e2e.py WORKLOADS), comma-separated, "
                         "or 'all': prefill/denoise/decode/total, cold and warm, beside the published numbers")
     parser.add_argument("--e2e-ablate", default=None, help="workloads to ablate the new pieces on (whole step, "
-                        "uint8 decode, FP8, graph recapture), plus the warm-up effect and the decode variants")
+                        "uint8 decode, FP8, a new prompt length with and without the lengths on the device), plus the "
+                        "warm-up effect and the decode variants")
     parser.add_argument("--warm-up-effect", action="store_true",
                         help="after the Edge rows: engine.serving.warmup over the T2I sizes, then a first request at 640x480")
     parser.add_argument("--warm-up-first", default=None,

@@ -175,7 +175,8 @@ def _with_options(model, **changes):
 
 def ablate(model, name: str, log=print) -> dict:
     """The new pieces one at a time on one workload (warm, each after its own warm-up request):
-    whole step off, uint8 decode off, FP8 on; a new prompt length (graph recapture) against a kept graph."""
+    whole step off, uint8 decode off, FP8 on; a new prompt length against a kept graph, with the lengths on
+    the device (the kept graph replays) and without (it recaptures)."""
     family, request, _ = WORKLOADS[name]
     prompt = long_prompt(model)
     request = dict(request, prompt=prompt, seed=1)
@@ -196,10 +197,18 @@ def ablate(model, name: str, log=print) -> dict:
         finally:
             model.fast_path = None
         log({label: out[label]})
-    # Same shape, a prompt of another length: the kept step graphs cannot serve it, so it recaptures.
+    # Same shape, a prompt of another length: with the lengths on the device (the default) the kept step
+    # replays for it; without, it recaptures.
     timed_generate(model, request)
     out["kept graph, same prompt"] = timed_generate(model, request)
-    out["new prompt length (recapture)"] = timed_generate(model, dict(request, prompt=long_prompt(model, extra=" At dawn.")))
+    out["new prompt length"] = timed_generate(model, dict(request, prompt=long_prompt(model, extra=" At dawn.")))
+    _with_options(model, lengths_on_device=False)
+    try:
+        timed_generate(model, request)
+        out["new prompt length, lengths on the device off (recapture)"] = timed_generate(
+            model, dict(request, prompt=long_prompt(model, extra=" At dusk, the tide out.")))
+    finally:
+        model.fast_path = None
     log(out)
     return out
 
