@@ -31,14 +31,22 @@ class DeviceLengths:
     def __init__(self, layout: "PackedKVLayout", device: torch.device | str):
         self.num_branches = layout.num_branches
         values = _index_values(layout)
+        # Each tensor its own allocation (kernels assume aligned index pointers); a new prompt's values come
+        # over in one host-to-device copy to a staging tensor, then device-to-device copies (no host wait).
         self.tensors = {name: torch.tensor(v, dtype=torch.int32, device=device) for name, v in values.items()}
+        self._staging = torch.empty(sum(len(v) for v in values.values()), dtype=torch.int32, device=device)
 
     def write(self, layout: "PackedKVLayout") -> None:
-        """Copy `layout`'s starts, lengths and offsets in (same branch count; stream-ordered, no host sync)."""
+        """Copy `layout`'s starts, lengths and offsets in (same branch count), ordered on the current stream
+        before any replay that reads them."""
         if layout.num_branches != self.num_branches:
             raise ValueError(f"DeviceLengths holds {self.num_branches} branches, got a layout with {layout.num_branches}")
-        for name, values in _index_values(layout).items():
-            self.tensors[name].copy_(torch.tensor(values, dtype=torch.int32))
+        values = _index_values(layout)
+        self._staging.copy_(torch.tensor([v for row in values.values() for v in row], dtype=torch.int32))
+        start = 0
+        for name, row in values.items():
+            self.tensors[name].copy_(self._staging[start: start + len(row)])
+            start += len(row)
 
 
 @dataclass(frozen=True)

@@ -136,3 +136,15 @@ def test_the_table_cache_is_bounded(monkeypatch):
     for steps in range(2, 4 + scheduler_tables.MAX_CACHED_TABLES):
         sampler_for(_unipc(steps, flow_shift=3.0), torch.empty(1, 1, 48, 1, 2, 2))
     assert len(scheduler_tables._unipc_tables) == scheduler_tables.MAX_CACHED_TABLES
+
+
+def test_sampler_supported_says_what_sampler_for_will_do():
+    """The whole step asks before prefill whether a table sampler (hence a kept step) will exist."""
+    from engine.pipeline.scheduler_tables import sampler_supported
+
+    for scheduler in (_unipc(5, flow_shift=3.0), FlowMatchEulerDiscreteScheduler(shift=1.0, stochastic_sampling=True),
+                      FlowMatchEulerDiscreteScheduler(shift=1.0)):
+        if isinstance(scheduler, FlowMatchEulerDiscreteScheduler):
+            scheduler.set_timesteps(sigmas=[0.9, 0.5, 0.2])
+        assert sampler_supported(scheduler) == (sampler_for(scheduler, torch.empty(1, 1, 48, 1, 2, 2)) is not None)
+    assert not sampler_supported(FlowMatchEulerDiscreteScheduler(shift=1.0))

@@ -233,6 +233,11 @@ class SamplerState:
         return (pred - c("p_k") * pred_res).to(sample.dtype)
 
 
+def sampler_supported(scheduler) -> bool:
+    """Whether `sampler_for` has a table-driven sampler for `scheduler` (else it returns None)."""
+    return supports_unipc(scheduler) or supports_distilled(scheduler)
+
+
 def sampler_for(scheduler, sample: torch.Tensor, generator: torch.Generator | None = None) -> SamplerState | None:
     """A table-driven sampler equal to `scheduler` for a whole request, or None where unsupported."""
     device = sample.device

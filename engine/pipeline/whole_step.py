@@ -38,7 +38,7 @@ from kernels.dispatch import lengths_on_device_refused
 from ..serving.events import JobCancelled
 from .fast_path import GRAPH_MAX_GEN_TOKENS, FastGenTower, FastPathOptions, capture_graph
 from .pacing import StepPacer
-from .scheduler_tables import SamplerState, sampler_for
+from .scheduler_tables import SamplerState, sampler_for, sampler_supported
 from .transformer import time_embeds
 
 # Graphs kept per loaded model; each holds its tower's activations pool, so keep few.
@@ -56,7 +56,8 @@ def lengths_on_device(state) -> bool:
             and options.cuda_graphs and model.parallel is None and latents.vision.is_cuda
             and state.layout.gen_len * branches <= GRAPH_MAX_GEN_TOKENS
             and latents.sound is None and latents.action is None
-            and schedulers.sound is None and schedulers.action is None):
+            and schedulers.sound is None and schedulers.action is None
+            and sampler_supported(schedulers.vision)):  # else no step is kept, and capacity buys nothing
         return False
     attn = model.transformer.layers[0].self_attn
     return lengths_on_device_refused(latents.vision.device, attn.head_dim, model.dtype, options.kernels) is None
