@@ -6,8 +6,9 @@ is paid again on a user's request. This runs the full-size random Edge (bench/mo
 `engine.pipeline.run.generate`, T2I at 640x640 with its defaults, at a sequence of prompt lengths:
 each new length once, then again (the warm figure for that length). Between them a short T2V request
 shows whether a video run in between makes the next image request pay again. Every run records its
-wall time (GPU synchronised), the engine's stage times, the dispatch decisions it added and whether
-its whole-step graphs were reused; a second series of new lengths runs under cProfile, whose top
+wall time (GPU synchronised), the engine's stage times, the dispatch decisions it added and how many
+kept whole-step graphs it added (the JSON files before 2026-12-01 13:30 UTC have `whole_step_reused`
+instead, which read true for a video run too); a second series of new lengths runs under cProfile, whose top
 functions say where a slow run spends its host time.
 
     python3 bench/bench_prompt_lengths.py [--json PATH] [--family edge]
@@ -123,7 +124,7 @@ def main() -> int:
             "label": label, "mode": mode, "sentences": sentences, "token_lens": lengths, "wall_s": round(wall, 3),
             "stage_s": result.timings,
             "new_dispatch_decisions": [str(k[:1] + k[3:]) for k in added],
-            "whole_step_reused": bool(steps_after) and steps_after[-1] in steps_before,
+            "kept_steps_added": len(set(steps_after) - set(steps_before)),  # 0: no capture kept for it
             "profiled": profiled,
         }
         print(json.dumps(row), flush=True)

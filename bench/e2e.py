@@ -128,6 +128,19 @@ def run(model, names, *, warm: bool = True, log=print, rows: list | None = None)
     return rows
 
 
+def kernel_rows(prof) -> list[dict]:
+    """torch.profiler's events with device time, by kernel name, most device time first."""
+    rows = []
+    for evt in prof.key_averages():
+        device_us = getattr(evt, "device_time_total", None)
+        if device_us is None:  # older torch
+            device_us = getattr(evt, "cuda_time_total", 0)
+        if device_us > 0:
+            rows.append({"kernel": evt.key[:120], "calls": evt.count, "ms": device_us / 1e3})
+    rows.sort(key=lambda r: -r["ms"])
+    return rows
+
+
 def profile_request(model, name: str, log=print, top: int = 12) -> dict:
     """One more warm request of workload `name` under torch.profiler: how much of its denoise the GPU was
     busy (kernel time summed, against the wall time), and the top kernels. Run after `run` warmed it."""
@@ -137,14 +150,7 @@ def profile_request(model, name: str, log=print, top: int = 12) -> dict:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         timings = timed_generate(model, request)
         torch.cuda.synchronize()
-    kernels = []
-    for evt in prof.key_averages():
-        device_us = getattr(evt, "device_time_total", None)
-        if device_us is None:
-            device_us = getattr(evt, "cuda_time_total", 0)
-        if device_us > 0:
-            kernels.append({"kernel": evt.key[:120], "calls": evt.count, "ms": device_us / 1e3})
-    kernels.sort(key=lambda r: -r["ms"])
+    kernels = kernel_rows(prof)
     busy_ms = sum(r["ms"] for r in kernels)
     out = {"workload": name, "timings": timings, "kernel_ms_total": busy_ms,
            "kernel_share_of_wall": busy_ms / 1e3 / timings["wall_s"], "top": kernels[:top]}
@@ -314,14 +320,7 @@ def profile_step(model, width: int, height: int, frames: int, log=print, top: in
                 torch.cuda.synchronize()
     finally:
         model.fast_path = None
-    rows = []
-    for evt in prof.key_averages():
-        device_us = getattr(evt, "device_time_total", None)
-        if device_us is None:
-            device_us = getattr(evt, "cuda_time_total", 0)
-        if device_us > 0:
-            rows.append({"kernel": evt.key[:120], "calls": evt.count, "ms": device_us / 1e3})
-    rows.sort(key=lambda r: -r["ms"])
+    rows = kernel_rows(prof)
     out = {"shape": f"{width}x{height} {frames}f", "prefix_lens": list(prefix_lens),
            "total_ms": sum(r["ms"] for r in rows), "top": rows[:top]}
     log(out)
