@@ -29,7 +29,7 @@ from typing import Callable, Hashable
 import torch
 
 from kernels import norms, prefix_attention as attn, qk_norm_rope as qk
-from kernels.packed_kv import PackedKVLayout
+from kernels.packed_kv import PackedKVLayout, kv_len_bucket
 from kernels.timing import time_ms
 
 log = logging.getLogger("kernels.dispatch")
@@ -81,10 +81,16 @@ def lengths_on_device_refused(device: torch.device, head_dim: int, dtype: torch.
         return f"device {device} (the kernels that read lengths on the device need CUDA)"
     if dtype not in (torch.bfloat16, torch.float16):
         return f"dtype {dtype} (the attention kernels take bf16 or fp16)"
+    return _rounding_refused(head_dim, torch.device(device))
+
+
+def _rounding_refused(head_dim: int, device: torch.device) -> str | None:
+    """None where the QK kernel's bit-exact rounding applies on this CUDA device, else why not: it adds the
+    variance in PyTorch's order, verified at head_dim 128, and needs this build's order to be one it reproduces."""
     if head_dim != 128:
-        return f"head_dim {head_dim} (the bit-exact QK kernel is verified at 128)"
-    if qk.torch_reduce_order(torch.device(device)) is None:
-        return "this PyTorch build reduces in an order the QK kernel does not reproduce"
+        return f"bit-exact rounding is verified for head_dim 128 only, got {head_dim}"
+    if qk.torch_reduce_order(device) is None:
+        return "this PyTorch build reduces in an order the kernel does not reproduce"
     return None
 
 
@@ -216,12 +222,8 @@ class KernelDispatcher:
             qk.check_qk_norm_rope_inputs(q, k, v, q_weight, k_weight, cos, sin, kv_buffer, layout, flavour)
         except ValueError as err:
             unsupported = str(err)
-        if unsupported is None and round_norm_before_rope and q.device.type == "cuda":
-            # Bit-exactness is promised only where the kernel can add the variance in PyTorch's order.
-            if q.shape[-1] != 128:
-                unsupported = f"bit-exact rounding is verified for head_dim 128 only, got {q.shape[-1]}"
-            elif not torch.compiler.is_compiling() and qk.torch_reduce_order(q.device) is None:
-                unsupported = "this PyTorch build reduces in an order the kernel does not reproduce"
+        if unsupported is None and round_norm_before_rope and q.device.type == "cuda" and not torch.compiler.is_compiling():
+            unsupported = _rounding_refused(q.shape[-1], q.device)
         # With the lengths on the device the PyTorch path is no candidate: it writes k and v at host offsets.
         device_lengths = layout.lengths is not None
         key = (
@@ -299,7 +301,7 @@ class KernelDispatcher:
         device_lengths = layout.lengths is not None
         key = (
             "prefix_attention", _device_key(q), q.dtype, tuple(q.shape), kv_buffer.shape[2],
-            layout.uniform_prefix, 1 << (layout.kv_len_limit - 1).bit_length(), device_lengths,
+            layout.uniform_prefix, kv_len_bucket(layout.kv_len_limit), device_lengths,
         )
 
         def timers() -> Decision:

@@ -183,6 +183,12 @@ class PackedKVLayout:
         return _cu_seqlens(self, str(torch.device(device)))
 
 
+def kv_len_bucket(kv_len: int) -> int:
+    """`kv_len` rounded up to a power of two: dispatch measures once per bucket, and a K/V cache with its
+    lengths on the device is sized for every prompt of its bucket."""
+    return 1 << (kv_len - 1).bit_length()
+
+
 def _index_values(layout: PackedKVLayout) -> dict[str, list[int]]:
     """Every index tensor's values, by name (one table for the cached tensors and `DeviceLengths`)."""
     branches = range(layout.num_branches)

@@ -152,12 +152,12 @@ def shared_unipc_table(scheduler, device) -> torch.Tensor:
         table = _unipc_tables.get(key)
         if table is not None:
             _unipc_tables.move_to_end(key)
-            return table.clone()
-    table = unipc_table(scheduler, device)
-    with _unipc_tables_lock:
-        _unipc_tables[key] = table
-        while len(_unipc_tables) > MAX_CACHED_TABLES:
-            _unipc_tables.popitem(last=False)
+    if table is None:  # built outside the lock: two first requests at once only build it twice
+        table = unipc_table(scheduler, device)
+        with _unipc_tables_lock:
+            _unipc_tables[key] = table
+            while len(_unipc_tables) > MAX_CACHED_TABLES:
+                _unipc_tables.popitem(last=False)
     return table.clone()
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from kernels.packed_kv import DeviceLengths, PackedKVLayout
+from kernels.packed_kv import DeviceLengths, PackedKVLayout, kv_len_bucket
 
 from .attention import attend_causal, attend_prefix
 
@@ -87,7 +87,7 @@ def allocate_cache(transformer, prefix_lens: tuple[int, ...], gen_len: int, *, l
     leading = {}
     if lengths_on_device:
         # Every branch's keys fit the bound, so the branches' rows fit `branches * bound` in any order.
-        bound = 1 << (layout.max_kv_len - 1).bit_length()
+        bound = kv_len_bucket(layout.max_kv_len)
         capacity = layout.num_branches * bound
         for count in range(1, layout.num_branches + 1):
             sized = PackedKVLayout(layout.prefix_lens[:count], gen_len, capacity_rows=capacity, kv_len_bound=bound)

@@ -52,22 +52,24 @@ def lengths_on_device(state) -> bool:
     not with the kernels forced to PyTorch). `state`: the request's RunState, before the prefill stage."""
     options, model, latents, schedulers = state.options, state.model, state.latents, state.schedulers
     branches = 2 if any(state.plan) else 1
-    if not (options.enabled and options.lengths_on_device and options.whole_step and options.batched_cfg
-            and options.cuda_graphs and model.parallel is None and latents.vision.is_cuda
+    if not (options.enabled and options.lengths_on_device and options.cuda_graphs and model.parallel is None
+            and _takes_whole_step(options, latents, schedulers) and latents.vision.is_cuda
             and state.layout.gen_len * branches <= GRAPH_MAX_GEN_TOKENS
-            and latents.sound is None and latents.action is None
-            and schedulers.sound is None and schedulers.action is None
             and sampler_supported(schedulers.vision)):  # else no step is kept, and capacity buys nothing
         return False
     attn = model.transformer.layers[0].self_attn
     return lengths_on_device_refused(latents.vision.device, attn.head_dim, model.dtype, options.kernels) is None
 
 
+def _takes_whole_step(options: FastPathOptions, latents, schedulers) -> bool:
+    """The switches on and a vision-only request (sound and action keep the eager loop)."""
+    return (options.whole_step and options.batched_cfg and latents.sound is None and latents.action is None
+            and schedulers.sound is None and schedulers.action is None)
+
+
 def applies(model, latents, tower, schedulers) -> bool:
     """Vision-only requests on the fast tower (batched CFG) with a table-supported sampler."""
-    options = tower.options if isinstance(tower, FastGenTower) else None
-    return (options is not None and options.whole_step and options.batched_cfg and latents.sound is None and latents.action is None
-            and schedulers.sound is None and schedulers.action is None)
+    return isinstance(tower, FastGenTower) and _takes_whole_step(tower.options, latents, schedulers)
 
 
 @dataclass
