@@ -4,6 +4,8 @@
     python bench/bench_engine.py --smoke         # a tiny CPU run that only checks the script works
     python bench/bench_engine.py --e2e all --warm-up-effect --fp8-step 1280x720x189   # end to end (bench/e2e.py)
     python bench/bench_engine.py --e2e-ablate edge-t2i-640,nano-t2i-1024            # the new pieces, one at a time
+    python bench/bench_engine.py --table short        # docs/PERFORMANCE.md's end-to-end table, one section per call
+    python bench/bench_engine.py --render a.json b.json                             # that table from saved runs
 
 For each workload it builds the inputs of one denoising step with both CFG branches (JSON-caption
 prefixes of 1615 and 2866 tokens, as measured for real captions) and times:
@@ -27,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.e2e import TABLE_SECTIONS, table_markdown  # noqa: E402
 from bench.models import as_loaded_model, build_transformer, build_vae, gen_step_flops, step_inputs  # noqa: E402
 from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
 from engine.pipeline.prefill import EagerGenTower, make_gen_tower  # noqa: E402
@@ -194,7 +197,18 @@ def main(argv=None) -> int:
                         "--profile-step (generate's default empty negative prompt is ~59 tokens)")
     parser.add_argument("--fp8-step", default=None, help="after the Nano rows: one step bf16 vs FP8 at WxHxF")
     parser.add_argument("--cold-only", default="nano-t2v-720p", help="e2e workloads measured cold only (device time)")
+    parser.add_argument("--table", choices=sorted(TABLE_SECTIONS), default=None,
+                        help="one section of docs/PERFORMANCE.md's end-to-end table (bench/e2e.py TABLE_SECTIONS): "
+                        "runs its arguments and prints its rows with the targets' status")
+    parser.add_argument("--render", nargs="+", default=None, metavar="JSON",
+                        help="print the end-to-end table of earlier --e2e or --table runs' JSON files (no GPU)")
     args = parser.parse_args(argv)
+    if args.render:
+        for path in args.render:
+            print(table_markdown(json.loads(Path(path).read_text())) + "\n")
+        return 0
+    if args.table:  # the section's arguments first, so that any given on the command line (--json) apply too
+        args = parser.parse_args(TABLE_SECTIONS[args.table] + list(sys.argv[1:] if argv is None else argv))
     if args.e2e or args.e2e_ablate or args.warm_up_effect or args.warm_up_first or args.fp8_step or args.profile_step:
         return main_e2e(args)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -317,7 +331,7 @@ def main_e2e(args) -> int:
         torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
-    print(e2e.markdown(results["e2e"]))
+    print(e2e.table_markdown(results))
     return 0
 
 
