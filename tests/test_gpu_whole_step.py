@@ -131,6 +131,35 @@ def test_a_kept_step_with_the_lengths_on_the_device_serves_a_new_prompt_length_b
         edge.dispatchers.update(saved)
 
 
+def test_a_short_prompt_and_a_long_caption_share_one_kept_step_whose_memory_is_counted(edge, monkeypatch):
+    """With the lengths on the device the capacity has room for captions up to `KEPT_PROMPT_TOKENS`, so a
+    one-line prompt and a ~1.6k-token caption at one size replay one kept step (no second capture); the
+    step counts its graphs' pool beside its K/V buffers, which is what the kept steps' budget adds up."""
+    from engine.pipeline import whole_step
+
+    saved = edge.dispatchers.pop("whole_step", None)
+    records = []
+    original = whole_step.WholeStep._record
+    monkeypatch.setattr(whole_step.WholeStep, "_record", lambda self, count: records.append(count) or original(self, count))
+    try:
+        short = dict(mode="t2i", prompt="A lighthouse keeper at dusk.", seed=3, steps=8, width=640, height=640,
+                     guidance_interval=None)
+        _generate(edge, short, whole=True)
+        _generate(edge, dict(short, prompt="A lighthouse keeper at dusk, the sea rough and grey. " * 120), whole=True)
+        kept = edge.dispatchers["whole_step"]
+        step = next(iter(kept.values()))
+        buffers = sum(b.numel() * b.element_size() for b in step.tower.cache.buffers)
+        print(f"one kept step for both prompts: {len(kept)}; captures {records}; K/V {buffers / 2**20:.0f} MiB, "
+              f"with its graph pool {step.bytes / 2**20:.0f} MiB; capacity {step.tower.cache.layout.kv_len_limit} keys")
+        assert len(kept) == 1 and records == [2], "the long caption replayed the short prompt's step"
+        assert step.tower.cache.layout.kv_len_limit >= step.layout.gen_len + whole_step.KEPT_PROMPT_TOKENS
+        assert step.bytes > buffers, "the graph pool's memory is counted"
+    finally:
+        edge.dispatchers.pop("whole_step", None)
+        if saved is not None:
+            edge.dispatchers["whole_step"] = saved
+
+
 def test_uint8_decode_equals_the_exact_decode_on_cuda(edge):
     from diffusers.video_processor import VideoProcessor
 

@@ -147,3 +147,17 @@ def test_a_cache_with_device_lengths_keys_by_capacity_and_takes_another_prompts_
     assert first.leading(1)[0].index_tensors("cpu")[1].tolist() == [90]
     with pytest.raises(ValueError, match="cannot take the lengths"):
         first.adopt_lengths(allocate_cache(tower, (70, 12), 40))
+
+
+def test_room_for_a_long_caption_gives_short_and_long_prompts_one_capacity(tiny_family):
+    import engine
+
+    tower = engine.load_model(tiny_family["edge"], device="cpu").transformer
+    short = allocate_cache(tower, (9, 12), 40, lengths_on_device=True, prompt_room=200)
+    long = allocate_cache(tower, (215, 12), 40, lengths_on_device=True, prompt_room=200)
+    # Each branch's keys (text + 40 gen) fit 40 + 200 -> a 256-key bound, whatever the prompt's length.
+    assert short.layout.kv_len_limit == long.layout.kv_len_limit == 256
+    assert short.lengths_key == long.lengths_key == ("device", 2, 40, 512, 256)
+    # A caption past the room takes the next bucket; without room the bound follows the prompt.
+    assert allocate_cache(tower, (230, 12), 40, lengths_on_device=True, prompt_room=200).layout.kv_len_limit == 512
+    assert allocate_cache(tower, (9, 12), 40, lengths_on_device=True).layout.kv_len_limit == 64

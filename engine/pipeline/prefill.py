@@ -37,7 +37,7 @@ def prefill_cache(model: LoadedModel, branches: list[Branch], layout: GenLayout,
     if model.parallel is not None:
         return group_prefill(model, branches, layout.gen_len)
     cache = allocate_cache(model.transformer, tuple(len(b.token_ids) for b in branches), layout.gen_len,
-                           lengths_on_device=lengths_on_device)
+                           lengths_on_device=lengths_on_device, prompt_room=whole_step.KEPT_PROMPT_TOKENS)
     for branch in branches:
         ids = torch.tensor(branch.token_ids, dtype=torch.long, device=model.device)
         branch.rotary = prefill(model.transformer, cache, branch.index, ids, branch.position_ids)

@@ -17,6 +17,7 @@ frames are the same).
 """
 from __future__ import annotations
 
+import gc
 import secrets
 import threading
 import time
@@ -29,6 +30,7 @@ import torch
 
 from ..model.loader import LoadedModel
 from ..serving.events import JobCancelled, Progress
+from . import whole_step
 from .conditioning import conditioning_stage, noise_stage
 from .decode import decode_stage
 from .denoise import denoise_stage, schedule_stage
@@ -126,6 +128,21 @@ def generate(model: LoadedModel, request: Request | dict, on_progress: Callable[
     if not isinstance(request, Request):
         request = validate_request(model.info, request.get("mode", "t2i"), request)
     safety_check_prompt(model, request["prompt"])
+    try:
+        return _generate(model, request, on_progress, cancel, outputs_root, model_name, previews)
+    except torch.OutOfMemoryError:
+        # Kept step graphs are a cache (engine.pipeline.whole_step): where some held memory, give it back
+        # and run the request once more, from the start, with the same seed.
+        if not whole_step.release_kept_steps(model):
+            raise
+        gc.collect()
+        torch.cuda.empty_cache()
+        return _generate(model, request, on_progress, cancel, outputs_root, model_name, previews)
+
+
+def _generate(model: LoadedModel, request: Request, on_progress, cancel, outputs_root, model_name,
+              previews: bool) -> GenerationResult:
+    """The stages, top to bottom (see `generate`)."""
     clock = _Clock(on_progress)
     seed = resolve_seed(request["seed"])
     state = RunState(model, request, seed, torch.Generator(device="cpu").manual_seed(seed),

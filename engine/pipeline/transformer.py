@@ -75,9 +75,12 @@ class KVCache:
             layout.lengths.write(other.leading_layouts[count])
 
 
-def allocate_cache(transformer, prefix_lens: tuple[int, ...], gen_len: int, *, lengths_on_device: bool = False) -> KVCache:
+def allocate_cache(transformer, prefix_lens: tuple[int, ...], gen_len: int, *, lengths_on_device: bool = False,
+                   prompt_room: int = 0) -> KVCache:
     """The request's K/V buffers. `lengths_on_device`: sized to a capacity and with `DeviceLengths` (see
-    `KVCache`); only where every attention call can read lengths from the device (CUDA, the fast path)."""
+    `KVCache`); only where every attention call can read lengths from the device (CUDA, the fast path).
+    `prompt_room`: with the lengths on the device, the capacity also holds any branch whose text has up to
+    this many tokens, so prompts of every length up to it share one capacity (and one kept step)."""
     layout = PackedKVLayout(tuple(prefix_lens), gen_len)
     attn = transformer.layers[0].self_attn
     # Read once: diffusers' `ModelMixin.dtype` and `.device` walk every submodule for hooks on each read,
@@ -87,7 +90,7 @@ def allocate_cache(transformer, prefix_lens: tuple[int, ...], gen_len: int, *, l
     leading = {}
     if lengths_on_device:
         # Every branch's keys fit the bound, so the branches' rows fit `branches * bound` in any order.
-        bound = kv_len_bucket(layout.max_kv_len)
+        bound = kv_len_bucket(max(layout.max_kv_len, gen_len + prompt_room))
         capacity = layout.num_branches * bound
         for count in range(1, layout.num_branches + 1):
             sized = PackedKVLayout(layout.prefix_lens[:count], gen_len, capacity_rows=capacity, kv_len_bound=bound)

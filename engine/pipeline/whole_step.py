@@ -14,9 +14,11 @@ Graphs survive across requests of the same shape: the captured step reads the pa
 rotary tables and sampler buffers of its `WholeStep`, and a later request copies its own prefill and
 tables into them (`WholeStep.adopt`). By default the K/V cache keeps its lengths on the device
 (`lengths_on_device`, `transformer.KVCache`): its buffers have a capacity of rows for every prompt whose
-longest branch fits a power-of-two bound, the attention and QK kernels read every start, length and
-offset from device tensors, and `adopt` rewrites those, so one capture serves any prompt length in the
-bound. Without it (`COSMOS3_LENGTHS_ON_DEVICE=0`, or where the kernels cannot read lengths on the device)
+longest branch fits a power-of-two bound (with room for captions up to `KEPT_PROMPT_TOKENS`), the
+attention and QK kernels read every start, length and offset from device tensors, and `adopt` rewrites
+those, so one capture per size serves any prompt up to that length. A model keeps up to
+`MAX_CACHED_STEPS` steps within `KEPT_STEPS_MEMORY_SHARE` of the GPU's memory, least recently used out
+first, and gives them all back when a request runs out of memory (`engine.pipeline.run.generate`). Without it (`COSMOS3_LENGTHS_ON_DEVICE=0`, or where the kernels cannot read lengths on the device)
 a different text length recaptures; docs/PERFORMANCE.md has both costs.
 
 Bit for bit: each op is the one the eager loop runs, in the same order, so the graph's result equals
@@ -41,8 +43,17 @@ from .pacing import StepPacer
 from .scheduler_tables import SamplerState, sampler_for, sampler_supported
 from .transformer import time_embeds
 
-# Graphs kept per loaded model; each holds its tower's activations pool, so keep few.
-MAX_CACHED_STEPS = 2
+# Steps kept per loaded model. Each holds its K/V buffers and its graphs' memory pool (Edge T2I 640x640:
+# about 1 GiB; measured in docs/PERFORMANCE.md). Why as many as 16: a warm-up captures one step per
+# whitelisted size of a mode (9 image sizes for Edge and Nano), and a first request at any of them should
+# find its step still kept; with 2 kept, the warm-up's last two sizes were all that survived.
+MAX_CACHED_STEPS = 16
+# ... and never more than this share of the GPU's memory together (the least recently used go first),
+# so that kept steps do not crowd out a video request's activations.
+KEPT_STEPS_MEMORY_SHARE = 0.15
+# Room for the text of a kept step's branches: real JSON captions run 1.5k-3k tokens, so with the lengths on
+# the device every prompt up to this length shares one capacity, one key and one kept step per size.
+KEPT_PROMPT_TOKENS = 3072
 
 
 def lengths_on_device(state) -> bool:
@@ -99,12 +110,19 @@ class WholeStep:
         self.use_graphs = tower.use_graphs and sample.is_cuda
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = None
+        self._pool_bytes = 0  # measured after each capture (the pool grows only while capturing)
         self.timesteps: torch.Tensor | None = None  # this request's, set by `prepare`
+        self.key: StepKey | None = None             # its key among the model's kept steps, set by `prepare`
 
     @property
     def captured_counts(self) -> set[int]:
         """Branch counts whose step is captured as a graph."""
         return set(self._graphs)
+
+    @property
+    def bytes(self) -> int:
+        """GPU memory this step keeps while it is kept: its K/V buffers and its graphs' memory pool."""
+        return sum(b.numel() * b.element_size() for b in self.tower.cache.buffers) + self._pool_bytes
 
     # -- the step, op for op as the eager loop runs it ---------------------------------------
 
@@ -169,6 +187,7 @@ class WholeStep:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         self._graphs[count], _ = capture_graph(lambda: self._step(count), pool=self._pool)
+        self._pool_bytes = pool_bytes(self._pool)
 
     def run(self, count: int) -> None:
         """One step: a replay, after capturing at the first step of each branch count. The capture's
@@ -205,6 +224,15 @@ class WholeStep:
                 buffer.zero_()
 
 
+def pool_bytes(pool) -> int:
+    """Bytes of the allocator's segments that belong to the graph memory pool `pool` (0 where unknown)."""
+    try:
+        segments = torch.cuda.memory_snapshot()
+    except (RuntimeError, AssertionError):
+        return 0
+    return sum(s["total_size"] for s in segments if tuple(s.get("segment_pool_id", ())) == tuple(pool))
+
+
 def cacheable(tower: FastGenTower) -> bool:
     """Keep the step across requests where it holds graphs (on the CPU nothing is worth keeping)."""
     return tower.use_graphs
@@ -219,6 +247,31 @@ def _lookup(model, key: StepKey, build: Callable[[], WholeStep]) -> tuple[WholeS
         cache.pop(next(iter(cache)))
     cache[key] = build()
     return cache[key], False
+
+
+def trim_kept_steps(model, budget: int) -> list:
+    """Drop the least recently used kept steps until the rest fit `budget` bytes; the most recent one always
+    stays (it was just used). Returns the dropped keys."""
+    cache = model.dispatchers.get("whole_step", {})
+    sizes = {key: step.bytes for key, step in cache.items()}
+    dropped = []
+    while len(cache) > 1 and sum(sizes[key] for key in cache) > budget:
+        key = next(iter(cache))
+        del cache[key]
+        dropped.append(key)
+    return dropped
+
+
+def kept_steps_budget(device: torch.device) -> int:
+    """`KEPT_STEPS_MEMORY_SHARE` of the GPU's memory, in bytes."""
+    return int(KEPT_STEPS_MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory)
+
+
+def release_kept_steps(model) -> int:
+    """Drop every kept step of `model` (their buffers and graph pools go back to the allocator once nothing
+    else holds them); returns how many there were."""
+    cache = model.dispatchers.pop("whole_step", {})
+    return len(cache)
 
 
 def prepare(state) -> WholeStep | None:
@@ -244,6 +297,7 @@ def prepare(state) -> WholeStep | None:
     if reused:
         step.adopt(tower, sampler, latents.vision, latents.vision_mask, clean)
     step.timesteps = timesteps
+    step.key = key
     step.scale.fill_(float(request["guidance_scale"]))
     return step
 
@@ -261,4 +315,6 @@ def denoise(step: WholeStep, plan: list[bool], report: Callable[[int, int], None
         step.run(2 if plan[i] else 1)
         pacer.launched(i)
     pacer.finish()
+    if step.use_graphs and step.model.dispatchers.get("whole_step", {}).get(step.key) is step:
+        trim_kept_steps(step.model, kept_steps_budget(step.sample.device))
     return step.sample.clone()
