@@ -314,6 +314,9 @@ def warm_up_effect(model, name: str, log=print, **size) -> dict:
     began = time.perf_counter()
     sizes = warm_up(model, modes=(request["mode"],))
     out = {"warm_up_s": time.perf_counter() - began, "sizes": sizes}
+    kept = model.dispatchers.get("whole_step", {})
+    out["kept_steps"] = len(kept)
+    out["kept_steps_gib"] = sum(step.bytes for step in kept.values()) / 2**30
     out["first after warm-up"] = timed_generate(model, request)
     out["warm"] = timed_generate(model, request)
     log(out)
