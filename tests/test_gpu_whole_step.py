@@ -135,6 +135,7 @@ def test_a_short_prompt_and_a_long_caption_share_one_kept_step_whose_memory_is_c
     """With the lengths on the device the capacity has room for captions up to `KEPT_PROMPT_TOKENS`, so a
     one-line prompt and a ~1.6k-token caption at one size replay one kept step (no second capture); the
     step counts its graphs' pool beside its K/V buffers, which is what the kept steps' budget adds up."""
+    from bench.e2e import long_prompt
     from engine.pipeline import whole_step
 
     saved = edge.dispatchers.pop("whole_step", None)
@@ -145,7 +146,7 @@ def test_a_short_prompt_and_a_long_caption_share_one_kept_step_whose_memory_is_c
         short = dict(mode="t2i", prompt="A lighthouse keeper at dusk.", seed=3, steps=8, width=640, height=640,
                      guidance_interval=None)
         _generate(edge, short, whole=True)
-        _generate(edge, dict(short, prompt="A lighthouse keeper at dusk, the sea rough and grey. " * 120), whole=True)
+        _generate(edge, dict(short, prompt=long_prompt(edge)), whole=True)  # >= 1600 tokens of the model's tokenizer
         kept = edge.dispatchers["whole_step"]
         step = next(iter(kept.values()))
         buffers = sum(b.numel() * b.element_size() for b in step.tower.cache.buffers)

@@ -33,9 +33,11 @@ from ..model.defaults import sampling_defaults
 WARM_STEPS = 12
 _SENTENCE = ("A weathered lighthouse keeper climbs the spiral stairs at dusk, lantern in hand, "
              "the sea below rough and grey, gulls wheeling past the salt-streaked windows. ")
-# Two prompt lengths: a short prose prompt and a long caption (real captions run 1.5k-3k tokens), so
-# the dispatcher's per-length buckets and the attention plans of both kinds exist before a user asks.
-WARM_PROMPTS = (_SENTENCE, _SENTENCE * 60)
+# Two prompt lengths: a short prose prompt and a long one (~900 tokens of Cosmos3's Qwen3 tokenizer, ~2.6k of
+# the offline test tokenizer), so the text tower's attention plans of both kinds exist before a user asks.
+# Both fit a kept step's room for text (`whole_step.KEPT_PROMPT_TOKENS`) under either tokenizer, so each
+# size keeps one step for both, which later prompts up to that room replay.
+WARM_PROMPTS = (_SENTENCE, _SENTENCE * 25)
 
 # The modes a warm-up can run: each needs only a prompt and a size (i2v, v2v and action need inputs).
 WARMABLE_MODES = ("t2i", "t2v")
