@@ -1,0 +1,151 @@
+"""Does the attention kernel a step runs change the time of the rest of the step? An interleaved A/B.
+
+    python bench/bench_attention_in_step.py --json out.json     # Nano T2I 1024x1024, about 2 minutes on an H200
+
+One process, one full-size random Nano, the e2e workload `nano-t2i-1024` (35 steps, CFG every step, a
+~1.6k-token caption). Each variant has its own dispatcher and its own kept step graphs, swapped in before
+each of its requests, so the variants alternate request by request (A B A B ...) and share the GPU's
+thermal and power history:
+- "flash4": attention on flash-attn-4 wherever dispatch offers it (whatever its isolated timing);
+- "triton": attention on our Triton kernel (flash-attn-4 not offered);
+- "auto": dispatch's own choice, as the engine runs.
+Everything else is dispatch's choice in each variant. Recorded per request: denoise seconds, and while
+it runs, nvidia-smi's SM clock and power samples (every 50 ms). Then one more request per variant under
+torch.profiler: GPU time by kernel, so a difference can be placed (attention alone, or every kernel).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import e2e  # noqa: E402
+from bench.models import as_loaded_model, build_transformer, build_vae  # noqa: E402
+from kernels import dispatch as dsp  # noqa: E402
+
+_MEASURE = dsp.KernelDispatcher._measure
+
+
+def _measure_preferring(path: str):
+    """A `_measure` that puts attention on `path` ("flash4", "triton"), or leaves dispatch's choice ("auto")."""
+    def measure(self, run_triton, run_torch, run_flash4=None):
+        if path == "triton" and run_flash4 is not None:
+            return _MEASURE(self, run_triton, None, None)
+        decision = _MEASURE(self, run_triton, run_torch, run_flash4)
+        if path == "flash4" and decision.flash4_ms is not None:
+            return dsp.Decision(dsp.Path.FLASH4, "bench: flash-attn-4 preferred", triton_ms=decision.triton_ms,
+                                torch_ms=decision.torch_ms, flash4_ms=decision.flash4_ms,
+                                flash4_config=decision.flash4_config)
+        return decision
+    return measure
+
+
+def _sampler(path: str) -> subprocess.Popen:
+    return subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                             "-lms", "50"], stdout=open(path, "w"), stderr=subprocess.DEVNULL)
+
+
+def _samples(path: str) -> list[tuple[float, float, float]]:
+    """(unix time, SM MHz, W) per nvidia-smi line (its timestamp is local time, as is time.mktime's)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            stamp, mhz, watts = (part.strip() for part in line.split(","))
+            seconds = time.mktime(time.strptime(stamp.split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + stamp.split(".")[1])
+            out.append((seconds, float(mhz), float(watts)))
+        except (ValueError, IndexError):
+            continue
+    return out
+
+
+def _during(samples, began: float, ended: float) -> dict:
+    inside = sorted((mhz, watts) for t, mhz, watts in samples if began <= t <= ended)
+    if not inside:
+        return {"samples": 0}
+    clocks = sorted(m for m, _ in inside)
+    powers = sorted(w for _, w in inside)
+    return {"samples": len(inside), "sm_mhz_median": clocks[len(clocks) // 2], "sm_mhz_min": clocks[0],
+            "power_w_median": powers[len(powers) // 2], "power_w_max": powers[-1]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=4, help="requests per variant, interleaved")
+    parser.add_argument("--variants", default="flash4,triton,auto")
+    parser.add_argument("--workload", default="nano-t2i-1024")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    from engine.model.tiny import build_tokenizer
+
+    family, request, _ = e2e.WORKLOADS[args.workload]
+    model = as_loaded_model(build_transformer(family), family, vae=build_vae(), tokenizer=build_tokenizer())
+    request = dict(request, prompt=e2e.long_prompt(model), seed=1)
+    variants = args.variants.split(",")
+    saved = {v: {} for v in variants}  # each variant's dispatchers and kept steps
+    results = {"header": e2e.run_header(torch.cuda.get_device_name()), "workload": args.workload,
+               "requests": [], "profiles": {}}
+
+    def run(variant: str, profile: bool = False) -> dict:
+        model.dispatchers.clear()
+        model.dispatchers.update(saved[variant])
+        dsp.KernelDispatcher._measure = _measure_preferring(variant)
+        try:
+            if profile:
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    row = e2e.timed_generate(model, request)
+                    torch.cuda.synchronize()
+                kernels = e2e.kernel_rows(prof)
+                row = {"timings": row, "kernel_ms_total": sum(k["ms"] for k in kernels), "top": kernels[:10]}
+            else:
+                row = e2e.timed_generate(model, request)
+        finally:
+            dsp.KernelDispatcher._measure = _MEASURE
+            saved[variant] = dict(model.dispatchers)
+        return row
+
+    smi = tempfile.mktemp(suffix=".csv")
+    sampler = _sampler(smi)
+    try:
+        for variant in variants:  # cold: compiles, dispatch measures, the step is captured
+            results.setdefault("cold", {})[variant] = run(variant)["denoise_s"]
+        for round_ in range(args.rounds):
+            for variant in variants if round_ % 2 == 0 else variants[::-1]:
+                began = time.time()
+                row = run(variant)
+                results["requests"].append({"variant": variant, "round": round_, "began": began, "ended": time.time(),
+                                            "denoise_s": row["denoise_s"], "total_s": row["total_s"]})
+                print(json.dumps(results["requests"][-1]), flush=True)
+        for variant in variants:
+            results["profiles"][variant] = run(variant, profile=True)
+    finally:
+        sampler.terminate()
+        sampler.wait()
+    samples = _samples(smi)
+    for r in results["requests"]:
+        r.update(_during(samples, r["began"], r["ended"]))
+    for variant in variants:
+        mine = sorted(r["denoise_s"] for r in results["requests"] if r["variant"] == variant)
+        paths = [(d.path.value, d.flash4_config.label if d.flash4_config else None)
+                 for key, d in saved[variant]["auto"].decisions().items() if key[0] == "prefix_attention"]
+        profile = results["profiles"][variant]
+        results.setdefault("summary", {})[variant] = {
+            "denoise_s_median": mine[len(mine) // 2], "denoise_s": mine, "attention": paths,
+            "sm_mhz_median": sorted(r.get("sm_mhz_median", 0) for r in results["requests"] if r["variant"] == variant),
+            "profiled_kernel_ms": profile["kernel_ms_total"],
+            "profiled_top": [(k["kernel"][:60], k["calls"], round(k["ms"], 1)) for k in profile["top"][:6]]}
+        print(json.dumps({variant: results["summary"][variant]}), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
