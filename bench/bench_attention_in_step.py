@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -46,34 +44,6 @@ def _measure_preferring(path: str):
                                 flash4_config=decision.flash4_config)
         return decision
     return measure
-
-
-def _sampler(path: str) -> subprocess.Popen:
-    return subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                             "-lms", "50"], stdout=open(path, "w"), stderr=subprocess.DEVNULL)
-
-
-def _samples(path: str) -> list[tuple[float, float, float]]:
-    """(unix time, SM MHz, W) per nvidia-smi line (its timestamp is local time, as is time.mktime's)."""
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            stamp, mhz, watts = (part.strip() for part in line.split(","))
-            seconds = time.mktime(time.strptime(stamp.split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + stamp.split(".")[1])
-            out.append((seconds, float(mhz), float(watts)))
-        except (ValueError, IndexError):
-            continue
-    return out
-
-
-def _during(samples, began: float, ended: float) -> dict:
-    inside = sorted((mhz, watts) for t, mhz, watts in samples if began <= t <= ended)
-    if not inside:
-        return {"samples": 0}
-    clocks = sorted(m for m, _ in inside)
-    powers = sorted(w for _, w in inside)
-    return {"samples": len(inside), "sm_mhz_median": clocks[len(clocks) // 2], "sm_mhz_min": clocks[0],
-            "power_w_median": powers[len(powers) // 2], "power_w_max": powers[-1]}
 
 
 def main(argv=None) -> int:
@@ -111,8 +81,7 @@ def main(argv=None) -> int:
             saved[variant] = dict(model.dispatchers)
         return row
 
-    smi = tempfile.mktemp(suffix=".csv")
-    sampler = _sampler(smi)
+    clocks = e2e.ClockSampler()
     try:
         for variant in variants:  # cold: compiles, dispatch measures, the step is captured
             results.setdefault("cold", {})[variant] = run(variant)["denoise_s"]
@@ -126,11 +95,9 @@ def main(argv=None) -> int:
         for variant in variants:
             results["profiles"][variant] = run(variant, profile=True)
     finally:
-        sampler.terminate()
-        sampler.wait()
-    samples = _samples(smi)
+        samples = clocks.close()
     for r in results["requests"]:
-        r.update(_during(samples, r["began"], r["ended"]))
+        r.update(e2e.clocks_during(samples, r["began"], r["ended"]))
     for variant in variants:
         mine = sorted(r["denoise_s"] for r in results["requests"] if r["variant"] == variant)
         paths = [(d.path.value, d.flash4_config.label if d.flash4_config else None)

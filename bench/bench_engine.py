@@ -271,6 +271,7 @@ def main_e2e(args) -> int:
 
     header = e2e.run_header(torch.cuda.get_device_name())
     print(json.dumps(header), flush=True)
+    clocks = e2e.ClockSampler()
     names = list(e2e.WORKLOADS) if args.e2e == "all" else [n for n in (args.e2e or "").split(",") if n]
     ablate = [n for n in (args.e2e_ablate or "").split(",") if n]
     warm_first = [n for n in (args.warm_up_first or "").split(",") if n]
@@ -329,6 +330,7 @@ def main_e2e(args) -> int:
         del model
         gc.collect()
         torch.cuda.empty_cache()
+    e2e.annotate_clocks(results, clocks.close())
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     print(e2e.table_markdown(results))

@@ -108,6 +108,66 @@ def run_header(gpu: str) -> dict:
     return header
 
 
+class ClockSampler:
+    """nvidia-smi's SM clock and board power every 50 ms, in the background, so that each measured request can
+    say what clock it ran at. Why: sustained bf16 work holds an H200 at its 700 W limit, and the clock it
+    settles at differs between runs and machines enough to move a GEMM-bound request by ~17% (Nano T2I,
+    docs/PERFORMANCE.md). Off (every `during` empty) where nvidia-smi is missing."""
+
+    def __init__(self):
+        import subprocess
+        import tempfile
+
+        self.path = tempfile.mktemp(suffix=".csv")
+        try:
+            self.process = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"],
+                stdout=open(self.path, "w"), stderr=subprocess.DEVNULL)
+        except OSError:
+            self.process = None
+
+    def close(self) -> list[tuple[float, float, float]]:
+        """Stop sampling; (unix time, SM MHz, W) per sample (nvidia-smi stamps local time, as time.mktime reads)."""
+        from pathlib import Path
+
+        if self.process is None:
+            return []
+        self.process.terminate()
+        self.process.wait()
+        samples = []
+        for line in Path(self.path).read_text().splitlines():
+            try:
+                stamp, mhz, watts = (part.strip() for part in line.split(","))
+                whole, _, fraction = stamp.partition(".")
+                at = time.mktime(time.strptime(whole, "%Y/%m/%d %H:%M:%S")) + float("0." + (fraction or "0"))
+                samples.append((at, float(mhz), float(watts)))
+            except ValueError:
+                continue
+        return samples
+
+
+def clocks_during(samples: list[tuple[float, float, float]], began: float, ended: float) -> dict:
+    """The median SM clock and power (and the lowest clock) of the samples in [began, ended]."""
+    inside = [(mhz, watts) for at, mhz, watts in samples if began <= at <= ended]
+    if not inside:
+        return {}
+    clocks, powers = sorted(m for m, _ in inside), sorted(w for _, w in inside)
+    return {"sm_mhz_median": clocks[len(clocks) // 2], "sm_mhz_min": clocks[0], "power_w_median": powers[len(powers) // 2],
+            "clock_samples": len(inside)}
+
+
+def annotate_clocks(results, samples) -> None:
+    """Every measured request in `results` (a dict with "began" and "ended", at any depth) gets `clocks_during`."""
+    if isinstance(results, dict):
+        if "began" in results and "ended" in results:
+            results.update(clocks_during(samples, results["began"], results["ended"]))
+        for value in results.values():
+            annotate_clocks(value, samples)
+    elif isinstance(results, list):
+        for value in results:
+            annotate_clocks(value, samples)
+
+
 def stages(timings: dict) -> dict:
     """A result's stage times: prefill (conditioning, prompt and prefill together), denoise, decode, total."""
     prefill = sum(timings.get(k, 0.0) for k in ("conditioning", "prompt", "prefill"))
@@ -140,8 +200,10 @@ def generate_marked(model, request) -> tuple:
 
 
 def timed_generate(model, request) -> dict:
+    began = time.time()
     result, marks, wall = generate_marked(model, request)
     row = stages(result.timings)
+    row["began"], row["ended"] = began, time.time()  # for `annotate_clocks`
     # Where a cold run's time goes: the step durations as progress saw them (first steps, median, max).
     marks.insert(0, row["prefill_s"])  # the denoise stage starts after the prefill (to within the noise draw)
     steps = sorted(b - a for a, b in zip(marks, marks[1:]))
@@ -209,6 +271,8 @@ def _status(value: float, limit: float) -> str:
 
 
 def _row(workload: str, run_name: str, r: dict, published: str = "", target: str = "", status: str = "") -> str:
+    if r.get("sm_mhz_median"):
+        run_name += f" ({r['sm_mhz_median']:.0f} MHz)"
     return (f"| {workload} | {run_name} | {r['prefill_s']:.2f} | {r['denoise_s']:.2f} ({r['denoise_ms_per_step']:.1f}) | "
             f"{r['decode_s']:.2f} | {r['total_s']:.2f} | {published} | {target} | {status} |")
 
@@ -228,7 +292,7 @@ def table_markdown(results: dict) -> str:
     a first request after warm-up against the same request warm."""
     lines = header_lines(results.get("header", {})) + [
         "",
-        "| workload | run | prefill | denoise (ms/step) | decode | total | best published | target | status |",
+        "| workload | run (median SM clock) | prefill | denoise (ms/step) | decode | total | best published | target | status |",
         "|---|---|---|---|---|---|---|---|---|"]
     for row in results.get("e2e", []):
         name = row["workload"]

@@ -79,3 +79,19 @@ def test_a_table_section_runs_its_arguments_and_keeps_the_command_lines_own(monk
     assert bench_engine.main(["--table", "short"]) == 0
     assert seen["e2e"].split(",") == ["edge-t2i-640", "edge-t2i-480-new-size", "edge-t2v-480p", "nano-t2i-1024"]
     assert seen["warm_up_effect"] is True
+
+
+def test_each_measured_request_is_told_the_clock_it_ran_at_and_the_table_shows_it():
+    from bench.e2e import annotate_clocks, table_markdown
+
+    samples = [(100.0, 1980.0, 300.0), (101.0, 1575.0, 690.0), (102.0, 1560.0, 700.0), (103.0, 1590.0, 699.0),
+               (110.0, 1980.0, 120.0)]
+    warm = dict(_stage_times(0.4), began=100.5, ended=103.5)
+    results = {"header": {}, "e2e": [{"workload": "edge-t2i-640", "published": "", "cold": _stage_times(1.0),
+                                      "warm": warm}]}
+    annotate_clocks(results, samples)
+    assert warm["sm_mhz_median"] == 1575.0 and warm["sm_mhz_min"] == 1560.0 and warm["clock_samples"] == 3
+    assert warm["power_w_median"] == 699.0
+    assert "sm_mhz_median" not in results["e2e"][0]["cold"]  # no began/ended: nothing to place it by
+    rows = _table_rows(table_markdown(results))
+    assert ("edge-t2i-640", "warm (1575 MHz)") in rows and ("edge-t2i-640", "cold") in rows
