@@ -79,3 +79,32 @@ def test_the_prefill_sizes_the_cache_for_captions_up_to_the_kept_prompt_length(t
     model = engine.load_model(tiny_family["edge"], device="cpu")
     run.generate(model, dict(mode="t2i", prompt="a lighthouse", seed=1, steps=2))
     assert seen and seen[0]["prompt_room"] == whole_step.KEPT_PROMPT_TOKENS
+
+
+def test_the_retry_runs_after_the_failed_attempts_frames_are_gone(monkeypatch):
+    """Inside an `except` block the traceback keeps the failed attempt's locals (its tensors) alive, so a
+    retry there would find the memory still taken; it must run after the handler."""
+    import gc
+    import weakref
+
+    class Activations:
+        pass
+
+    seen = []
+
+    def fake(model, request, *args):
+        if not seen:
+            held = Activations()
+            seen.append(weakref.ref(held))
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        gc.collect()
+        seen.append(seen[0]() is None)
+        return "done"
+
+    monkeypatch.setattr(run, "_generate", fake)
+    monkeypatch.setattr(run, "validate_request", lambda info, mode, request: request)
+    monkeypatch.setattr(run, "safety_check_prompt", lambda model, prompt: None)
+    model = _model(old=SimpleNamespace(bytes=1))
+    model.info = None
+    assert run.generate(model, {"prompt": "p"}) == "done"
+    assert seen[1] is True, "the first attempt's locals were still alive when the retry ran"

@@ -135,9 +135,10 @@ def generate(model: LoadedModel, request: Request | dict, on_progress: Callable[
         # and run the request once more, from the start, with the same seed.
         if not whole_step.release_kept_steps(model):
             raise
-        gc.collect()
-        torch.cuda.empty_cache()
-        return _generate(model, request, on_progress, cancel, outputs_root, model_name, previews)
+    # Retried outside the handler: inside it the traceback still holds the failed attempt's tensors.
+    gc.collect()
+    torch.cuda.empty_cache()
+    return _generate(model, request, on_progress, cancel, outputs_root, model_name, previews)
 
 
 def _generate(model: LoadedModel, request: Request, on_progress, cancel, outputs_root, model_name,

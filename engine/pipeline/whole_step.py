@@ -16,10 +16,11 @@ tables into them (`WholeStep.adopt`). By default the K/V cache keeps its lengths
 (`lengths_on_device`, `transformer.KVCache`): its buffers have a capacity of rows for every prompt whose
 longest branch fits a power-of-two bound (with room for captions up to `KEPT_PROMPT_TOKENS`), the
 attention and QK kernels read every start, length and offset from device tensors, and `adopt` rewrites
-those, so one capture per size serves any prompt up to that length. A model keeps up to
-`MAX_CACHED_STEPS` steps within `KEPT_STEPS_MEMORY_SHARE` of the GPU's memory, least recently used out
-first, and gives them all back when a request runs out of memory (`engine.pipeline.run.generate`). Without it (`COSMOS3_LENGTHS_ON_DEVICE=0`, or where the kernels cannot read lengths on the device)
-a different text length recaptures; docs/PERFORMANCE.md has both costs.
+those, so one capture per size serves any prompt up to that length. Without the lengths on the device
+(`COSMOS3_LENGTHS_ON_DEVICE=0`, or where the kernels cannot read them there) a different text length
+recaptures; docs/PERFORMANCE.md has both costs. A model keeps up to `MAX_CACHED_STEPS` steps within
+`KEPT_STEPS_MEMORY_SHARE` of the GPU's memory, least recently used out first, and gives them all back when a
+request runs out of memory (`engine.pipeline.run.generate`).
 
 Bit for bit: each op is the one the eager loop runs, in the same order, so the graph's result equals
 the eager fast path's (tests/test_whole_step.py on the CPU, tests/test_gpu_whole_step.py on the H200).
