@@ -115,25 +115,34 @@ class ClockSampler:
     docs/PERFORMANCE.md). Off (every `during` empty) where nvidia-smi is missing."""
 
     def __init__(self):
+        import atexit
+        import os
         import subprocess
         import tempfile
 
-        self.path = tempfile.mktemp(suffix=".csv")
+        descriptor, self.path = tempfile.mkstemp(suffix=".csv")
+        self._out = os.fdopen(descriptor, "w")
         try:
             self.process = subprocess.Popen(
                 ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"],
-                stdout=open(self.path, "w"), stderr=subprocess.DEVNULL)
+                stdout=self._out, stderr=subprocess.DEVNULL)
         except OSError:
             self.process = None
+        atexit.register(self._stop)  # a run that fails half-way leaves no sampler behind
+
+    def _stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait()
+        self._out.close()
 
     def close(self) -> list[tuple[float, float, float]]:
         """Stop sampling; (unix time, SM MHz, W) per sample (nvidia-smi stamps local time, as time.mktime reads)."""
         from pathlib import Path
 
+        self._stop()
         if self.process is None:
             return []
-        self.process.terminate()
-        self.process.wait()
         samples = []
         for line in Path(self.path).read_text().splitlines():
             try:

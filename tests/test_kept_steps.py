@@ -1,7 +1,8 @@
-"""The model's kept whole steps (engine.pipeline.whole_step): how many, how much memory, and what an
-out-of-memory error does to them. The graphs themselves are GPU-only (tests/test_gpu_whole_step.py); the
-bookkeeping is plain Python and runs here."""
-from types import SimpleNamespace
+"""The kept whole steps (engine.pipeline.whole_step): which are kept, how many, how much memory across all
+loaded models, and what an out-of-memory error does to them. The graphs themselves are GPU-only
+(tests/test_gpu_whole_step.py); the bookkeeping is plain Python and runs here."""
+import gc
+import weakref
 
 import pytest
 import torch
@@ -9,39 +10,73 @@ import torch
 from engine.pipeline import run, whole_step
 
 
-def _model(**steps):
-    return SimpleNamespace(dispatchers={"whole_step": dict(steps)} if steps else {})
+class _Model:
+    """What the bookkeeping reads of a loaded model: its `dispatchers` (and, for `generate`, `info`)."""
+
+    def __init__(self, **steps):
+        self.dispatchers = {}
+        self.info = None
+        for key, size in steps.items():
+            whole_step._lookup(self, key, lambda size=size: _Step(size))
+
+
+class _Step:
+    def __init__(self, size):
+        self.bytes = size
+        self.last_use = -1
+
+
+@pytest.fixture(autouse=True)
+def _no_holders():
+    whole_step.release_kept_steps()
+    yield
+    whole_step.release_kept_steps()
+
+
+def test_only_image_scale_steps_are_kept():
+    assert whole_step.keeps(1024, 2)  # Nano 1024x1024 and every other whitelisted image size, with CFG
+    assert not whole_step.keeps(1984, 2)  # Edge T2V 256x256/121f: a video step, not kept
+    assert not whole_step.keeps(24180, 2)
 
 
 def test_a_model_keeps_a_step_for_each_of_sixteen_shapes_and_drops_the_least_recently_used():
-    model = _model()
-    built = []
+    model = _Model()
     for i in range(whole_step.MAX_CACHED_STEPS):
-        whole_step._lookup(model, f"size {i}", lambda: built.append(1) or object())
+        whole_step._lookup(model, f"size {i}", lambda: _Step(1))
     assert whole_step.MAX_CACHED_STEPS >= 9  # every whitelisted image size of a family survives its warm-up
     first, reused = whole_step._lookup(model, "size 0", lambda: pytest.fail("size 0 is kept"))
     assert reused
-    whole_step._lookup(model, "one more", object)
+    whole_step._lookup(model, "one more", lambda: _Step(1))
     kept = model.dispatchers["whole_step"]
     assert len(kept) == whole_step.MAX_CACHED_STEPS and "size 1" not in kept and kept["size 0"] is first
     assert list(kept)[-2:] == ["size 0", "one more"]
 
 
-def test_trimming_drops_the_least_recently_used_until_the_rest_fit_and_keeps_the_newest_even_alone():
+def test_trimming_counts_every_models_steps_drops_the_least_recent_first_and_keeps_the_newest_even_alone():
     gib = 2**30
-    model = _model(a=SimpleNamespace(bytes=4 * gib), b=SimpleNamespace(bytes=3 * gib), c=SimpleNamespace(bytes=2 * gib))
-    assert whole_step.trim_kept_steps(model, 9 * gib) == []
-    assert whole_step.trim_kept_steps(model, 5 * gib) == ["a"]
-    assert list(model.dispatchers["whole_step"]) == ["b", "c"]
-    assert whole_step.trim_kept_steps(model, 1 * gib) == ["b"]
-    assert list(model.dispatchers["whole_step"]) == ["c"]  # over the budget alone, but it was just used
+    nano = _Model(a=4 * gib)
+    edge = _Model(b=3 * gib)
+    whole_step._lookup(nano, "c", lambda: _Step(2 * gib))
+    assert whole_step.trim_kept_steps(9 * gib) == []
+    assert whole_step.trim_kept_steps(5 * gib) == ["a"]  # nano's oldest, although edge's is smaller
+    assert list(nano.dispatchers["whole_step"]) == ["c"] and list(edge.dispatchers["whole_step"]) == ["b"]
+    assert whole_step.trim_kept_steps(1 * gib) == ["b"]
+    assert list(nano.dispatchers["whole_step"]) == ["c"]  # over the budget alone, but it was just used
+
+
+def test_a_model_that_is_gone_holds_nothing():
+    model = _Model(a=1)
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None and whole_step._kept() == []
 
 
 def _failing_once(monkeypatch, result="done"):
     calls = []
 
-    def fake(model, request, *args):
-        calls.append(dict(model.dispatchers))
+    def fake(model, request, seed, *args):
+        calls.append({"kept": whole_step._kept(), "seed": seed})
         if len(calls) == 1:
             raise torch.OutOfMemoryError("CUDA out of memory")
         return result
@@ -52,40 +87,25 @@ def _failing_once(monkeypatch, result="done"):
     return calls
 
 
-def test_out_of_memory_gives_back_the_kept_steps_and_runs_the_request_once_more(monkeypatch):
+def test_out_of_memory_gives_back_every_models_kept_steps_and_runs_the_request_once_more_with_its_seed(monkeypatch):
     calls = _failing_once(monkeypatch)
-    model = _model(old=SimpleNamespace(bytes=1))
-    model.info = None
-    assert run.generate(model, {"prompt": "p"}) == "done"
-    assert len(calls) == 2 and "whole_step" in calls[0] and "whole_step" not in calls[1]
+    model, other = _Model(), _Model(old=1)  # the other model's steps are what hold the memory
+    assert run.generate(model, {"prompt": "p", "seed": -1}) == "done"
+    assert len(calls) == 2 and calls[0]["kept"] and calls[1]["kept"] == []
+    assert calls[0]["seed"] == calls[1]["seed"] >= 0  # a random seed is drawn once, so the retry makes the same image
+    assert "whole_step" not in other.dispatchers
 
 
 def test_out_of_memory_with_nothing_kept_fails_as_before(monkeypatch):
     calls = _failing_once(monkeypatch)
-    model = _model()
-    model.info = None
     with pytest.raises(torch.OutOfMemoryError):
-        run.generate(model, {"prompt": "p"})
+        run.generate(_Model(), {"prompt": "p", "seed": 1})
     assert len(calls) == 1
-
-
-def test_the_prefill_sizes_the_cache_for_captions_up_to_the_kept_prompt_length(tiny_family, monkeypatch):
-    import engine
-    from engine.pipeline import prefill
-
-    seen = []
-    original = prefill.allocate_cache
-    monkeypatch.setattr(prefill, "allocate_cache", lambda *a, **kw: seen.append(kw) or original(*a, **kw))
-    model = engine.load_model(tiny_family["edge"], device="cpu")
-    run.generate(model, dict(mode="t2i", prompt="a lighthouse", seed=1, steps=2))
-    assert seen and seen[0]["prompt_room"] == whole_step.KEPT_PROMPT_TOKENS
 
 
 def test_the_retry_runs_after_the_failed_attempts_frames_are_gone(monkeypatch):
     """Inside an `except` block the traceback keeps the failed attempt's locals (its tensors) alive, so a
     retry there would find the memory still taken; it must run after the handler."""
-    import gc
-    import weakref
 
     class Activations:
         pass
@@ -104,7 +124,45 @@ def test_the_retry_runs_after_the_failed_attempts_frames_are_gone(monkeypatch):
     monkeypatch.setattr(run, "_generate", fake)
     monkeypatch.setattr(run, "validate_request", lambda info, mode, request: request)
     monkeypatch.setattr(run, "safety_check_prompt", lambda model, prompt: None)
-    model = _model(old=SimpleNamespace(bytes=1))
-    model.info = None
-    assert run.generate(model, {"prompt": "p"}) == "done"
+    assert run.generate(_Model(old=1), {"prompt": "p", "seed": 1}) == "done"
     assert seen[1] is True, "the first attempt's locals were still alive when the retry ran"
+
+
+def test_a_capture_that_runs_out_of_memory_is_not_taken_for_a_capture_problem(monkeypatch):
+    """`_capture` turns a failed capture into an eager step with a warning; out of memory must reach
+    `generate`'s retry instead (it is a RuntimeError too)."""
+    step = whole_step.WholeStep.__new__(whole_step.WholeStep)
+    step.use_graphs = True
+    monkeypatch.setattr(whole_step.WholeStep, "_record", lambda self, count: (_ for _ in ()).throw(
+        torch.OutOfMemoryError("CUDA out of memory")))
+    with pytest.raises(torch.OutOfMemoryError):
+        step._capture(2)
+    assert step.use_graphs
+    monkeypatch.setattr(whole_step.WholeStep, "_record", lambda self, count: (_ for _ in ()).throw(
+        RuntimeError("operation not permitted when stream is capturing")))
+    with pytest.warns(UserWarning, match="capture failed"):
+        step._capture(2)
+    assert not step.use_graphs
+
+
+def test_the_prefill_sizes_the_cache_for_captions_up_to_the_kept_prompt_length(tiny_family, monkeypatch):
+    import engine
+    from engine.pipeline import prefill
+
+    seen = []
+    original = prefill.allocate_cache
+    monkeypatch.setattr(prefill, "allocate_cache", lambda *a, **kw: seen.append(kw) or original(*a, **kw))
+    model = engine.load_model(tiny_family["edge"], device="cpu")
+    run.generate(model, dict(mode="t2i", prompt="a lighthouse", seed=1, steps=2))
+    assert seen and seen[0]["prompt_room"] == whole_step.KEPT_PROMPT_TOKENS
+
+
+def test_both_warm_prompts_fit_a_kept_steps_text_room_with_the_offline_tokenizer():
+    """So a warm-up keeps one step per size, not one per prompt (with Cosmos3's own tokenizers they are
+    shorter still)."""
+    from engine.model.tiny import build_tokenizer
+    from engine.serving.warmup import WARM_PROMPTS
+
+    tokenizer = build_tokenizer()
+    longest = max(len(tokenizer(prompt)["input_ids"]) for prompt in WARM_PROMPTS)
+    assert 1000 < longest <= whole_step.KEPT_PROMPT_TOKENS - 256  # room for the chat template around it

@@ -128,24 +128,24 @@ def generate(model: LoadedModel, request: Request | dict, on_progress: Callable[
     if not isinstance(request, Request):
         request = validate_request(model.info, request.get("mode", "t2i"), request)
     safety_check_prompt(model, request["prompt"])
+    seed = resolve_seed(request["seed"])  # once: a retry draws the same noise
     try:
-        return _generate(model, request, on_progress, cancel, outputs_root, model_name, previews)
+        return _generate(model, request, seed, on_progress, cancel, outputs_root, model_name, previews)
     except torch.OutOfMemoryError:
-        # Kept step graphs are a cache (engine.pipeline.whole_step): where some held memory, give it back
-        # and run the request once more, from the start, with the same seed.
-        if not whole_step.release_kept_steps(model):
+        # Kept step graphs are a cache (engine.pipeline.whole_step): where some (of any loaded model) held
+        # memory, give it back and run the request once more, from the start, with the same seed.
+        if not whole_step.release_kept_steps():
             raise
     # Retried outside the handler: inside it the traceback still holds the failed attempt's tensors.
     gc.collect()
     torch.cuda.empty_cache()
-    return _generate(model, request, on_progress, cancel, outputs_root, model_name, previews)
+    return _generate(model, request, seed, on_progress, cancel, outputs_root, model_name, previews)
 
 
-def _generate(model: LoadedModel, request: Request, on_progress, cancel, outputs_root, model_name,
+def _generate(model: LoadedModel, request: Request, seed: int, on_progress, cancel, outputs_root, model_name,
               previews: bool) -> GenerationResult:
     """The stages, top to bottom (see `generate`)."""
     clock = _Clock(on_progress)
-    seed = resolve_seed(request["seed"])
     state = RunState(model, request, seed, torch.Generator(device="cpu").manual_seed(seed),
                      FastPathOptions.for_model(model), cancel, lambda step, total: clock.report("denoise", step, total))
 

@@ -29,8 +29,10 @@ and action keep the eager loop.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -46,12 +48,17 @@ from .transformer import time_embeds
 
 # Steps kept per loaded model. Each holds its K/V buffers and its graphs' memory pool (Edge T2I 640x640:
 # about 1 GiB; measured in docs/PERFORMANCE.md). Why as many as 16: a warm-up captures one step per
-# whitelisted size of a mode (9 image sizes for Edge and Nano), and a first request at any of them should
+# whitelisted image size (9 for Edge, 6 for Nano and Super), and a first request at any of them should
 # find its step still kept; with 2 kept, the warm-up's last two sizes were all that survived.
 MAX_CACHED_STEPS = 16
-# ... and never more than this share of the GPU's memory together (the least recently used go first),
-# so that kept steps do not crowd out a video request's activations.
+# ... and never more than this share of the GPU's memory, all loaded models' kept steps together (the least
+# recently used go first), so that kept steps do not crowd out a video request's activations.
 KEPT_STEPS_MEMORY_SHARE = 0.15
+# Only image-scale steps are kept: up to this many gen tokens over all branches (every whitelisted image
+# size with CFG). Why: there a capture (~0.2 s) is half a warm request; a graphed video step runs for
+# seconds, where a capture is a few percent, and its K/V capacity costs 2-4 GiB a step (the T2V warm-up's
+# kept steps held 19.3 GiB, docs/PERFORMANCE.md).
+KEPT_MAX_GEN_TOKENS = 2048
 # Room for the text of a kept step's branches: real JSON captions run 1.5k-3k tokens, so with the lengths on
 # the device every prompt up to this length shares one capacity, one key and one kept step per size.
 KEPT_PROMPT_TOKENS = 3072
@@ -66,11 +73,16 @@ def lengths_on_device(state) -> bool:
     branches = 2 if any(state.plan) else 1
     if not (options.enabled and options.lengths_on_device and options.cuda_graphs and model.parallel is None
             and _takes_whole_step(options, latents, schedulers) and latents.vision.is_cuda
-            and state.layout.gen_len * branches <= GRAPH_MAX_GEN_TOKENS
+            and keeps(state.layout.gen_len, branches)
             and sampler_supported(schedulers.vision)):  # else no step is kept, and capacity buys nothing
         return False
     attn = model.transformer.layers[0].self_attn
     return lengths_on_device_refused(latents.vision.device, attn.head_dim, model.dtype, options.kernels) is None
+
+
+def keeps(gen_len: int, branches: int) -> bool:
+    """Whether a step of this many gen tokens per branch is kept across requests (`KEPT_MAX_GEN_TOKENS`)."""
+    return gen_len * branches <= min(KEPT_MAX_GEN_TOKENS, GRAPH_MAX_GEN_TOKENS)
 
 
 def _takes_whole_step(options: FastPathOptions, latents, schedulers) -> bool:
@@ -114,6 +126,7 @@ class WholeStep:
         self._pool_bytes = 0  # measured after each capture (the pool grows only while capturing)
         self.timesteps: torch.Tensor | None = None  # this request's, set by `prepare`
         self.key: StepKey | None = None             # its key among the model's kept steps, set by `prepare`
+        self.last_use = -1                          # when it was last looked up (`_lookup`), for trimming
 
     @property
     def captured_counts(self) -> set[int]:
@@ -172,6 +185,8 @@ class WholeStep:
         """Capture the step at `count` branches; if capture fails, say so once and stay eager."""
         try:
             self._record(count)
+        except torch.OutOfMemoryError:
+            raise  # not a capture problem: `generate` gives the kept steps back and runs the request again
         except RuntimeError as error:  # e.g. an op that syncs with the host: eager is still correct
             warnings.warn(f"whole-step CUDA graph capture failed ({error}); this shape runs eagerly", stacklevel=2)
             self.use_graphs = False
@@ -235,30 +250,50 @@ def pool_bytes(pool) -> int:
 
 
 def cacheable(tower: FastGenTower) -> bool:
-    """Keep the step across requests where it holds graphs (on the CPU nothing is worth keeping)."""
-    return tower.use_graphs
+    """Keep the step across requests where it holds graphs (on the CPU nothing is worth keeping) and is
+    image-scale (`keeps`)."""
+    return tower.use_graphs and keeps(tower.cache.layout.gen_len, tower.cache.layout.num_branches)
+
+
+# Every model that holds kept steps (in `model.dispatchers["whole_step"]`, so they go with the model), for
+# the process-wide memory budget and the out-of-memory release; and a use counter for least-recently-used
+# order across models.
+_HOLDERS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()  # id -> model
+_USES = itertools.count()
 
 
 def _lookup(model, key: StepKey, build: Callable[[], WholeStep]) -> tuple[WholeStep, bool]:
     cache = model.dispatchers.setdefault("whole_step", {})
+    _HOLDERS[id(model)] = model
     if key in cache:
         cache[key] = cache.pop(key)  # most recently used last
+        cache[key].last_use = next(_USES)
         return cache[key], True
     while len(cache) >= MAX_CACHED_STEPS:
         cache.pop(next(iter(cache)))
     cache[key] = build()
+    cache[key].last_use = next(_USES)
     return cache[key], False
 
 
-def trim_kept_steps(model, budget: int) -> list:
-    """Drop the least recently used kept steps until the rest fit `budget` bytes; the most recent one always
-    stays (it was just used). Returns the dropped keys."""
-    cache = model.dispatchers.get("whole_step", {})
-    sizes = {key: step.bytes for key, step in cache.items()}
+def _kept() -> list[tuple[dict, object, "WholeStep"]]:
+    """(the holding model's cache, key, step) for every kept step of every model, least recently used first."""
+    kept = [(model.dispatchers["whole_step"], key, step) for model in list(_HOLDERS.values())
+            for key, step in model.dispatchers.get("whole_step", {}).items()]
+    return sorted(kept, key=lambda entry: entry[2].last_use)
+
+
+def trim_kept_steps(budget: int) -> list:
+    """Drop the least recently used kept steps, of any loaded model, until the rest fit `budget` bytes; the
+    most recently used one always stays (it was just used). Returns the dropped keys."""
+    kept = _kept()
+    total = sum(step.bytes for _, _, step in kept)
     dropped = []
-    while len(cache) > 1 and sum(sizes[key] for key in cache) > budget:
-        key = next(iter(cache))
+    for cache, key, step in kept[:-1]:
+        if total <= budget:
+            break
         del cache[key]
+        total -= step.bytes
         dropped.append(key)
     return dropped
 
@@ -268,11 +303,14 @@ def kept_steps_budget(device: torch.device) -> int:
     return int(KEPT_STEPS_MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory)
 
 
-def release_kept_steps(model) -> int:
-    """Drop every kept step of `model` (their buffers and graph pools go back to the allocator once nothing
-    else holds them); returns how many there were."""
-    cache = model.dispatchers.pop("whole_step", {})
-    return len(cache)
+def release_kept_steps() -> int:
+    """Drop every kept step of every loaded model (their buffers and graph pools go back to the allocator once
+    nothing else holds them); returns how many there were."""
+    count = 0
+    for model in list(_HOLDERS.values()):
+        count += len(model.dispatchers.pop("whole_step", {}))
+    _HOLDERS.clear()
+    return count
 
 
 def prepare(state) -> WholeStep | None:
@@ -317,5 +355,5 @@ def denoise(step: WholeStep, plan: list[bool], report: Callable[[int, int], None
         pacer.launched(i)
     pacer.finish()
     if step.use_graphs and step.model.dispatchers.get("whole_step", {}).get(step.key) is step:
-        trim_kept_steps(step.model, kept_steps_budget(step.sample.device))
+        trim_kept_steps(kept_steps_budget(step.sample.device))
     return step.sample.clone()
