@@ -27,6 +27,7 @@ STAGE_LABELS = {
     "denoise": "Denoising",
     "decode": "Decoding frames",
     "save": "Saving files",
+    "retry": "The GPU ran out of memory; freed its cached step graphs and started again",
 }
 
 

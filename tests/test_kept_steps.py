@@ -96,6 +96,18 @@ def test_out_of_memory_gives_back_every_models_kept_steps_and_runs_the_request_o
     assert "whole_step" not in other.dispatchers
 
 
+def test_a_retry_tells_the_progress_listener_why_it_starts_again(monkeypatch):
+    from cosmos3_ui.service import JobStatus
+    from engine.serving.events import Progress
+
+    calls = _failing_once(monkeypatch)
+    seen = []
+    run.generate(_Model(old=1), {"prompt": "p", "seed": 1}, on_progress=seen.append)
+    assert len(calls) == 2 and [p.stage for p in seen] == ["retry"] and isinstance(seen[0], Progress)
+    status = JobStatus(stage="retry")
+    assert "ran out of memory" in status.describe() and "started again" in status.describe()
+
+
 def test_out_of_memory_with_nothing_kept_fails_as_before(monkeypatch):
     calls = _failing_once(monkeypatch)
     with pytest.raises(torch.OutOfMemoryError):

@@ -139,6 +139,8 @@ def generate(model: LoadedModel, request: Request | dict, on_progress: Callable[
     # Retried outside the handler: inside it the traceback still holds the failed attempt's tensors.
     gc.collect()
     torch.cuda.empty_cache()
+    if on_progress is not None:  # so a progress bar going back to step 0 says why
+        on_progress(Progress(stage="retry", step=0, total=0, elapsed_s=0.0, eta_s=None))
     return _generate(model, request, seed, on_progress, cancel, outputs_root, model_name, previews)
 
 

@@ -20,7 +20,7 @@ class Started:
 
 @dataclass(frozen=True)
 class Progress:
-    stage: str  # "load" | "prompt" | "prefill" | "denoise" | "decode" | "save"
+    stage: str  # "load" | "prompt" | "prefill" | "denoise" | "decode" | "save" | "retry" (out of memory: again)
     step: int
     total: int
     elapsed_s: float
