@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -69,11 +68,7 @@ def main(argv=None) -> int:
         dsp.KernelDispatcher._measure = _measure_preferring(variant)
         try:
             if profile:
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                    row = e2e.timed_generate(model, request)
-                    torch.cuda.synchronize()
-                kernels = e2e.kernel_rows(prof)
-                row = {"timings": row, "kernel_ms_total": sum(k["ms"] for k in kernels), "top": kernels[:10]}
+                row = e2e.profile_request(model, args.workload, log=lambda _: None, top=10)
             else:
                 row = e2e.timed_generate(model, request)
         finally:
@@ -87,17 +82,15 @@ def main(argv=None) -> int:
             results.setdefault("cold", {})[variant] = run(variant)["denoise_s"]
         for round_ in range(args.rounds):
             for variant in variants if round_ % 2 == 0 else variants[::-1]:
-                began = time.time()
                 row = run(variant)
-                results["requests"].append({"variant": variant, "round": round_, "began": began, "ended": time.time(),
-                                            "denoise_s": row["denoise_s"], "total_s": row["total_s"]})
+                results["requests"].append({"variant": variant, "round": round_, "began": row["began"],
+                                            "ended": row["ended"], "denoise_s": row["denoise_s"], "total_s": row["total_s"]})
                 print(json.dumps(results["requests"][-1]), flush=True)
         for variant in variants:
             results["profiles"][variant] = run(variant, profile=True)
     finally:
         samples = clocks.close()
-    for r in results["requests"]:
-        r.update(e2e.clocks_during(samples, r["began"], r["ended"]))
+    e2e.annotate_clocks(results["requests"], samples)
     for variant in variants:
         mine = sorted(r["denoise_s"] for r in results["requests"] if r["variant"] == variant)
         paths = [(d.path.value, d.flash4_config.label if d.flash4_config else None)

@@ -30,7 +30,7 @@ SENTENCE = ("A weathered lighthouse keeper climbs the spiral stairs at dusk, lan
             "the sea below rough and grey. ")
 
 # (label, mode, prompt sentences, profiled). Sentences are ~25 tokens each; the warm-up's prompts are 1
-# and 60 of its own sentence, so 1 here is a length the app warms and the rest are not.
+# and 25 of its own sentence, so 1 here is a length the app warms and the rest are not.
 PLAN = [
     ("first request of the process", "t2i", 1, False),
     ("same prompt again (warm)", "t2i", 1, False),

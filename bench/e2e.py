@@ -94,7 +94,9 @@ def _commit() -> str | None:
                              cwd=Path(__file__).resolve().parents[1])
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
 
 
 def run_header(gpu: str) -> dict:
@@ -286,12 +288,12 @@ def _row(workload: str, run_name: str, r: dict, published: str = "", target: str
             f"{r['decode_s']:.2f} | {r['total_s']:.2f} | {published} | {target} | {status} |")
 
 
-def header_lines(header: dict) -> list[str]:
+def header_line(header: dict) -> str:
     """The run's facts as one line: date, GPU, driver, commit, versions, command."""
     versions = ", ".join(f"{k} {header[k]}" for k in ("torch", "cudnn", "triton", "diffusers", "torchao", "flash-attn-4",
                                                        "nvidia-cutlass-dsl") if header.get(k) is not None)
-    return [f"{header.get('date')}, {header.get('gpu')} (driver {header.get('driver')}), commit {header.get('commit')}; "
-            f"{versions}. Command: `{header.get('command')}`"]
+    return (f"{header.get('date')}, {header.get('gpu')} (driver {header.get('driver')}), commit {header.get('commit')}; "
+            f"{versions}. Command: `{header.get('command')}`")
 
 
 def table_markdown(results: dict) -> str:
@@ -299,7 +301,8 @@ def table_markdown(results: dict) -> str:
     docs/PERFORMANCE.md's end-to-end rows: seconds (denoise ms per step), published numbers, issue 17's target
     and whether it is met. A target is checked on the warm run (the cold one where no warm run was made);
     a first request after warm-up against the same request warm."""
-    lines = header_lines(results.get("header", {})) + [
+    lines = [
+        header_line(results.get("header", {})),
         "",
         "| workload | run (median SM clock) | prefill | denoise (ms/step) | decode | total | best published | target | status |",
         "|---|---|---|---|---|---|---|---|---|"]
@@ -317,7 +320,7 @@ def table_markdown(results: dict) -> str:
                 status = _status(r[stage], limit)
             elif run_name == "warm" and "cold" in row:
                 ratio = row["cold"]["total_s"] / r["total_s"]
-                target, status = "", f"cold {ratio:.2f}x warm (no warm-up)"
+                status = f"cold {ratio:.2f}x warm (no warm-up)"
             lines.append(_row(name, run_name, r, row["published"] if run_name == "cold" else "", target, status))
     firsts = [dict(f, label=f"{f['workload']}, first request after warming its mode") for f in results.get("warm_up_first", [])]
     if results.get("warm_up"):

@@ -185,7 +185,7 @@ class PackedKVLayout:
 
 def kv_len_bucket(kv_len: int) -> int:
     """`kv_len` rounded up to a power of two: dispatch measures once per bucket, and a K/V cache with its
-    lengths on the device is sized for every prompt of its bucket."""
+    lengths on the device is sized by it (`engine.pipeline.transformer.allocate_cache`)."""
     return 1 << (kv_len - 1).bit_length()
 
 

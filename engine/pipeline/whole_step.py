@@ -265,15 +265,16 @@ _USES = itertools.count()
 def _lookup(model, key: StepKey, build: Callable[[], WholeStep]) -> tuple[WholeStep, bool]:
     cache = model.dispatchers.setdefault("whole_step", {})
     _HOLDERS[id(model)] = model
-    if key in cache:
-        cache[key] = cache.pop(key)  # most recently used last
-        cache[key].last_use = next(_USES)
-        return cache[key], True
-    while len(cache) >= MAX_CACHED_STEPS:
-        cache.pop(next(iter(cache)))
-    cache[key] = build()
-    cache[key].last_use = next(_USES)
-    return cache[key], False
+    reused = key in cache
+    if reused:
+        step = cache.pop(key)  # put back last: most recently used
+    else:
+        while len(cache) >= MAX_CACHED_STEPS:
+            cache.pop(next(iter(cache)))
+        step = build()
+    cache[key] = step
+    step.last_use = next(_USES)
+    return step, reused
 
 
 def _kept() -> list[tuple[dict, object, "WholeStep"]]:
