@@ -348,18 +348,28 @@ class Studio:
         page = self.page
         first = self.service.describe(self.default_model)
 
+        # Gradio reads an empty dict as one output value, not as "no updates".
+        unchanged = {page.variant: gr.skip()}
+
         def on_model(v: dict):
+            shown = v[page.shown_model]
+            if v[page.model] == shown:
+                return unchanged  # the controls follow this model already (a repeated event, or the same pick)
             try:
                 model = self.service.describe(v[page.model])
             except StudioError as exc:
                 gr.Warning(str(exc))
-                return {}
-            shown = v[page.shown_model]
+                return unchanged
             old = self.service.describe(shown) if shown in self.service.model_names() else None
             return F.switch_updates(page, old, model, v, v[page.current_tab])
 
+        # Gradio's dropdown sends `input` twice for one pick, both with the form as it was; the first
+        # call gives the size and steps controls the new model's choices and bounds, so Gradio's own
+        # check would refuse the second one's old values and the page would show that refusal instead
+        # of the switch. The switch checks every value against the new model itself (F.switch_updates),
+        # so it reads them raw.
         page.model.input(on_model, inputs=set(F.switch_inputs(page)), outputs=F.model_outputs(page, first),
-                         queue=False, api_visibility=PRIVATE)
+                         queue=False, preprocess=False, api_visibility=PRIVATE)
         for tab in page.all_tabs():
             tab_id = tab.mode if isinstance(tab, GenTab) else "action"
             tab.tab.select(lambda t=tab_id: t, outputs=page.current_tab, queue=False, api_visibility=PRIVATE)

@@ -5,15 +5,35 @@ Kept in one place so every app-level test starts the Studio the same way and clo
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import socket
+from pathlib import Path
 
 import app
+from engine.model.defaults import FAMILY_TABLE
+from engine.model.variants import TINY_MARKER
 
 CHROMIUM = "/usr/bin/chromium"
 # Chromium as root in a sandbox with no network beyond loopback (see docs: gradio-and-hosting).
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+def with_family_canvases(source: Path, target: Path) -> Path:
+    """A copy of a tiny checkpoint that declares its real family's canvases (sizes and frame range).
+
+    The six stock tiny checkpoints share one small canvas list, so switching between them cannot show
+    that Nano and Edge allow different sizes; these copies carry the family table's lists instead.
+    """
+    shutil.copytree(source, target)
+    marker = json.loads((target / TINY_MARKER).read_text())
+    limits = FAMILY_TABLE[marker["family"]]
+    marker.update(image_sizes=[list(s) for s in limits.image_sizes], video_sizes=[list(s) for s in limits.video_sizes],
+                  frame_range=list(limits.frame_range), default_frames=limits.video.num_frames)
+    (target / TINY_MARKER).write_text(json.dumps(marker))
+    return target
 
 
 def free_port() -> int:

@@ -3,7 +3,6 @@
 Screenshots go to pytest's temporary folder, never into the repository.
 """
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -13,28 +12,19 @@ from PIL import Image
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-from harness import CHROMIUM, CHROMIUM_ARGS, browser_page, chromium_available, launched_studio  # noqa: E402
+from harness import (  # noqa: E402
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    browser_page,
+    chromium_available,
+    launched_studio,
+    with_family_canvases,
+)
 from engine.model.defaults import FAMILY_TABLE  # noqa: E402
-from engine.model.variants import TINY_MARKER  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
 TINY_NAMES = ("nano", "nano-distilled", "super", "super-distilled", "edge", "edge-distilled")
-
-
-def with_family_canvases(source: Path, target: Path) -> Path:
-    """A copy of a tiny checkpoint that declares its real family's canvases (sizes and frame range).
-
-    The six stock tiny checkpoints share one small canvas list, so switching between them cannot show
-    that Nano and Edge allow different sizes; these copies carry the family table's lists instead.
-    """
-    shutil.copytree(source, target)
-    marker = json.loads((target / TINY_MARKER).read_text())
-    limits = FAMILY_TABLE[marker["family"]]
-    marker.update(image_sizes=[list(s) for s in limits.image_sizes], video_sizes=[list(s) for s in limits.video_sizes],
-                  frame_range=list(limits.frame_range), default_frames=limits.video.num_frames)
-    (target / TINY_MARKER).write_text(json.dumps(marker))
-    return target
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from cosmos3_ui.requests import (
 )
 from cosmos3_ui.service import ActiveJobs, JobStatus, StudioError, apply_event
 from engine.model.action import ACTION_DOMAINS, CHUNK_RANGE, SUPPORTED_DOMAINS
+from engine.model.defaults import FAMILY_TABLE
 from engine.serving.events import Cancelled, Failed, Finished, Progress, Queued, Started
 from engine.serving.registry import ModelEntry, ModelRegistry
 
@@ -601,3 +602,43 @@ def test_a_refusal_marks_the_control_its_field_names_never_by_its_words(page):
     assert marked(out) == set() and set(out) == {t2i.result.status}
     cleared = F.clear_errors(t2i)
     assert t2i.editor.code in cleared and all(c in F.error_outputs(t2i) for c in cleared)
+
+
+def test_the_browsers_repeated_model_switch_event_is_harmless(tiny_family, tmp_path):
+    """Gradio's dropdown sends its `input` event twice for one pick, and both calls carry the form as it
+    was before the switch. The second one used to be refused by Gradio's own check of the size against
+    the new model's choices (the first call had already changed them), and the browser showed that
+    refusal instead of the switch. Here both calls run against one session, as they do in the server."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gradio.state_holder import SessionState
+    from harness import with_family_canvases
+
+    from cosmos3_ui.layout import Studio
+    from cosmos3_ui.service import StudioService
+
+    edge_sizes = with_family_canvases(tiny_family["edge"], tmp_path / "edge-family-sizes")
+    registry = ModelRegistry([ModelEntry("nano", str(tiny_family["nano"]), "tiny random weights"),
+                              ModelEntry("edge-family-sizes", str(edge_sizes), "tiny, Edge's real canvases")])
+    queue = SimpleNamespace(submit=lambda model_name, request, session_id=None: None)
+    studio = Studio(StudioService(registry, queue, tmp_path / "outputs"))
+    try:
+        page, blocks = studio.page, studio.blocks
+        switch = next(fn for fn in blocks.fns.values() if (page.model._id, "input") in fn.targets)
+        form = [c.value for c in switch.inputs]  # the built form, as the browser holds it before the switch
+        form[switch.inputs.index(page.model)] = "edge-family-sizes"
+        edge_choices = [f"{w}x{h}" for w, h in FAMILY_TABLE["edge"].image_sizes]
+        assert page.t2i.resolution.value not in edge_choices  # the stale size the repeat carries
+        session = SessionState(blocks)
+        first = asyncio.run(blocks.process_api(switch, list(form), state=session))
+        second = asyncio.run(blocks.process_api(switch, list(form), state=session))
+        shown = session[page.shown_model._id]
+        choices = [value for _, value in session[page.t2i.resolution._id].choices]
+    finally:
+        studio.close()
+    assert shown == "edge-family-sizes"
+    assert choices == edge_choices
+    assert first["data"][switch.outputs.index(page.variant)].startswith("**edge-family-sizes** ·")
+    # The repeat finds the controls already following the model: it changes nothing.
+    assert all(set(update) <= {"__type__"} for update in second["data"] if isinstance(update, dict))
