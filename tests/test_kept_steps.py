@@ -72,6 +72,37 @@ def test_a_model_that_is_gone_holds_nothing():
     assert gone() is None and whole_step._kept() == []
 
 
+class _ReplayedStep(_Step):
+    """What `whole_step.denoise` drives: a sampler row per step, a timestep, replays, and the sample."""
+
+    def __init__(self, model, size, steps=3):
+        super().__init__(size)
+        self.model, self.use_graphs, self.key = model, True, None
+        self.sampler = type("Sampler", (), {"steps": steps, "load_row": lambda self, i: None})()
+        self.timesteps, self.t = torch.linspace(1, 0, steps), torch.zeros(())
+        self.sample = torch.zeros(2)
+        self.replays = []
+
+    def run(self, passes):
+        self.replays.append(passes)
+
+
+def _denoise_with_budget(monkeypatch, step, budget):
+    monkeypatch.setattr(whole_step, "kept_steps_budget", lambda device: budget)
+    return whole_step.denoise(step, [True] * step.sampler.steps, lambda done, total: None, None)
+
+
+def test_a_kept_steps_denoise_trims_every_models_kept_steps_to_the_budget_after_it(monkeypatch):
+    gib = 2**30
+    other = _Model(old=6 * gib)
+    model = _Model()
+    step, _ = whole_step._lookup(model, "new", lambda: _ReplayedStep(model, 3 * gib))
+    step.key = "new"
+    _denoise_with_budget(monkeypatch, step, 4 * gib)
+    assert step.replays == [2, 2, 2]
+    assert "old" not in other.dispatchers["whole_step"] and list(model.dispatchers["whole_step"]) == ["new"]
+
+
 def _failing_once(monkeypatch, result="done"):
     calls = []
 
