@@ -312,9 +312,9 @@ class CaptionEditor:
                                 api_visibility=PRIVATE)
 
         def on_drop(text):
-            caption, _ = describe_problem(text, kind)
-            if not isinstance(caption, dict):
-                return {}
+            caption, problem = describe_problem(text, kind)
+            if not isinstance(caption, dict):  # edited since the button appeared: say why nothing is dropped
+                return {self.message: problem}
             dropped = unknown_keys(caption, kind)
             kept = {k: value for k, value in caption.items() if k not in dropped}
             message = caption_message(kept, kind)

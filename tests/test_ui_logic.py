@@ -465,8 +465,8 @@ def test_the_actions_plot_names_channels_from_the_domain_table_and_keeps_the_leg
 
 
 @pytest.fixture(scope="module")
-def page(tiny_family, tmp_path_factory):
-    """The Studio's page for the tiny family, built (not launched): its components for form tests."""
+def studio(tiny_family, tmp_path_factory):
+    """The Studio for the tiny family, built (not launched): its components and events for form tests."""
     from types import SimpleNamespace
 
     from cosmos3_ui.layout import Studio
@@ -475,8 +475,28 @@ def page(tiny_family, tmp_path_factory):
     registry = ModelRegistry([ModelEntry(n, str(p), "tiny random weights") for n, p in tiny_family.items()])
     queue = SimpleNamespace(submit=lambda model_name, request, session_id=None: None)
     studio = Studio(StudioService(registry, queue, tmp_path_factory.mktemp("page-outputs")))
-    yield studio.page
+    yield studio
     studio.close()
+
+
+@pytest.fixture(scope="module")
+def page(studio):
+    return studio.page
+
+
+def _event(blocks, component, trigger: str):
+    """The one handler wired to `component`'s `trigger` event."""
+    (fn,) = [fn for fn in blocks.fns.values() if (component._id, trigger) in fn.targets]
+    return fn
+
+
+def _call(blocks, fn, inputs: list, session=None) -> dict:
+    """`fn` run the way the server runs it for a browser's event (Gradio's checks and conversions included)."""
+    import asyncio
+
+    from gradio.state_holder import SessionState
+
+    return asyncio.run(blocks.process_api(fn, inputs, state=session or SessionState(blocks)))
 
 
 def _values(page, changes: dict) -> dict:
@@ -609,7 +629,6 @@ def test_the_browsers_repeated_model_switch_event_is_harmless(tiny_family, tmp_p
     was before the switch. The second one used to be refused by Gradio's own check of the size against
     the new model's choices (the first call had already changed them), and the browser showed that
     refusal instead of the switch. Here both calls run against one session, as they do in the server."""
-    import asyncio
     from types import SimpleNamespace
 
     from gradio.state_holder import SessionState
@@ -625,14 +644,13 @@ def test_the_browsers_repeated_model_switch_event_is_harmless(tiny_family, tmp_p
     studio = Studio(StudioService(registry, queue, tmp_path / "outputs"))
     try:
         page, blocks = studio.page, studio.blocks
-        switch = next(fn for fn in blocks.fns.values() if (page.model._id, "input") in fn.targets)
+        switch = _event(blocks, page.model, "input")
         form = [c.value for c in switch.inputs]  # the built form, as the browser holds it before the switch
         form[switch.inputs.index(page.model)] = "edge-family-sizes"
         edge_choices = [f"{w}x{h}" for w, h in FAMILY_TABLE["edge"].image_sizes]
         assert page.t2i.resolution.value not in edge_choices  # the stale size the repeat carries
         session = SessionState(blocks)
-        first = asyncio.run(blocks.process_api(switch, list(form), state=session))
-        second = asyncio.run(blocks.process_api(switch, list(form), state=session))
+        first, second = _call(blocks, switch, list(form), session), _call(blocks, switch, list(form), session)
         shown = session[page.shown_model._id]
         choices = [value for _, value in session[page.t2i.resolution._id].choices]
     finally:
@@ -642,3 +660,13 @@ def test_the_browsers_repeated_model_switch_event_is_harmless(tiny_family, tmp_p
     assert first["data"][switch.outputs.index(page.variant)].startswith("**edge-family-sizes** ·")
     # The repeat finds the controls already following the model: it changes nothing.
     assert all(set(update) <= {"__type__"} for update in second["data"] if isinstance(update, dict))
+
+
+def test_dropping_unknown_keys_from_json_that_no_longer_parses_says_why_and_changes_nothing_else(studio):
+    editor = studio.page.t2i.editor
+    drop = _event(studio.blocks, editor.drop_unknown, "click")
+    out = _call(studio.blocks, drop, ['{"subject": "a cat", "foo": 1'])  # edited into broken JSON since
+    message = out["data"][drop.outputs.index(editor.message)]
+    assert "caption-error" in message and "Line 1, column 30" in message  # where it stopped parsing
+    code = out["data"][drop.outputs.index(editor.code)]
+    assert code == {"__type__": "update"}  # the user's text stays as they left it
