@@ -133,6 +133,25 @@ def test_failed_save_leaves_no_folder(nano, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_ffmpeg_that_dies_before_encoding_fails_the_save_instead_of_leaving_no_video(tmp_path, monkeypatch):
+    """What CI met in a Ray replica: the fork that was to become ffmpeg aborted. A short clip fits in the
+    pipe's buffer, so nothing complained, and the result folder had no video.mp4."""
+    import imageio_ffmpeg._io
+    import numpy as np
+
+    from engine.pipeline import outputs
+
+    aborting = tmp_path / "ffmpeg"
+    aborting.write_text("#!/bin/sh\nkill -ABRT $$\n")
+    aborting.chmod(0o755)
+    monkeypatch.setattr(imageio_ffmpeg._io, "get_ffmpeg_exe", lambda: str(aborting))
+    frames = np.zeros((5, 64, 64, 3), np.uint8)  # 60 KiB: all of it fits in the pipe
+    root = tmp_path / "out"
+    with pytest.raises(outputs.OutputError, match="ffmpeg wrote no video to video.mp4 \\(5 frames of 64x64"):
+        outputs.save_result(root, "r1", frames=frames, fps=16, actions=None, audio=None, sample_rate=None, sidecar={})
+    assert list(root.iterdir()) == []
+
+
 @pytest.fixture
 def queue(tiny_family, tmp_path):
     registry = ModelRegistry([ModelEntry(n, str(tiny_family[n]), "tiny") for n in ("nano", "edge", "super")])

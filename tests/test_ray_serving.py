@@ -107,3 +107,22 @@ def test_the_ui_routes_to_the_replicas_too(ray_studio):
     assert cancelled["status"] == "cancelled" and cancelled["progress"] < 94, cancelled
     replicas = http.get("queue").json()["replicas"]
     assert sum(replicas.values()) == 2 and replicas["RUNNING"] >= 1  # Serve replaces the killed replica
+
+
+def test_replicas_start_ffmpeg_without_pythons_preexec_fork(monkeypatch):
+    """imageio-ffmpeg's default start of ffmpeg (`preexec_fn=os.setpgrp`) makes Python fork() with the
+    at-fork handlers, and in a replica gRPC's handlers sometimes aborted the child before it became ffmpeg
+    (CI: SIGABRT, no video). The replicas' environment turns that preexec step off, so Python can vfork."""
+    from imageio_ffmpeg._utils import _popen_kwargs
+
+    from engine.serving.ray_replicas import RayConfig, start_cluster
+
+    options = {}
+    monkeypatch.setattr(ray, "init", lambda **kwargs: options.update(kwargs))
+    start_cluster(RayConfig(address="local", env={"OMP_NUM_THREADS": "1"}))
+    env = options["runtime_env"]["env_vars"]
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert _popen_kwargs(prevent_sigint=True)["preexec_fn"] is not None  # this process: the default
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _popen_kwargs(prevent_sigint=True)["preexec_fn"] is None  # a replica

@@ -79,6 +79,10 @@ def _write_mp4(path: Path, frames: np.ndarray, fps: float, audio: np.ndarray | N
         writer.close()
         if audio_path is not None:
             audio_path.unlink(missing_ok=True)
+    # imageio-ffmpeg does not check ffmpeg's exit status, and a short clip fits in the pipe's buffer, so an
+    # ffmpeg that died at start (a fork that aborted, say) went unnoticed until the file was read.
+    if not path.is_file() or path.stat().st_size == 0:
+        raise RuntimeError(f"ffmpeg wrote no video to {path.name} ({len(pixels)} frames of {width}x{height} sent)")
 
 
 def _json_default(value):
