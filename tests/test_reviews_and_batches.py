@@ -126,7 +126,9 @@ def test_a_batch_longer_than_the_queue_runs_and_can_be_cancelled(tiny_family, tm
             json.dumps({"model": "edge", "mode": "t2i", "prompt": f"slow {i}", "steps": 100}) for i in range(3)))
         _, lines = run_batch(queue, long_lines, cancel=stop)
         assert [l.status for l in lines] == ["cancelled"] * 3
-        assert len(steps) < 100  # the running line stopped early; the others never started
+        # The cancel reaches the running job at once, so it stops at its next step (a thread switch or
+        # two at most); the others never start. Polling the cancel between waits let ~70 more steps run.
+        assert len(steps) <= 8, len(steps)
     finally:
         queue.close()
 

@@ -72,12 +72,23 @@ def _submit_when_there_is_room(queue: JobQueue, entry: BatchLine, session_id, ba
 
 def _wait(handle, cancel):
     """The job's result; a set `cancel` cancels the running job (it stops within a step)."""
-    while True:
-        try:
-            return handle.result(timeout=0.25)
-        except TimeoutError:
-            if cancel is not None and cancel.is_set():
+    if cancel is None:
+        return handle.result()
+    finished = threading.Event()
+
+    def relay():
+        # Passes the cancel on the moment it is set: polling it between waits for the result let a
+        # fast job run up to a poll's length of steps after the batch was cancelled.
+        while not finished.is_set():
+            if cancel.wait(timeout=0.5):
                 handle.cancel()
+                return
+
+    threading.Thread(target=relay, name="batch-cancel", daemon=True).start()
+    try:
+        return handle.result()
+    finally:
+        finished.set()
 
 
 def run_batch(queue: JobQueue, lines: list[BatchLine], *, on_result: Callable[[BatchLine, object], None] | None = None,
