@@ -141,11 +141,13 @@ def test_an_ffmpeg_that_dies_before_encoding_fails_the_save_instead_of_leaving_n
 
     from engine.pipeline import outputs
 
+    # It takes every frame (as the pipe's buffer did in CI), then dies without writing anything. One that
+    # died first would make the writes fail loudly instead, which was never the problem.
     aborting = tmp_path / "ffmpeg"
-    aborting.write_text("#!/bin/sh\nkill -ABRT $$\n")
+    aborting.write_text("#!/bin/sh\ncat > /dev/null\nkill -ABRT $$\n")
     aborting.chmod(0o755)
     monkeypatch.setattr(imageio_ffmpeg._io, "get_ffmpeg_exe", lambda: str(aborting))
-    frames = np.zeros((5, 64, 64, 3), np.uint8)  # 60 KiB: all of it fits in the pipe
+    frames = np.zeros((5, 64, 64, 3), np.uint8)
     root = tmp_path / "out"
     with pytest.raises(outputs.OutputError, match="ffmpeg wrote no video to video.mp4 \\(5 frames of 64x64"):
         outputs.save_result(root, "r1", frames=frames, fps=16, actions=None, audio=None, sample_rate=None, sidecar={})
