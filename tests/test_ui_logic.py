@@ -464,17 +464,22 @@ def test_the_actions_plot_names_channels_from_the_domain_table_and_keeps_the_leg
         assert len(C.channel_names(name)) == ACTION_DOMAINS[name].raw_dim
 
 
-@pytest.fixture(scope="module")
-def studio(tiny_family, tmp_path_factory):
-    """The Studio for the tiny family, built (not launched): its components and events for form tests."""
+def _built_studio(models: dict, outputs):
+    """The Studio for {name: checkpoint folder}, built (not launched), over a queue that runs nothing."""
     from types import SimpleNamespace
 
     from cosmos3_ui.layout import Studio
     from cosmos3_ui.service import StudioService
 
-    registry = ModelRegistry([ModelEntry(n, str(p), "tiny random weights") for n, p in tiny_family.items()])
+    registry = ModelRegistry([ModelEntry(n, str(p), "tiny random weights") for n, p in models.items()])
     queue = SimpleNamespace(submit=lambda model_name, request, session_id=None: None)
-    studio = Studio(StudioService(registry, queue, tmp_path_factory.mktemp("page-outputs")))
+    return Studio(StudioService(registry, queue, outputs))
+
+
+@pytest.fixture(scope="module")
+def studio(tiny_family, tmp_path_factory):
+    """The Studio for the tiny family: its components and events for form tests."""
+    studio = _built_studio(tiny_family, tmp_path_factory.mktemp("page-outputs"))
     yield studio
     studio.close()
 
@@ -629,19 +634,11 @@ def test_the_browsers_repeated_model_switch_event_is_harmless(tiny_family, tmp_p
     was before the switch. The second one used to be refused by Gradio's own check of the size against
     the new model's choices (the first call had already changed them), and the browser showed that
     refusal instead of the switch. Here both calls run against one session, as they do in the server."""
-    from types import SimpleNamespace
-
     from gradio.state_holder import SessionState
     from harness import with_family_canvases
 
-    from cosmos3_ui.layout import Studio
-    from cosmos3_ui.service import StudioService
-
     edge_sizes = with_family_canvases(tiny_family["edge"], tmp_path / "edge-family-sizes")
-    registry = ModelRegistry([ModelEntry("nano", str(tiny_family["nano"]), "tiny random weights"),
-                              ModelEntry("edge-family-sizes", str(edge_sizes), "tiny, Edge's real canvases")])
-    queue = SimpleNamespace(submit=lambda model_name, request, session_id=None: None)
-    studio = Studio(StudioService(registry, queue, tmp_path / "outputs"))
+    studio = _built_studio({"nano": tiny_family["nano"], "edge-family-sizes": edge_sizes}, tmp_path / "outputs")
     try:
         page, blocks = studio.page, studio.blocks
         switch = _event(blocks, page.model, "input")

@@ -29,14 +29,14 @@ from .registry import ModelEntry, ModelRegistry
 from .forwarded import ForwardingQueue
 
 APP_NAME = "cosmos3-engine"
+DEPLOYMENT_NAME = "EngineReplica"
+log = logging.getLogger("engine.serving")
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # A replica is a process with gRPC threads. imageio-ffmpeg starts ffmpeg with `preexec_fn=os.setpgrp` (to
 # keep a terminal's Ctrl-C from it), which makes Python fork with the at-fork handlers; gRPC's then abort
 # the child now and then before it becomes ffmpeg (seen in CI: SIGABRT in the fork, no video written). A
 # replica has no terminal, so it starts ffmpeg without the preexec step.
 REPLICA_ENV = {"IMAGEIO_FFMPEG_NO_PREVENT_SIGINT": "1"}
-DEPLOYMENT_NAME = "EngineReplica"
-log = logging.getLogger("engine.serving")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
