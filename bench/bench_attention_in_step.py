@@ -8,7 +8,9 @@ each of its requests, so the variants alternate request by request (A B A B ...)
 thermal and power history:
 - "flash4": attention on flash-attn-4 wherever dispatch offers it (whatever its isolated timing);
 - "triton": attention on our Triton kernel (flash-attn-4 not offered);
-- "auto": dispatch's own choice, as the engine runs.
+- "auto": dispatch's own choice, as the engine runs (its candidates timed as CUDA-graph replays);
+- "auto-eager": dispatch's choice with its candidates timed as back-to-back eager calls, as before
+  (`COSMOS3_DISPATCH_TIMING=eager`).
 Everything else is dispatch's choice in each variant. Recorded per request: denoise seconds, and while
 it runs, nvidia-smi's SM clock and power samples (every 50 ms). Then one more request per variant under
 torch.profiler: GPU time by kernel, so a difference can be placed (attention alone, or every kernel).
@@ -32,8 +34,11 @@ _MEASURE = dsp.KernelDispatcher._measure
 
 
 def _measure_preferring(path: str):
-    """A `_measure` that puts attention on `path` ("flash4", "triton"), or leaves dispatch's choice ("auto")."""
+    """A `_measure` that puts attention on `path` ("flash4", "triton"), or leaves dispatch's choice ("auto",
+    "auto-eager": timed eagerly)."""
     def measure(self, run_triton, run_torch, run_flash4=None):
+        if path == "auto-eager":
+            self.timing = "eager"
         if path == "triton" and run_flash4 is not None:
             return _MEASURE(self, run_triton, None, None)
         decision = _MEASURE(self, run_triton, run_torch, run_flash4)

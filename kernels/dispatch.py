@@ -14,6 +14,10 @@ cached in the dispatcher instance. Rules, in order:
    attention the candidates also include flash-attn-4's kernel where it is installed and the GPU is
    SM90+ (``prefix_attention.flash4_unsupported``; ``COSMOS3_FLASH4=0`` leaves it out).
 
+How a candidate is timed (``TIMINGS``, ``COSMOS3_DISPATCH_TIMING``): "graph", the default, replays a CUDA
+graph of its calls, since the step runs inside one and pays no Python launch; "eager" times back-to-back
+calls, launches included, as the dispatcher did before (kept for the A/B in docs/PERFORMANCE.md).
+
 The engine owns one ``KernelDispatcher`` per loaded model (no module-level state), calls each entry
 point once eagerly before any CUDA-graph capture (a capture cannot time anything: an unmeasured shape
 then takes the PyTorch path and is not cached), and can list ``decisions()`` for its logs.
@@ -36,6 +40,13 @@ log = logging.getLogger("kernels.dispatch")
 
 MODES = ("auto", "triton", "torch")
 ENV_VAR = "COSMOS3_KERNELS"
+TIMINGS = ("graph", "eager")
+TIMING_ENV_VAR = "COSMOS3_DISPATCH_TIMING"
+
+
+def timing_from_env() -> str:
+    """How candidates are timed, from ``COSMOS3_DISPATCH_TIMING``: graph (the default) or eager."""
+    return os.environ.get(TIMING_ENV_VAR, "graph")
 
 
 class Path(str, enum.Enum):
@@ -111,9 +122,12 @@ class KernelDispatcher:
         iters: int = 5,
         attention_configs: tuple[attn.AttentionConfig, ...] = DEFAULT_ATTENTION_CONFIGS,
         flash4_configs: tuple[attn.Flash4Config, ...] = attn.DEFAULT_FLASH4_CONFIGS,
+        timing: str = "graph",
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if timing not in TIMINGS:
+            raise ValueError(f"timing must be one of {TIMINGS}, got {timing!r}")
         if not attention_configs:
             raise ValueError("attention_configs must name at least one AttentionConfig")
         self.mode = mode
@@ -121,11 +135,14 @@ class KernelDispatcher:
         self.iters = iters
         self.attention_configs = tuple(attention_configs)
         self.flash4_configs = tuple(flash4_configs)
+        self.timing = timing
         self._decisions: dict[Hashable, Decision] = {}
 
     @classmethod
     def from_env(cls, **kwargs) -> "KernelDispatcher":
-        """Mode from ``COSMOS3_KERNELS`` (auto | triton | torch), default auto: the ablation switch."""
+        """Mode from ``COSMOS3_KERNELS`` (auto | triton | torch), default auto: the ablation switch; how
+        candidates are timed from ``COSMOS3_DISPATCH_TIMING`` (graph | eager), default graph."""
+        kwargs.setdefault("timing", timing_from_env())
         return cls(os.environ.get(ENV_VAR, "auto"), **kwargs)
 
     def decisions(self) -> dict[Hashable, Decision]:
@@ -168,13 +185,20 @@ class KernelDispatcher:
         self._decisions[key] = decision
         return decision
 
+    def _time(self, fn: Callable[[], object]) -> float:
+        """Median ms of one candidate, the way ``self.timing`` says."""
+        graphed = self.timing == "graph"
+        # A graph of one short call would time the replay's launch with it: "auto" fills ~2 ms instead.
+        return time_ms(fn, warmup=self.warmup, iters=self.iters, inner="auto" if graphed else 1,
+                       graphed=graphed).median_ms
+
     def _fastest(self, candidates: dict, skip_failures: bool = False) -> tuple[object, float | None]:
         """(key, median ms) of the fastest of ``{key: fn}``, (None, None) if none ran; the first listed wins a
         tie. With ``skip_failures`` a candidate that raises is logged and left out."""
         best_key, best_ms = None, float("inf")
         for key, fn in candidates.items():
             try:
-                ms = time_ms(fn, warmup=self.warmup, iters=self.iters).median_ms
+                ms = self._time(fn)
             except Exception as err:  # noqa: BLE001 - a library config this GPU cannot build is not fatal
                 if not skip_failures:
                     raise
@@ -187,7 +211,7 @@ class KernelDispatcher:
     def _measure(self, run_triton: dict, run_torch: Callable[[], object] | None, run_flash4: dict | None = None) -> Decision:
         """Time every Triton candidate, the PyTorch path (unless None: not a candidate) and each flash-attn-4
         config if offered; keep the fastest."""
-        torch_ms = None if run_torch is None else time_ms(run_torch, warmup=self.warmup, iters=self.iters).median_ms
+        torch_ms = None if run_torch is None else self._time(run_torch)
         best_cfg, best_ms = self._fastest(run_triton)
         # A library kernel may refuse a launch shape on a GPU it was not measured on: left out, not fatal.
         flash4_cfg, flash4_ms = self._fastest(run_flash4 or {}, skip_failures=True)

@@ -6,9 +6,15 @@ the median, the spread or quantiles from the same numbers. Why one helper: the d
 between a Triton kernel and its PyTorch path, and the tables in docs/PERFORMANCE.md, are only
 comparable when they are measured the same way (the same warm-up, the same clock, the same median).
 It lives in kernels/ because kernels/ is the leaf every floor that measures may import.
+
+`graphed=True` times replays of a CUDA graph of the calls instead of the calls themselves. Why: a
+kernel that runs inside the engine's step graph pays no Python launch, and at image shapes a Triton or
+CuTe DSL launch takes about as long on the host as its kernel on the GPU, so eager back-to-back calls
+time partly the host (docs/PERFORMANCE.md, "The clock a request runs at"). The dispatcher times this way.
 """
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
@@ -17,10 +23,15 @@ from typing import Callable
 
 import torch
 
+log = logging.getLogger(__name__)
+
 # `inner="auto"` runs enough calls per sample to fill about this long, so launch-bound ops are not
 # lost in the events' resolution (and at most AUTO_MAX_INNER calls).
 AUTO_SAMPLE_MS = 1.0
 AUTO_MAX_INNER = 200
+# A graphed sample replays one graph of enough calls to fill about this long by the eager estimate (which
+# overstates a launch-bound call), so the host's one graph launch per sample is under a percent of it.
+GRAPH_SAMPLE_MS = 2.0
 
 
 @dataclass(frozen=True)
@@ -55,11 +66,22 @@ class Timing:
 
 
 def time_ms(fn: Callable[[], object], *, warmup: int = 1, iters: int = 5, inner: int | str = 1,
-            before: Callable[[], object] | None = None) -> Timing:
+            before: Callable[[], object] | None = None, graphed: bool = False) -> Timing:
     """Time `fn`: `warmup` untimed calls, then `iters` samples of `inner` calls each ("auto": sized to
-    about AUTO_SAMPLE_MS). `before` runs ahead of each sample, untimed (e.g. a barrier across ranks)."""
+    about AUTO_SAMPLE_MS). `before` runs ahead of each sample, untimed (e.g. a barrier across ranks).
+
+    `graphed` (CUDA only; the CPU has no graphs and times the calls): after the warm-up, one CUDA graph of
+    `inner` calls ("auto": about GRAPH_SAMPLE_MS of them) is captured, and each sample replays it, so `fn`
+    itself runs only `warmup + inner` times. A call that cannot be captured is timed eagerly, with a
+    warning: what it costs is still measured, and the step graph's own capture reports the real problem."""
     for _ in range(warmup):
         fn()
+    if graphed and torch.cuda.is_available():
+        try:
+            return _time_graph_replays(fn, iters=iters, inner=inner, before=before)
+        except Exception as err:  # noqa: BLE001 - an uncapturable call is still timed, the eager way
+            log.warning("timing %r eagerly: it could not be captured in a CUDA graph: %s: %s",
+                        fn, type(err).__name__, err)
     clock = _EventClock() if torch.cuda.is_available() else _WallClock()
     if inner == "auto":
         inner = max(1, min(AUTO_MAX_INNER, math.ceil(AUTO_SAMPLE_MS / max(clock.measure(fn, 1), 1e-3))))
@@ -68,6 +90,30 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 1, iters: int = 5, inner:
         if before is not None:
             before()
         samples.append(clock.measure(fn, inner) / inner)
+    return Timing(tuple(samples))
+
+
+def _time_graph_replays(fn, *, iters: int, inner: int | str, before) -> Timing:
+    clock = _EventClock()
+    if inner == "auto":
+        inner = max(1, min(AUTO_MAX_INNER, math.ceil(GRAPH_SAMPLE_MS / max(clock.measure(fn, 1), 1e-3))))
+    graph = torch.cuda.CUDAGraph()
+    # A side stream, as torch.cuda.graph does, without its gc.collect() and empty_cache(): the dispatcher
+    # times every candidate of every shape this way, mid-forward, and those would cost more than the timing.
+    torch.cuda.synchronize()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        graph.capture_begin()
+        try:
+            for _ in range(inner):
+                fn()
+        finally:
+            graph.capture_end()
+    samples = []
+    for _ in range(iters):
+        if before is not None:
+            before()
+        samples.append(clock.measure(graph.replay, 1) / inner)
+    del graph  # its private pool (the calls' outputs) goes back to the caching allocator
     return Timing(tuple(samples))
 
 

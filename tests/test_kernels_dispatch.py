@@ -33,6 +33,24 @@ def test_mode_is_validated_and_read_from_env(monkeypatch):
     assert dsp.KernelDispatcher.from_env().mode == "auto"
 
 
+def test_candidates_are_timed_as_graph_replays_unless_eager_is_asked_for(monkeypatch):
+    from kernels.timing import Timing
+
+    asked = []
+    monkeypatch.setattr(dsp, "time_ms", lambda fn, **kw: asked.append(kw) or Timing((1.0,)))
+    dsp.KernelDispatcher("auto")._measure({None: lambda: None}, lambda: None)
+    assert [kw["graphed"] for kw in asked] == [True, True]  # the PyTorch path and the kernel alike
+    asked.clear()
+    dsp.KernelDispatcher("auto", timing="eager")._measure({None: lambda: None}, lambda: None)
+    assert [(kw["graphed"], kw["inner"]) for kw in asked] == [(False, 1), (False, 1)]
+    with pytest.raises(ValueError, match="timing must be one of .*'graph', 'eager'.*got 'replay'"):
+        dsp.KernelDispatcher("auto", timing="replay")
+    monkeypatch.setenv(dsp.TIMING_ENV_VAR, "eager")
+    assert dsp.KernelDispatcher.from_env().timing == "eager"
+    monkeypatch.delenv(dsp.TIMING_ENV_VAR)
+    assert dsp.KernelDispatcher.from_env().timing == "graph"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU rule")
 def test_cpu_auto_takes_the_torch_path_and_caches_nothing():
     d = dsp.KernelDispatcher("auto")

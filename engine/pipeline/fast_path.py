@@ -38,7 +38,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from kernels.dispatch import KernelDispatcher
+from kernels.dispatch import KernelDispatcher, timing_from_env
 from kernels.packed_kv import PackedKVLayout
 
 from .fp8 import fp8_from_env, tower_weights
@@ -177,7 +177,7 @@ def dispatcher_for(model, mode: str) -> KernelDispatcher:
     """One dispatcher per loaded model and mode, so measured choices persist across requests."""
     cached = model.dispatchers.get(mode)
     if cached is None:
-        cached = model.dispatchers[mode] = KernelDispatcher(mode)
+        cached = model.dispatchers[mode] = KernelDispatcher(mode, timing=timing_from_env())
     return cached
 
 
