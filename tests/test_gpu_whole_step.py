@@ -161,6 +161,50 @@ def test_a_short_prompt_and_a_long_caption_share_one_kept_step_whose_memory_is_c
             edge.dispatchers["whole_step"] = saved
 
 
+def test_a_real_out_of_memory_in_a_capture_gives_the_kept_steps_back_and_the_retry_is_exact(edge, monkeypatch):
+    """A capture that really runs out of GPU memory (an impossible allocation inside it, after the step's
+    kernels were recorded) reaches `generate`'s retry: every kept step is given back, the device is left
+    usable, and the request runs once more with the seed it drew, to the frames a clean run gives."""
+    from engine.pipeline import run, whole_step
+
+    saved = edge.dispatchers.pop("whole_step", None)
+    try:
+        request = dict(mode="t2i", prompt="A lighthouse keeper at dusk.", seed=-1, steps=6, width=480, height=480,
+                       guidance_interval=[400, 1000])
+        seeds = []
+        original_seed = run.resolve_seed
+        monkeypatch.setattr(run, "resolve_seed", lambda seed: seeds.append(original_seed(seed)) or seeds[-1])
+        _generate(edge, dict(request, width=640, height=640), whole=True)  # a kept step to give back
+        assert edge.dispatchers.get("whole_step")
+        original = whole_step.capture_graph
+        failures = []
+
+        def capture_that_runs_out_once(record, pool=None):
+            def run_then_exhaust():
+                out = record()
+                if not failures:
+                    failures.append(1)
+                    torch.empty(1 << 46, dtype=torch.uint8, device="cuda")  # 64 TiB: no GPU has it
+                return out
+            return original(run_then_exhaust, pool=pool)
+
+        monkeypatch.setattr(whole_step, "capture_graph", capture_that_runs_out_once)
+        retried = _generate(edge, request, whole=True)
+        assert failures == [1], "the capture ran out of memory once"
+        assert len(edge.dispatchers.get("whole_step", {})) == 1, "the 640x640 step was given back; the retry's is kept"
+        assert len(seeds) == 2, "the retried request drew its seed once, for both attempts"
+        monkeypatch.setattr(whole_step, "capture_graph", original)
+        whole_step.release_kept_steps()
+        clean = _generate(edge, dict(request, seed=seeds[-1]), whole=True)
+        diff = np.abs(retried.frames.astype(int) - clean.frames.astype(int)).max()
+        print(f"out of memory in a capture, retried: max uint8 diff against a clean run {diff}")
+        assert diff == 0
+    finally:
+        edge.dispatchers.pop("whole_step", None)
+        if saved is not None:
+            edge.dispatchers["whole_step"] = saved
+
+
 def test_uint8_decode_equals_the_exact_decode_on_cuda(edge):
     from diffusers.video_processor import VideoProcessor
 
