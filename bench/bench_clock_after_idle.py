@@ -7,8 +7,10 @@ GEMM-bound request's time (docs/PERFORMANCE.md, "The clock a request runs at"). 
 full-size random Nano, the e2e workload `nano-t2i-1024` (35 steps, CFG every step, a ~1.6k-token caption),
 warmed by one request. Then rounds of: a pause of `--idle` seconds with the GPU idle, then `--burst`
 requests back to back. Each request records its denoise time and the median SM clock and power that
-nvidia-smi sampled while it ran (every 50 ms), so the first request after a pause (what a lone user of
-an idle server gets) and the later ones (a busy server) are told apart.
+nvidia-smi sampled while it ran (every 50 ms; with the GPU's temperature, and the share of samples whose
+clock the power cap or a thermal slowdown held), so the first request after a pause (what a lone user of
+an idle server gets) and the later ones (a busy server) are told apart. `--idle 0 --burst 40` is one
+sustained series: does the clock fall as the chip warms?
 """
 from __future__ import annotations
 
@@ -57,7 +59,8 @@ def main(argv=None) -> int:
     e2e.annotate_clocks(results["requests"], samples)
     for row in results["requests"]:
         print(json.dumps({k: row.get(k) for k in ("round", "position", "denoise_s", "total_s", "sm_mhz_median",
-                                                  "power_w_median")}), flush=True)
+                                                  "power_w_median", "temp_c_median", "power_capped_share",
+                                                  "thermal_share")}), flush=True)
     for label, rows in (("first after idle", [r for r in results["requests"] if r["position"] == 0]),
                         ("back to back", [r for r in results["requests"] if r["position"] > 0])):
         if rows:

@@ -110,11 +110,20 @@ def run_header(gpu: str) -> dict:
     return header
 
 
+# nvidia-smi's fields per sample: the clock and power always; temperature and the clock-event reasons
+# (a bitmask: 0x4 the software power cap, 0x20 software thermal slowdown, 0x40 hardware thermal slowdown,
+# 0x80 the hardware power brake) where this nvidia-smi knows them, so a low clock says why it was low.
+CLOCK_FIELDS = ("timestamp", "clocks.sm", "power.draw")
+CLOCK_EXTRA_FIELDS = ("temperature.gpu", "clocks_event_reasons.active")
+POWER_CAP, THERMAL = 0x4, 0x20 | 0x40
+
+
 class ClockSampler:
-    """nvidia-smi's SM clock and board power every 50 ms, in the background, so that each measured request can
-    say what clock it ran at. Why: sustained bf16 work holds an H200 at its 700 W limit, and the clock it
-    settles at differs between runs and machines enough to move a GEMM-bound request by ~17% (Nano T2I,
-    docs/PERFORMANCE.md). Off (every `during` empty) where nvidia-smi is missing."""
+    """nvidia-smi's SM clock and board power (and, where it can, temperature and why the clock is held) every
+    50 ms, in the background, so that each measured request can say what clock it ran at. Why: sustained bf16
+    work can hold an H200 at its 700 W limit, and the clock it settles at differs between runs and machines
+    enough to move a GEMM-bound request by ~17% (Nano T2I, docs/PERFORMANCE.md). Off (every `during` empty)
+    where nvidia-smi is missing."""
 
     def __init__(self):
         import atexit
@@ -124,9 +133,13 @@ class ClockSampler:
 
         descriptor, self.path = tempfile.mkstemp(suffix=".csv")
         self._out = os.fdopen(descriptor, "w")
+        self.fields = CLOCK_FIELDS
         try:
+            if subprocess.run(["nvidia-smi", "--query-gpu=" + ",".join(CLOCK_FIELDS + CLOCK_EXTRA_FIELDS),
+                               "--format=csv,noheader,nounits"], capture_output=True).returncode == 0:
+                self.fields = CLOCK_FIELDS + CLOCK_EXTRA_FIELDS
             self.process = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"],
+                ["nvidia-smi", "--query-gpu=" + ",".join(self.fields), "--format=csv,noheader,nounits", "-lms", "50"],
                 stdout=self._out, stderr=subprocess.DEVNULL)
         except OSError:
             self.process = None
@@ -138,33 +151,51 @@ class ClockSampler:
             self.process.wait()
         self._out.close()
 
-    def close(self) -> list[tuple[float, float, float]]:
-        """Stop sampling; (unix time, SM MHz, W) per sample (nvidia-smi stamps local time, as time.mktime reads)."""
+    def close(self) -> list[tuple]:
+        """Stop sampling; (unix time, SM MHz, W[, deg C, clock-event bitmask]) per sample (nvidia-smi stamps
+        local time, as time.mktime reads)."""
         from pathlib import Path
 
         self._stop()
         if self.process is None:
             return []
-        samples = []
-        for line in Path(self.path).read_text().splitlines():
-            try:
-                stamp, mhz, watts = (part.strip() for part in line.split(","))
-                whole, _, fraction = stamp.partition(".")
-                at = time.mktime(time.strptime(whole, "%Y/%m/%d %H:%M:%S")) + float("0." + (fraction or "0"))
-                samples.append((at, float(mhz), float(watts)))
-            except ValueError:
-                continue
-        return samples
+        return [sample for line in Path(self.path).read_text().splitlines()
+                if (sample := parse_clock_sample(line)) is not None]
 
 
-def clocks_during(samples: list[tuple[float, float, float]], began: float, ended: float) -> dict:
-    """The median SM clock and power (and the lowest clock) of the samples in [began, ended]."""
-    inside = [(mhz, watts) for at, mhz, watts in samples if began <= at <= ended]
+def parse_clock_sample(line: str) -> tuple | None:
+    """One nvidia-smi line as a sample (see `ClockSampler.close`); None for a line that is not one."""
+    parts = [part.strip() for part in line.split(",")]
+    if len(parts) not in (len(CLOCK_FIELDS), len(CLOCK_FIELDS) + len(CLOCK_EXTRA_FIELDS)):
+        return None
+    try:
+        whole, _, fraction = parts[0].partition(".")
+        at = time.mktime(time.strptime(whole, "%Y/%m/%d %H:%M:%S")) + float("0." + (fraction or "0"))
+        sample = (at, float(parts[1]), float(parts[2]))
+        if len(parts) > len(CLOCK_FIELDS):
+            sample += (float(parts[3]), int(parts[4], 16))
+    except ValueError:
+        return None
+    return sample
+
+
+def clocks_during(samples: list[tuple], began: float, ended: float) -> dict:
+    """The median SM clock and power (and the lowest clock) of the samples in [began, ended]; with the extra
+    fields, also the median temperature and the share of samples whose clock was held by the power cap or
+    by a thermal slowdown."""
+    inside = [sample for sample in samples if began <= sample[0] <= ended]
     if not inside:
         return {}
-    clocks, powers = sorted(m for m, _ in inside), sorted(w for _, w in inside)
-    return {"sm_mhz_median": clocks[len(clocks) // 2], "sm_mhz_min": clocks[0], "power_w_median": powers[len(powers) // 2],
-            "clock_samples": len(inside)}
+    clocks, powers = sorted(s[1] for s in inside), sorted(s[2] for s in inside)
+    out = {"sm_mhz_median": clocks[len(clocks) // 2], "sm_mhz_min": clocks[0],
+           "power_w_median": powers[len(powers) // 2], "clock_samples": len(inside)}
+    extra = [s for s in inside if len(s) == 5]
+    if extra:
+        temperatures = sorted(s[3] for s in extra)
+        out.update(temp_c_median=temperatures[len(temperatures) // 2],
+                   power_capped_share=round(sum(bool(s[4] & POWER_CAP) for s in extra) / len(extra), 3),
+                   thermal_share=round(sum(bool(s[4] & THERMAL) for s in extra) / len(extra), 3))
+    return out
 
 
 def annotate_clocks(results, samples) -> None:

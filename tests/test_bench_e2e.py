@@ -1,4 +1,6 @@
 """bench/e2e.py's step benches reach their inputs (the GPU runs are the bench's; this checks the call)."""
+import time
+
 import pytest
 
 
@@ -95,3 +97,20 @@ def test_each_measured_request_is_told_the_clock_it_ran_at_and_the_table_shows_i
     assert "sm_mhz_median" not in results["e2e"][0]["cold"]  # no began/ended: nothing to place it by
     rows = _table_rows(table_markdown(results))
     assert ("edge-t2i-640", "warm (1575 MHz)") in rows and ("edge-t2i-640", "cold") in rows
+
+
+def test_a_clock_sample_with_temperature_and_event_reasons_says_why_the_clock_was_held():
+    from bench.e2e import clocks_during, parse_clock_sample
+
+    base = time.mktime(time.strptime("2026/12/01 18:00:00", "%Y/%m/%d %H:%M:%S"))
+    lines = ["2026/12/01 18:00:00.000, 1905, 590.1, 61, 0x0000000000000000",
+             "2026/12/01 18:00:01.000, 1590, 690.0, 74, 0x0000000000000004",  # the power cap
+             "2026/12/01 18:00:02.000, 1575, 695.0, 75, 0x0000000000000024",  # power cap and thermal slowdown
+             "2026/12/01 18:00:03.500, 1980, 120.0",  # a sampler without the extra fields
+             "[N/A] garbage", "2026/12/01 18:00:04.000, 1980, 120.0, 60"]
+    samples = [s for s in map(parse_clock_sample, lines) if s is not None]
+    assert [len(s) for s in samples] == [5, 5, 5, 3]
+    during = clocks_during(samples, base, base + 2.5)
+    assert during["sm_mhz_median"] == 1590.0 and during["temp_c_median"] == 74.0
+    assert during["power_capped_share"] == round(2 / 3, 3) and during["thermal_share"] == round(1 / 3, 3)
+    assert "temp_c_median" not in clocks_during(samples, base + 3, base + 4)  # only the plain sample
