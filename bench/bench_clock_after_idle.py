@@ -57,6 +57,10 @@ def main(argv=None) -> int:
     finally:
         samples = clocks.close()
     e2e.annotate_clocks(results["requests"], samples)
+    dispatcher = model.dispatchers.get("auto")  # which kernel each op took, and how dispatch timed them
+    results["dispatch_timing"] = getattr(dispatcher, "timing", None)
+    results["kernel_paths"] = sorted({(key[0], decision.path.value) for key, decision in
+                                      (dispatcher.decisions().items() if dispatcher else ())})
     for row in results["requests"]:
         print(json.dumps({k: row.get(k) for k in ("round", "position", "denoise_s", "total_s", "sm_mhz_median",
                                                   "power_w_median", "temp_c_median", "power_capped_share",
@@ -69,6 +73,7 @@ def main(argv=None) -> int:
                 "denoise_s": sorted(r["denoise_s"] for r in rows),
                 "sm_mhz_median": statistics.median(r.get("sm_mhz_median") or 0 for r in rows)}
     print(json.dumps(results.get("summary")), flush=True)
+    print(json.dumps({"dispatch_timing": results["dispatch_timing"], "kernel_paths": results["kernel_paths"]}), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0
