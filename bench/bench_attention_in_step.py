@@ -11,7 +11,12 @@ thermal and power history:
 - "auto": dispatch's own choice, as the engine runs (its candidates timed as CUDA-graph replays);
 - "auto-eager": dispatch's choice with its candidates timed as back-to-back eager calls, as before
   (`COSMOS3_DISPATCH_TIMING=eager`).
-Everything else is dispatch's choice in each variant. Recorded per request: denoise seconds, and while
+Everything else is dispatch's choice in each variant.
+
+Caution, measured (docs/PERFORMANCE.md, "The clock a request runs at"): sharing the power history also
+means one power-hungry variant holds every variant's clock down. With our Triton kernel among the
+variants, all of them ran at ~1590 MHz, and flash-attn-4 alone in its own process ran at ~1890. Run one
+variant per process (`--variants auto`, then `--variants triton`) to see what each costs a whole request. Recorded per request: denoise seconds, and while
 it runs, nvidia-smi's SM clock and power samples (every 50 ms). Then one more request per variant under
 torch.profiler: GPU time by kernel, so a difference can be placed (attention alone, or every kernel).
 """
