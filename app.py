@@ -377,6 +377,10 @@ def main(argv=None) -> int:
     mode = " in review mode (login required)" if args.review else (" (login required)" if args.auth else "")
     print(f"Cosmos3 Studio: serving {', '.join(studio.service.model_names())} on http://{args.host}:{args.port}/"
           f"{mode} (outputs in {args.outputs})")
+    from kernels.prefix_attention import flash4_advice
+
+    if (advice := flash4_advice()) is not None:
+        print(f"note: {advice}", file=sys.stderr)
     studio.launch(host=args.host, port=args.port)
     return 0
 

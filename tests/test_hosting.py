@@ -102,6 +102,22 @@ def test_safety_fails_loudly_without_the_guardrail(tmp_path, capsys, monkeypatch
     assert "cosmos_guardrail" in capsys.readouterr().err
 
 
+def test_start_up_says_where_flash4_would_help_and_is_missing(tmp_path, capsys, monkeypatch):
+    from kernels import prefix_attention
+
+    launched = []
+    studio = types.SimpleNamespace(service=types.SimpleNamespace(model_names=lambda: ["edge"]),
+                                   launch=lambda **kw: launched.append(kw))
+    monkeypatch.setattr(app, "create_studio", lambda args: studio)
+    argv = ["--outputs", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")]
+    monkeypatch.setattr(prefix_attention, "flash4_advice", lambda: "flash-attn-4 is not installed (test).")
+    assert app.main(argv) == 0 and launched
+    assert "note: flash-attn-4 is not installed (test)." in capsys.readouterr().err
+    monkeypatch.setattr(prefix_attention, "flash4_advice", lambda: None)
+    assert app.main(argv) == 0
+    assert "flash-attn-4" not in capsys.readouterr().err
+
+
 def test_safety_with_the_guardrail_installed_checks_every_job(tmp_path, tiny_family, monkeypatch):
     fake = tmp_path / "site"
     (fake / "cosmos_guardrail").mkdir(parents=True)

@@ -137,6 +137,31 @@ def test_flash4_is_refused_with_the_reason_on_cpu():
         pa.prefix_attention_flash4(q, buf, layout)
 
 
+def test_the_start_up_advice_names_flash4_only_where_it_would_help_and_is_missing(monkeypatch):
+    import importlib.util
+
+    def gpu(major, installed):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (major, 0))
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if installed else None)
+
+    monkeypatch.delenv(pa.FLASH4_ENV_VAR, raising=False)
+    gpu(9, installed=False)
+    advice = pa.flash4_advice()
+    assert "flash-attn-4 is not installed" in advice and "9.0" in advice
+    assert "pip install -r requirements-extras.txt" in advice and pa.FLASH4_ENV_VAR in advice
+    gpu(9, installed=True)
+    assert pa.flash4_advice() is None
+    gpu(8, installed=False)  # an Ampere GPU: flash-attn-4's kernel does not run there
+    assert pa.flash4_advice() is None
+    gpu(9, installed=False)
+    monkeypatch.setenv(pa.FLASH4_ENV_VAR, "0")  # left out on purpose
+    assert pa.flash4_advice() is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv(pa.FLASH4_ENV_VAR)
+    assert pa.flash4_advice() is None
+
+
 def test_flash4_config_knobs_become_the_library_arguments():
     assert pa.flash4_call_kwargs(None) == pa.flash4_call_kwargs(pa.Flash4Config()) == {}
     assert pa.flash4_call_kwargs(pa.Flash4Config(128, 176, pack_gqa=False)) == {"tile_mn": (128, 176), "pack_gqa": False}
