@@ -16,9 +16,11 @@ Everything else is dispatch's choice in each variant.
 Caution, measured (docs/PERFORMANCE.md, "The clock a request runs at"): sharing the power history also
 means one power-hungry variant holds every variant's clock down. With our Triton kernel among the
 variants, all of them ran at ~1590 MHz, and flash-attn-4 alone in its own process ran at ~1890. Run one
-variant per process (`--variants auto`, then `--variants triton`) to see what each costs a whole request. Recorded per request: denoise seconds, and while
-it runs, nvidia-smi's SM clock and power samples (every 50 ms). Then one more request per variant under
-torch.profiler: GPU time by kernel, so a difference can be placed (attention alone, or every kernel).
+variant per process (`--variants auto`, then `--variants triton`) to see what each costs a whole request.
+
+Recorded per request: denoise seconds, and while it runs, nvidia-smi's SM clock and power samples (every
+50 ms). Then one more request per variant under torch.profiler: GPU time by kernel, so a difference can be
+placed (attention alone, or every kernel).
 """
 from __future__ import annotations
 

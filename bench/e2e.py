@@ -189,7 +189,7 @@ def clocks_during(samples: list[tuple], began: float, ended: float) -> dict:
     clocks, powers = sorted(s[1] for s in inside), sorted(s[2] for s in inside)
     out = {"sm_mhz_median": clocks[len(clocks) // 2], "sm_mhz_min": clocks[0],
            "power_w_median": powers[len(powers) // 2], "clock_samples": len(inside)}
-    extra = [s for s in inside if len(s) == 5]
+    extra = [s for s in inside if len(s) == len(CLOCK_FIELDS) + len(CLOCK_EXTRA_FIELDS)]
     if extra:
         temperatures = sorted(s[3] for s in extra)
         out.update(temp_c_median=temperatures[len(temperatures) // 2],

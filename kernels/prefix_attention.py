@@ -12,7 +12,7 @@ kernel is bound by the tensor cores and the exp units, and its ceiling is the me
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib.metadata
 import math
 import os
 from dataclasses import dataclass
@@ -360,17 +360,30 @@ def _flash4_entry() -> tuple[Callable | None, bool, str | None]:
     return _flash_attn_fwd, True, None
 
 
+FLASH4_DISTRIBUTION = "flash-attn-4"
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def flash4_advice() -> str | None:
     """A line for whoever runs the server where flash-attn-4 would help and is not installed: a CUDA GPU of
-    SM90 or newer, `COSMOS3_FLASH4` not 0, and no `flash_attn` package. None otherwise.
+    SM90 or newer, `COSMOS3_FLASH4` not 0, and no `flash-attn-4` distribution (flash-attn 2 shares its
+    `flash_attn` package name, so the distribution is what says which one is there). None otherwise.
 
     Why say it at start: flash-attn-4 is an optional install, and without it a kept image step's attention
     runs on our Triton kernel, which held a whole Nano T2I request at a ~300 MHz lower clock (1.78 s against
-    1.46 s, docs/PERFORMANCE.md). It looks the package up without importing it; importing costs seconds."""
+    1.46 s, docs/PERFORMANCE.md). It reads the installed distributions without importing the library, which
+    costs seconds."""
     if not torch.cuda.is_available() or os.environ.get(FLASH4_ENV_VAR, "1") == "0":
         return None
     major, minor = torch.cuda.get_device_capability()
-    if major < 9 or importlib.util.find_spec("flash_attn") is not None:
+    if major < 9 or _installed(FLASH4_DISTRIBUTION):
         return None
     return (f"flash-attn-4 is not installed. On this GPU (compute capability {major}.{minor}) it is the fastest "
             f"attention the engine can use, and without it a Nano T2I request ran ~20% slower end to end "

@@ -23,6 +23,8 @@ from typing import Callable
 
 import torch
 
+from kernels.graphs import capture
+
 log = logging.getLogger(__name__)
 
 # `inner="auto"` runs enough calls per sample to fill about this long, so launch-bound ops are not
@@ -97,17 +99,12 @@ def _time_graph_replays(fn, *, iters: int, inner: int | str, before) -> Timing:
     clock = _EventClock()
     if inner == "auto":
         inner = max(1, min(AUTO_MAX_INNER, math.ceil(GRAPH_SAMPLE_MS / max(clock.measure(fn, 1), 1e-3))))
-    graph = torch.cuda.CUDAGraph()
-    # A side stream, as torch.cuda.graph does, without its gc.collect() and empty_cache(): the dispatcher
-    # times every candidate of every shape this way, mid-forward, and those would cost more than the timing.
-    torch.cuda.synchronize()
-    with torch.cuda.stream(torch.cuda.Stream()):
-        graph.capture_begin()
-        try:
-            for _ in range(inner):
-                fn()
-        finally:
-            graph.capture_end()
+
+    def calls():  # each call's result is dropped at once, so the next can reuse its memory in the graph's pool
+        for _ in range(inner):
+            fn()
+
+    graph, _ = capture(calls)
     samples = []
     for _ in range(iters):
         if before is not None:

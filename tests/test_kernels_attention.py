@@ -138,12 +138,10 @@ def test_flash4_is_refused_with_the_reason_on_cpu():
 
 
 def test_the_start_up_advice_names_flash4_only_where_it_would_help_and_is_missing(monkeypatch):
-    import importlib.util
-
     def gpu(major, installed):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (major, 0))
-        monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if installed else None)
+        monkeypatch.setattr(pa, "_installed", lambda name: installed and name == "flash-attn-4")
 
     monkeypatch.delenv(pa.FLASH4_ENV_VAR, raising=False)
     gpu(9, installed=False)
@@ -160,6 +158,8 @@ def test_the_start_up_advice_names_flash4_only_where_it_would_help_and_is_missin
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv(pa.FLASH4_ENV_VAR)
     assert pa.flash4_advice() is None
+    monkeypatch.undo()
+    assert pa._installed("torch") and not pa._installed("no-such-distribution-here")
 
 
 def test_flash4_config_knobs_become_the_library_arguments():

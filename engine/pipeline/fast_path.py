@@ -39,6 +39,7 @@ from typing import Callable, TypeVar
 import torch
 
 from kernels.dispatch import KernelDispatcher, timing_from_env
+from kernels.graphs import capture
 from kernels.packed_kv import PackedKVLayout
 
 from .fp8 import fp8_from_env, tower_weights
@@ -99,24 +100,15 @@ class FastPathOptions:
 def capture_graph(run: Callable[[], T], pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
     """Capture `run()` as a CUDA graph on a side stream; returns (graph, what `run` returned).
 
-    What `torch.cuda.graph` does, less its unconditional `empty_cache()` (and the host's pinned-memory
-    cache) before every capture. Why: that hands every cached block back to the driver, so each recapture
-    (one per new prompt length and branch count) paid for freeing, and the next request paid cudaMalloc for
-    all of it again. It still frees first when the GPU is short of memory, where the graph's private pool
+    `kernels.graphs.capture`, which leaves the allocator's cache alone (each recapture, one per new prompt
+    length and branch count, used to free every cached block, and the next request paid cudaMalloc for all
+    of it again), after freeing it here only when the GPU is short of memory, where the graph's private pool
     could otherwise fail to grow. The kernels captured are the same, so the replay's bits are too.
     """
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
     if free < CAPTURE_EMPTY_CACHE_BELOW * total:
         torch.cuda.empty_cache()
-    with torch.cuda.stream(torch.cuda.Stream()):
-        graph.capture_begin(pool=pool)
-        try:
-            out = run()
-        finally:
-            graph.capture_end()
-    return graph, out
+    return capture(run, pool=pool)
 
 
 @dataclass
