@@ -291,19 +291,92 @@ def kernel_rows(prof) -> list[dict]:
     return rows
 
 
-def profile_request(model, name: str, log=print, top: int = 12) -> dict:
+STAGES_PROFILED = ("prefill_stage", "denoise_stage", "decode_stage")
+
+
+class _StageRanges:
+    """Wraps `engine.pipeline.run`'s stage functions in profiler ranges named "stage:<name>" while active."""
+
+    def __enter__(self):
+        from engine.pipeline import run
+
+        self.saved = {name: getattr(run, name) for name in STAGES_PROFILED}
+        for name, stage in self.saved.items():
+            setattr(run, name, self._ranged(name.removesuffix("_stage"), stage))
+        return self
+
+    def __exit__(self, *exc):
+        from engine.pipeline import run
+
+        for name, stage in self.saved.items():
+            setattr(run, name, stage)
+
+    @staticmethod
+    def _ranged(label, stage):
+        def ranged(state):
+            with torch.profiler.record_function(f"stage:{label}"):
+                return stage(state)
+        return ranged
+
+
+def _by_name(kernels: list[tuple[str, float, float]]) -> list[dict]:
+    """(name, start, end) kernels, microseconds, summed by name: most device time first."""
+    by_name: dict[str, list] = {}
+    for n, a, b in kernels:
+        row = by_name.setdefault(n[:120], [0, 0.0])
+        row[0] += 1
+        row[1] += (b - a) / 1e3
+    return sorted(({"kernel": n, "calls": c, "ms": round(ms, 3)} for n, (c, ms) in by_name.items()),
+                  key=lambda r: -r["ms"])
+
+
+def stage_breakdown(ranges: dict[str, tuple[float, float]], kernels: list[tuple[str, float, float]],
+                    top: int = 12) -> dict:
+    """Per stage: its wall time (ms), the GPU kernel time that started inside it, that share of the wall,
+    and its top kernels. `ranges`: stage -> (start, end) in microseconds; `kernels`: (name, start, end) on
+    the same clock (the profiler aligns device timestamps to the host's). A kernel belongs to the stage in
+    which it started; each stage ends in a host sync (the denoise stage's pacer, the decode's host copy),
+    so nothing of one stage runs in the next."""
+    out = {}
+    for stage, (begin, end) in ranges.items():
+        rows = _by_name([k for k in kernels if begin <= k[1] < end])
+        busy = sum(r["ms"] for r in rows)
+        wall = (end - begin) / 1e3
+        out[stage] = {"wall_ms": round(wall, 3), "kernel_ms": round(busy, 3),
+                      "kernel_share_of_wall": round(busy / wall, 4) if wall else None, "top": rows[:top]}
+    return out
+
+
+def _profiled_stages(prof) -> tuple[dict, list]:
+    """The "stage:" ranges and the device kernels of a torch.profiler run, as `stage_breakdown` takes them."""
+    from torch.autograd import DeviceType
+
+    ranges, kernels = {}, []
+    for evt in prof.events():
+        if evt.name.startswith("stage:") and evt.device_type == DeviceType.CPU:
+            ranges[evt.name.removeprefix("stage:")] = (evt.time_range.start, evt.time_range.end)
+        elif evt.device_type == DeviceType.CUDA:
+            kernels.append((evt.name, evt.time_range.start, evt.time_range.end))
+    return ranges, kernels
+
+
+def profile_request(model, name: str, log=print, top: int = 20) -> dict:
     """One more warm request of workload `name` under torch.profiler: how much of its denoise the GPU was
-    busy (kernel time summed, against the wall time), and the top kernels. Run after `run` warmed it."""
+    busy (kernel time summed, against the wall time), and the top kernels, over the request and per stage
+    (prefill, denoise, decode). Run after `run` warmed it."""
     family, request, _ = WORKLOADS[name]
     request = dict(request, prompt=long_prompt(model), seed=1)
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with _StageRanges(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
         timings = timed_generate(model, request)
         torch.cuda.synchronize()
-    kernels = kernel_rows(prof)
-    busy_ms = sum(r["ms"] for r in kernels)
+    ranges, kernels = _profiled_stages(prof)
+    rows = _by_name(kernels)
+    busy_ms = sum(r["ms"] for r in rows)
     out = {"workload": name, "timings": timings, "kernel_ms_total": busy_ms,
-           "kernel_share_of_wall": busy_ms / 1e3 / timings["wall_s"], "top": kernels[:top]}
+           "kernel_share_of_wall": busy_ms / 1e3 / timings["wall_s"], "top": rows[:top],
+           "stages": stage_breakdown(ranges, kernels, top=top)}
     log(out)
     return out
 

@@ -114,3 +114,36 @@ def test_a_clock_sample_with_temperature_and_event_reasons_says_why_the_clock_wa
     assert during["sm_mhz_median"] == 1590.0 and during["temp_c_median"] == 74.0
     assert during["power_capped_share"] == round(2 / 3, 3) and during["thermal_share"] == round(1 / 3, 3)
     assert "temp_c_median" not in clocks_during(samples, base + 3, base + 4)  # only the plain sample
+
+
+def test_a_profiled_request_puts_each_kernel_in_the_stage_it_started_in_and_says_how_busy_each_was():
+    from bench import e2e
+
+    ranges = {"denoise": (1000.0, 11000.0), "decode": (11000.0, 13000.0)}
+    kernels = [("gemm", 1000.0, 5000.0), ("gemm", 6000.0, 9000.0), ("attn", 9000.0, 10000.0),
+               ("conv", 11000.0, 12500.0),  # starts in the decode
+               ("stray", 500.0, 900.0)]     # before either stage: counted in neither
+    stages = e2e.stage_breakdown(ranges, kernels)
+    denoise, decode = stages["denoise"], stages["decode"]
+    assert denoise["wall_ms"] == 10.0 and denoise["kernel_ms"] == 8.0 and denoise["kernel_share_of_wall"] == 0.8
+    assert denoise["top"] == [{"kernel": "gemm", "calls": 2, "ms": 7.0}, {"kernel": "attn", "calls": 1, "ms": 1.0}]
+    assert decode["kernel_ms"] == 1.5 and decode["top"] == [{"kernel": "conv", "calls": 1, "ms": 1.5}]
+
+
+def test_profiling_a_request_ranges_the_engines_stages_and_puts_them_back_after(monkeypatch):
+    import torch
+
+    from bench import e2e
+    from engine.pipeline import run
+
+    original = run.decode_stage
+    seen = []
+    monkeypatch.setattr(run, "decode_stage", lambda state: seen.append(state))
+    patched = run.decode_stage
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with e2e._StageRanges():
+            run.decode_stage("state")
+    assert run.decode_stage is patched and seen == ["state"]
+    ranges, _ = e2e._profiled_stages(prof)
+    assert set(ranges) == {"decode"}
+    assert original is not patched
