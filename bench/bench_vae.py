@@ -45,6 +45,7 @@ TINY = dict(base_dim=8, decoder_base_dim=8)  # --tiny: the full layout with narr
 # (name, channels-last weights, plan (None = today's decode_uint8), cudnn.benchmark), in the order they run.
 VARIANTS = (
     ("channels_last", True, None, False),
+    ("triton+fold", True, DecodePlan(elementwise="triton", fold_bias=True), False),
     ("triton+chunk4", True, DecodePlan(chunk=4, elementwise="triton"), False),
     ("triton", True, DecodePlan(elementwise="triton"), False),
     ("chunk4", True, DecodePlan(chunk=4), False),

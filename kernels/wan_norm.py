@@ -22,19 +22,27 @@ import triton.language as tl
 from kernels.qk_norm_rope import _round_to  # round to nearest even by integer ops (the cast truncates or folds)
 
 
-def norm_silu_reference(x: torch.Tensor, gamma: torch.Tensor, scale: float) -> torch.Tensor:
-    """diffusers' WanRMS_norm (channel-first, no bias) then SiLU, op for op. x: [B, C, T, H, W]."""
+def _channel_bias(bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return bias.reshape(1, -1, *([1] * (x.dim() - 2)))
+
+
+def norm_silu_reference(x: torch.Tensor, gamma: torch.Tensor, scale: float,
+                        bias: torch.Tensor | None = None) -> torch.Tensor:
+    """diffusers' WanRMS_norm (channel-first, no bias) then SiLU, op for op. x: [B, C, T, H, W]; `bias`:
+    the producing conv's bias, added first as PyTorch's conv adds it (in the activation dtype)."""
+    if bias is not None:
+        x = x + _channel_bias(bias, x)
     normalized = F.normalize(x.float(), dim=1).to(x.dtype)
     return F.silu(normalized * scale * gamma)
 
 
 @triton.jit
 def _norm_silu_kernel(
-    x_ptr, g_ptr, out_ptr,
+    x_ptr, g_ptr, bias_ptr, out_ptr,
     n_pos, n_ch, T, H, W,
     sxb, sxt, sxh, sxw, sob, sot, soh, sow,
     scale,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     # BLOCK_P positions per program, all channels of each (channels are contiguous: channels-last).
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
@@ -49,6 +57,8 @@ def _norm_silu_kernel(
     mask = (pos < n_pos)[:, None] & (ch < n_ch)[None, :]
     x_off = (b * sxb + t * sxt + h * sxh + w * sxw)[:, None] + ch[None, :]
     x = tl.load(x_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:  # the conv's bias, rounded in as its own pass would
+        x = _round_to(x + tl.load(bias_ptr + ch, mask=ch < n_ch, other=0.0).to(tl.float32)[None, :], DTYPE)
     norm = tl.maximum(tl.sqrt_rn(tl.sum(x * x, axis=1)), 1e-12)  # F.normalize: x / max(||x||, eps)
     y = _round_to(tl.div_rn(x, norm[:, None]), DTYPE)
     y = _round_to(y * scale, DTYPE)
@@ -59,10 +69,12 @@ def _norm_silu_kernel(
     tl.store(out_ptr + out_off, y.to(DTYPE), mask=mask)
 
 
-def norm_silu_into(x: torch.Tensor, gamma: torch.Tensor, scale: float, out: torch.Tensor) -> torch.Tensor:
-    """out[...] = SiLU(WanRMS_norm(x)); x and out [B, C, T, H, W] with channels contiguous (stride 1).
+def norm_silu_into(x: torch.Tensor, gamma: torch.Tensor, scale: float, out: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """out[...] = SiLU(WanRMS_norm(x + bias)); x and out [B, C, T, H, W] with channels contiguous (stride 1).
 
-    `out` may be a strided view (the interior of a padded buffer). gamma: C values (any shape).
+    `out` may be a strided view (the interior of a padded buffer). gamma: C values (any shape); bias: C
+    values or None.
     """
     if x.shape != out.shape or x.stride(1) != 1 or out.stride(1) != 1 or x.dtype != out.dtype:
         raise ValueError(f"norm_silu_into: x {tuple(x.shape)} {x.stride()} {x.dtype} and out "
@@ -75,12 +87,70 @@ def norm_silu_into(x: torch.Tensor, gamma: torch.Tensor, scale: float, out: torc
     gamma = gamma.reshape(-1).contiguous()
     grid = (triton.cdiv(n_pos, block_p),)
     _norm_silu_kernel[grid](
-        x, gamma, out, n_pos, c, t, h, w,
+        x, gamma, gamma if bias is None else _bias_values(bias, c, x.dtype), out, n_pos, c, t, h, w,
         x.stride(0), x.stride(2), x.stride(3), x.stride(4),
         out.stride(0), out.stride(2), out.stride(3), out.stride(4),
-        float(scale), BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4 if block_c * block_p <= 2048 else 8,
+        float(scale), BLOCK_P=block_p, BLOCK_C=block_c, HAS_BIAS=bias is not None,
+        num_warps=4 if block_c * block_p <= 2048 else 8,
     )
     return out
 
 
-__all__ = ["norm_silu_into", "norm_silu_reference"]
+def _bias_values(bias: torch.Tensor, channels: int, dtype: torch.dtype) -> torch.Tensor:
+    if bias.numel() != channels or bias.dtype != dtype:
+        raise ValueError(f"bias: {channels} values of {dtype} needed (one per channel), got "
+                         f"{bias.numel()} of {bias.dtype}")
+    return bias.reshape(-1).contiguous()
+
+
+def add_bias_residual_reference(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """(x + bias) + residual as PyTorch runs a residual block's end: the conv's bias pass, then the add."""
+    return (x + _channel_bias(bias, x)) + residual
+
+
+@triton.jit
+def _add_bias_residual_kernel(
+    x_ptr, bias_ptr, r_ptr,
+    n_pos, n_ch, T, H, W,
+    sxb, sxc, sxt, sxh, sxw, srb, src, srt, srh, srw,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    pos = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    w = pos % W
+    rest = pos // W
+    h = rest % H
+    rest = rest // H
+    t = rest % T
+    b = rest // T
+    ch = tl.arange(0, BLOCK_C)
+    mask = (pos < n_pos)[:, None] & (ch < n_ch)[None, :]
+    x_off = (b * sxb + t * sxt + h * sxh + w * sxw)[:, None] + (ch * sxc)[None, :]
+    r_off = (b * srb + t * srt + h * srh + w * srw)[:, None] + (ch * src)[None, :]
+    x = tl.load(x_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + ch, mask=ch < n_ch, other=0.0).to(tl.float32)
+    y = _round_to(x + bias[None, :], DTYPE)
+    y = _round_to(y + tl.load(r_ptr + r_off, mask=mask, other=0.0).to(tl.float32), DTYPE)
+    tl.store(x_ptr + x_off, y.to(DTYPE), mask=mask)
+
+
+def add_bias_residual_(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """x = (x + bias) + residual in place, one pass, each add rounded to x's dtype (the reference's two
+    passes bit for bit). x and residual [B, C, T, H, W], any strides (channels-last-3d is the fast layout;
+    x must not overlap itself); bias: C values."""
+    if x.shape != residual.shape or x.dim() != 5 or x.dtype != residual.dtype:
+        raise ValueError(f"add_bias_residual_: x {tuple(x.shape)} {x.dtype} and residual "
+                         f"{tuple(residual.shape)} {residual.dtype} need equal 5-D shapes and dtypes")
+    b, c, t, h, w = x.shape
+    n_pos = b * t * h * w
+    block_c = triton.next_power_of_2(c)
+    block_p = max(1, min(64, 4096 // block_c))
+    _add_bias_residual_kernel[(triton.cdiv(n_pos, block_p),)](
+        x, _bias_values(bias, c, x.dtype), residual, n_pos, c, t, h, w,
+        *x.stride(), *residual.stride(),
+        BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4 if block_c * block_p <= 2048 else 8,
+    )
+    return x
+
+
+__all__ = ["add_bias_residual_", "add_bias_residual_reference", "norm_silu_into", "norm_silu_reference"]

@@ -40,3 +40,14 @@ def test_gpu_rounding_is_the_output_stage_rounding_everywhere_in_range():
     ours = to_uint8(decoded).numpy()
     assert (ours == 0).any() and (ours == 255).any()
     assert np.array_equal(ours, reference)
+
+
+def test_frames_reach_the_host_in_decode_order():
+    from engine.pipeline.decode import frames_to_host
+
+    chunks = [torch.full((n, 2, 3, 3), i, dtype=torch.uint8) for i, n in enumerate((1, 4, 4))]
+    frames = frames_to_host(iter(chunks))
+    assert frames.shape == (9, 2, 3, 3) and frames.dtype == np.uint8
+    assert [int(f[0, 0, 0]) for f in frames] == [0, 1, 1, 1, 1, 2, 2, 2, 2]
+    with pytest.raises(ValueError, match="the decoder gave no frames"):
+        frames_to_host(iter([]))

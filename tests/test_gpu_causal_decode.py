@@ -73,3 +73,18 @@ def test_an_image_keeps_the_exact_bytes(vae):
     generator = torch.Generator(device="cuda").manual_seed(1)
     vision = torch.randn(1, 48, 1, 40, 40, device="cuda", generator=generator)
     assert np.array_equal(_stage(vae, vision, fast_decode=True), _stage(vae, vision, fast_decode=False))
+
+
+def test_folded_biases_change_no_byte_on_cudnn(vae):
+    """The fast plan folds the residual blocks' conv biases into its kernels; cuDNN convs add their bias in a
+    pass of their own, rounded to bf16, and the kernels round where that pass does: the same output."""
+    from engine.pipeline.causal_decode import VIDEO_PLAN, DecodePlan, decoded_chunks
+
+    assert VIDEO_PLAN.fold_bias
+    generator = torch.Generator(device="cuda").manual_seed(2)
+    z = torch.randn(1, 48, 4, 30, 52, device="cuda", generator=generator).to(vae.dtype)
+    z = z.contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():
+        folded = torch.cat(list(decoded_chunks(vae, z, VIDEO_PLAN)), dim=2)
+        unfolded = torch.cat(list(decoded_chunks(vae, z, DecodePlan(elementwise="triton"))), dim=2)
+    assert torch.equal(folded, unfolded)

@@ -3,7 +3,8 @@ Triton interpreter), and that it writes only the interior of its padded buffer."
 import pytest
 import torch
 
-from kernels.wan_norm import norm_silu_into, norm_silu_reference
+from kernels.wan_norm import (add_bias_residual_, add_bias_residual_reference, norm_silu_into,
+                               norm_silu_reference)
 
 
 # The kernel runs where its tensors are: on a GPU machine the conftest leaves the interpreter off.
@@ -30,3 +31,64 @@ def test_norm_silu_kernel_refuses_channels_first():
     x = torch.randn(1, 8, 2, 3, 3, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="channel stride 1"):
         norm_silu_into(x, torch.ones(8, dtype=torch.bfloat16), 1.0, torch.empty_like(x))
+
+
+def _activation(channels, frames, seed, scale=3.0):
+    generator = torch.Generator().manual_seed(seed)
+    x = (scale * torch.randn(1, channels, frames, 5, 7, generator=generator)).to(DEVICE, torch.bfloat16)
+    return x.contiguous(memory_format=torch.channels_last_3d)
+
+
+@pytest.mark.parametrize("channels", [8, 24])
+def test_norm_silu_kernel_adds_the_convs_bias_first_as_its_own_pass_would(channels):
+    x = _activation(channels, 3, channels)
+    generator = torch.Generator().manual_seed(100 + channels)
+    gamma = (1 + 0.1 * torch.randn(channels, 1, 1, 1, generator=generator)).to(DEVICE, torch.bfloat16)
+    bias = (0.7 * torch.randn(channels, generator=generator)).to(DEVICE, torch.bfloat16)
+    out = torch.empty_like(x)
+    norm_silu_into(x, gamma, channels ** 0.5, out, bias=bias)
+    separate = x.clone()
+    separate.add_(bias.reshape(1, -1, 1, 1, 1))  # PyTorch's conv bias pass
+    expected = norm_silu_reference(separate, gamma, channels ** 0.5)
+    assert torch.equal(out, expected)
+    assert torch.equal(expected, norm_silu_reference(x, gamma, channels ** 0.5, bias=bias))
+    assert not torch.equal(out, norm_silu_reference(x, gamma, channels ** 0.5))  # the bias does count
+
+
+@pytest.mark.parametrize("channels", [8, 48])
+def test_the_bias_and_residual_add_is_the_two_separate_passes_bit_for_bit(channels):
+    x = _activation(channels, 2, channels)
+    residual = _activation(channels, 2, channels + 1, scale=5.0)
+    bias = (0.7 * torch.randn(channels, generator=torch.Generator().manual_seed(channels))).to(DEVICE, torch.bfloat16)
+    separate = x.clone()
+    separate.add_(bias.reshape(1, -1, 1, 1, 1))
+    separate = separate + residual
+    fused = x.clone()
+    assert add_bias_residual_(fused, bias, residual) is fused  # in place
+    assert torch.equal(fused, separate)
+    assert torch.equal(fused, add_bias_residual_reference(x, bias, residual))
+    # one rounding instead of two would differ somewhere: the test can tell the orders apart
+    once = (x.float() + bias.float().reshape(1, -1, 1, 1, 1) + residual.float()).to(torch.bfloat16)
+    assert not torch.equal(fused, once)
+
+
+def test_the_bias_and_residual_add_reads_and_writes_any_layout():
+    x = _activation(16, 2, 1)
+    bias = torch.linspace(-1, 1, 16).to(DEVICE, torch.bfloat16)
+    for residual in (_activation(16, 4, 2)[:, :, 1:3],  # a strided view: another time stride
+                     _activation(16, 2, 3).contiguous()):  # channels first
+        expected = add_bias_residual_reference(x, bias, residual)
+        assert torch.equal(add_bias_residual_(x.clone(), bias, residual), expected)
+        first = x.contiguous()
+        assert torch.equal(add_bias_residual_(first, bias, residual), expected)
+
+
+def test_the_bias_folds_refuse_what_they_cannot_read():
+    x = _activation(8, 2, 0)
+    with pytest.raises(ValueError, match="need equal 5-D shapes"):
+        add_bias_residual_(x, torch.zeros(8, dtype=torch.bfloat16, device=DEVICE), x[:, :, :1])
+    with pytest.raises(ValueError, match=r"bias: 8 values of torch.bfloat16 needed \(one per channel\), got 4"):
+        add_bias_residual_(x, torch.zeros(4, dtype=torch.bfloat16, device=DEVICE), x.clone())
+    with pytest.raises(ValueError, match="got 8 of torch.float32"):
+        norm_silu_into(x, torch.ones(8, dtype=torch.bfloat16, device=DEVICE), 1.0, torch.empty_like(x),
+                       bias=torch.zeros(8, device=DEVICE))

@@ -15,7 +15,11 @@ order, with the cache made explicit per conv, and three switchable changes (a `D
   one write of the activation instead of about ten full-resolution passes); `elementwise="compile"`
   is the same fusion by `torch.compile` (measured slower, and it compiles for about a minute);
 - **stacked time taps** (`conv="2d"`): a 3x3x3 conv as a 3x3 conv2d over the three time taps stacked
-  into channels (cuDNN's 2-D NHWC kernels instead of its 3-D ones).
+  into channels (cuDNN's 2-D NHWC kernels instead of its 3-D ones);
+- **folded biases** (`fold_bias`, with the Triton kernels): a residual block's two 3x3x3 convs run
+  without their biases; the first's is added as the next norm reads it, the second's with the residual
+  add (`kernels.wan_norm`). PyTorch adds a cuDNN conv's bias in a pass of its own, so this saves a read
+  and a write of the activation per conv, and rounds where that pass rounds: the same bytes as without.
 
 Why the cache is always two zero frames at first: diffusers pads the first chunk's input with zeros
 (no cache yet) and a one-frame chunk's cache with a zero frame ("Rep" for the upsample's time conv),
@@ -43,10 +47,13 @@ class DecodePlan:
     chunk: int = 1  # latent frames per causal step after the first
     elementwise: str = "eager"
     conv: str = "3d"
+    fold_bias: bool = False  # a residual block's conv biases into its kernels (needs elementwise="triton")
 
     def __post_init__(self):
         if self.chunk < 1 or self.elementwise not in ELEMENTWISE or self.conv not in CONVS:
             raise ValueError(f"DecodePlan: chunk >= 1, elementwise in {ELEMENTWISE}, conv in {CONVS}; got {self}")
+        if self.fold_bias and self.elementwise != "triton":
+            raise ValueError(f"DecodePlan: fold_bias needs elementwise='triton' (its kernels add the biases); got {self}")
 
 
 def supports(vae) -> bool:
@@ -116,10 +123,24 @@ class CausalDecoder:
 
     def residual(self, block, x: torch.Tensor) -> torch.Tensor:
         h = block.conv_shortcut(x)  # Identity or a 1x1x1 conv: no temporal context, no cache
+        if self._folds(block, h):
+            from kernels.wan_norm import add_bias_residual_
+
+            x = self.norm_conv(block.norm1, block.nonlinearity, block.conv1, x, bias=False)
+            x = self.norm_conv(block.norm2, block.nonlinearity, block.conv2, x, bias=False, bias_in=block.conv1.bias)
+            return add_bias_residual_(x, block.conv2.bias, h)
         x = self.norm_conv(block.norm1, block.nonlinearity, block.conv1, x)
         # (diffusers' dropout sits between norm2 and conv2: the identity in eval mode, where decode runs)
         x = self.norm_conv(block.norm2, block.nonlinearity, block.conv2, x)
         return x + h
+
+    def _folds(self, block, h: torch.Tensor) -> bool:
+        """Whether this residual block takes the folded biases: the plan says so, and both convs are causal
+        3x3x3 convs with biases that the fused norm path runs (`norm_conv`)."""
+        if not self.plan.fold_bias or h.dim() != 5:
+            return False
+        return all(isinstance(conv.bias, torch.Tensor) and self._fused_norm(norm, conv)
+                   for norm, conv in ((block.norm1, block.conv1), (block.norm2, block.conv2)))
 
     def mid_block(self, block, x: torch.Tensor) -> torch.Tensor:
         x = self.residual(block.resnets[0], x)
@@ -161,16 +182,22 @@ class CausalDecoder:
 
     # -- causal convolutions ---------------------------------------------------------------------
 
-    def norm_conv(self, norm, act, conv, x: torch.Tensor) -> torch.Tensor:
-        """conv(SiLU(norm(x))) with the conv's cache."""
-        # (a norm with a bias is not in Wan's decoder: it keeps diffusers' ops)
-        if self.plan.elementwise == "eager" or conv._padding[4] == 0 or isinstance(norm.bias, torch.Tensor):
+    def _fused_norm(self, norm, conv) -> bool:
+        """Whether `norm_conv` runs this norm and conv fused (else diffusers' ops); a norm with a bias is not
+        in Wan's decoder, so it keeps diffusers' ops."""
+        return not (self.plan.elementwise == "eager" or conv._padding[4] == 0 or isinstance(norm.bias, torch.Tensor))
+
+    def norm_conv(self, norm, act, conv, x: torch.Tensor, bias: bool = True,
+                  bias_in: torch.Tensor | None = None) -> torch.Tensor:
+        """conv(SiLU(norm(x + bias_in))) with the conv's cache; without its bias when `bias` is False (the
+        caller adds it). `bias_in` and `bias=False` only where `_fused_norm` holds (`residual` checks)."""
+        if not self._fused_norm(norm, conv):
             return self.conv(conv, _norm_silu(norm, act, x))
         pad = conv._padding[0]
         cache = self._cache(conv, x, pad)
         gamma = norm.gamma
         if self.plan.elementwise == "compile":
-            return self._conv_joined(conv, _fused_join()(x, cache, gamma, float(norm.scale), pad))
+            return self._conv_joined(conv, _fused_join()(x, cache, gamma, float(norm.scale), pad), bias)
         from kernels.wan_norm import norm_silu_into
 
         b, c, t, h, w = x.shape
@@ -182,8 +209,8 @@ class CausalDecoder:
             self.buffers[key] = joined
         joined[:, :, :frames].copy_(cache)
         norm_silu_into(x.contiguous(memory_format=torch.channels_last_3d), gamma, float(norm.scale),
-                       joined[:, :, frames:, pad:pad + h, pad:pad + w])
-        return self._conv_joined(conv, joined)
+                       joined[:, :, frames:, pad:pad + h, pad:pad + w], bias=bias_in)
+        return self._conv_joined(conv, joined, bias)
 
     def conv(self, conv, x: torch.Tensor) -> torch.Tensor:
         """A WanCausalConv3d on x with its cached past: diffusers' cat + zero pad, then conv3d."""
@@ -201,14 +228,15 @@ class CausalDecoder:
             cache = x.new_zeros(shape).contiguous(memory_format=_memory_format(x))
         return cache
 
-    def _conv_joined(self, conv, joined: torch.Tensor) -> torch.Tensor:
-        """Conv over the padded [cache, x] input; the new cache is its last frames."""
+    def _conv_joined(self, conv, joined: torch.Tensor, bias: bool = True) -> torch.Tensor:
+        """Conv over the padded [cache, x] input (without its bias where `bias` is False); the new cache is
+        its last frames."""
         self.cache[conv] = joined[:, :, -conv._padding[4]:].clone()
         if self.plan.conv == "2d" and tuple(conv.kernel_size) == (3, 3, 3) and tuple(conv.stride) == (1, 1, 1):
-            return self._conv_stacked(conv, joined)
-        return F.conv3d(joined, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+            return self._conv_stacked(conv, joined, bias)
+        return F.conv3d(joined, conv.weight, conv.bias if bias else None, conv.stride, 0, conv.dilation, conv.groups)
 
-    def _conv_stacked(self, conv, joined: torch.Tensor) -> torch.Tensor:
+    def _conv_stacked(self, conv, joined: torch.Tensor, bias: bool = True) -> torch.Tensor:
         """3x3x3 conv = 3x3 conv2d over [x_t-2, x_t-1, x_t] stacked on channels (one gather copy)."""
         weight = self.stacked.get(conv)
         if weight is None:  # [out, in, kt, kh, kw] -> [out, kt*in, kh, kw], NHWC like the input
@@ -220,7 +248,7 @@ class CausalDecoder:
         t = tp - 2
         taps = joined.unfold(2, 3, 1)  # [b, c, t, hp, wp, 3]
         stacked = taps.permute(0, 2, 3, 4, 5, 1).reshape(b * t, hp, wp, 3 * c).permute(0, 3, 1, 2)
-        out = F.conv2d(stacked, weight, conv.bias)
+        out = F.conv2d(stacked, weight, conv.bias if bias else None)
         return out.view(b, t, out.shape[1], out.shape[2], out.shape[3]).permute(0, 2, 1, 3, 4)
 
 
@@ -229,8 +257,9 @@ class CausalDecoder:
 # the fused norm + SiLU kernel, 7.07 s with it and 4 frames a step, 10.01 s with 4 frames a step alone, 7.93 s
 # with the stacked-tap conv2d, 8.22 s with torch.compile's fusion (plus 55 s of compiling); at 832x480/121f
 # 2.53 s today, 1.89 s fused. So a video decodes one latent frame a step with the fused kernel; an image
-# (one latent frame, not measured) keeps diffusers' decoder and its bit-for-bit bytes.
-VIDEO_PLAN = DecodePlan(elementwise="triton")
+# (one latent frame, not measured) keeps diffusers' decoder and its bit-for-bit bytes. The folded biases
+# change no byte (they round where PyTorch's bias pass rounds); what they save is in docs/PERFORMANCE.md.
+VIDEO_PLAN = DecodePlan(elementwise="triton", fold_bias=True)
 
 
 def plan_for(vae, latent_shape: tuple, device_type: str, options) -> DecodePlan | None:

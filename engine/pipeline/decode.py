@@ -22,7 +22,7 @@ off, keep the bit-for-bit promise above.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -101,8 +101,30 @@ def decode_uint8(vae, z: torch.Tensor, plan: DecodePlan | None = None) -> np.nda
     """
     chunks = diffusers_chunks(vae, z) if plan is None else decoded_chunks(vae, z, plan)
     with contextlib.closing(chunks):  # a failed decode frees the decoder's cache now, not at garbage collection
-        frames = torch.cat([to_uint8(out[0]) for out in chunks], dim=0)
-    return frames.cpu().numpy()
+        return frames_to_host(to_uint8(out[0]) for out in chunks)
+
+
+def frames_to_host(chunks: Iterable[torch.Tensor]) -> np.ndarray:
+    """uint8 frame chunks [t, H, W, 3], concatenated on the host.
+
+    Why chunk by chunk into pinned memory: one copy of the whole clip from the GPU into pageable memory ran
+    at ~1.3 GB/s on the H200 box (0.11 s at 832x480/121f, and the clip is 3.6x that at 720p/189f), after
+    the last conv. A chunk's copy into page-locked memory is asynchronous: it runs on the copy engine while
+    the GPU decodes the next chunk, and the host joins the chunks once at the end.
+    """
+    staged, copying = [], False
+    for frames in chunks:
+        if frames.is_cuda:
+            pinned = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
+            staged.append(pinned.copy_(frames, non_blocking=True))  # stream-ordered before `frames` is reused
+            copying = True
+        else:
+            staged.append(frames)
+    if not staged:
+        raise ValueError("frames_to_host: the decoder gave no frames")
+    if copying:
+        torch.cuda.current_stream().synchronize()
+    return np.concatenate([frames.numpy() for frames in staged], axis=0)
 
 
 def diffusers_chunks(vae, z: torch.Tensor) -> Iterator[torch.Tensor]:
