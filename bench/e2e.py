@@ -353,8 +353,9 @@ def _profiled_stages(prof) -> tuple[dict, list]:
 
     ranges, kernels = {}, []
     for evt in prof.events():
-        if evt.name.startswith("stage:") and evt.device_type == DeviceType.CPU:
-            ranges[evt.name.removeprefix("stage:")] = (evt.time_range.start, evt.time_range.end)
+        if evt.name.startswith("stage:"):  # the range, on the host and (as a GPU annotation) on the device
+            if evt.device_type == DeviceType.CPU:
+                ranges[evt.name.removeprefix("stage:")] = (evt.time_range.start, evt.time_range.end)
         elif evt.device_type == DeviceType.CUDA:
             kernels.append((evt.name, evt.time_range.start, evt.time_range.end))
     return ranges, kernels
