@@ -49,7 +49,7 @@ def test_decode_stage_uses_the_fused_plan_within_the_bound(vae, monkeypatch):
 
     calls = []
     kernel = kernels.wan_norm.norm_silu_into
-    monkeypatch.setattr(kernels.wan_norm, "norm_silu_into", lambda *a: calls.append(1) or kernel(*a))
+    monkeypatch.setattr(kernels.wan_norm, "norm_silu_into", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     generator = torch.Generator(device="cuda").manual_seed(0)
     vision = torch.randn(1, 48, 6, 30, 52, device="cuda", generator=generator)
     today = _stage(vae, vision, fast_decode=False)
