@@ -153,4 +153,76 @@ def add_bias_residual_(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tens
     return x
 
 
-__all__ = ["add_bias_residual_", "add_bias_residual_reference", "norm_silu_into", "norm_silu_reference"]
+def add_bias_dup_up_reference(x: torch.Tensor, bias: torch.Tensor | None, skip: torch.Tensor, shortcut,
+                              first_chunk: bool) -> torch.Tensor:
+    """A Wan2.2 up block's end as diffusers runs it: the upsampler conv's bias pass, then the residual add of
+    its `avg_shortcut` (a `DupUp3D`: channels repeated and unfolded into time and space) of the block's input."""
+    if bias is not None:
+        x = x + _channel_bias(bias, x)
+    return x + shortcut(skip, first_chunk=first_chunk)
+
+
+@triton.jit
+def _add_bias_dup_up_kernel(
+    x_ptr, bias_ptr, s_ptr,
+    n_pos, n_ch, T, H, W,
+    sxb, sxc, sxt, sxh, sxw, ssb, ssc, sst, ssh, ssw,
+    skip_t, FT: tl.constexpr, FS: tl.constexpr, REPEATS: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    pos = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    w = pos % W
+    rest = pos // W
+    h = rest % H
+    rest = rest // H
+    t = rest % T
+    b = rest // T
+    ch = tl.arange(0, BLOCK_C)
+    mask = (pos < n_pos)[:, None] & (ch < n_ch)[None, :]
+    x_off = (b * sxb + t * sxt + h * sxh + w * sxw)[:, None] + (ch * sxc)[None, :]
+    # DupUp3D: output (co, t * FT + a, h * FS + p, w * FS + q) reads input channel
+    # (((co * FT + a) * FS + p) * FS + q) // REPEATS at (t, h, w); a first chunk drops its first FT - 1 frames.
+    full_t = t + skip_t
+    a = full_t % FT
+    p = h % FS
+    q = w % FS
+    j = ((ch[None, :] * FT + a[:, None]) * FS + p[:, None]) * FS + q[:, None]
+    s_off = (b * ssb + (full_t // FT) * sst + (h // FS) * ssh + (w // FS) * ssw)[:, None] + (j // REPEATS) * ssc
+    y = tl.load(x_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        y = _round_to(y + tl.load(bias_ptr + ch, mask=ch < n_ch, other=0.0).to(tl.float32)[None, :], DTYPE)
+    y = _round_to(y + tl.load(s_ptr + s_off, mask=mask, other=0.0).to(tl.float32), DTYPE)
+    tl.store(x_ptr + x_off, y.to(DTYPE), mask=mask)
+
+
+def add_bias_dup_up_(x: torch.Tensor, bias: torch.Tensor | None, skip: torch.Tensor, shortcut,
+                     first_chunk: bool) -> torch.Tensor:
+    """x = (x + bias) + shortcut(skip) in place, one pass, for `shortcut` a diffusers `DupUp3D`: the kernel
+    reads `skip` where the shortcut's repeat and unfold would have put each value, so neither copy is made.
+    Each add rounds to x's dtype, as the reference's passes do (bit for bit). x [B, Cout, T', H', W'], skip
+    [B, Cin, T, H, W]; any strides (channels-last-3d is the fast layout)."""
+    ft, fs = int(shortcut.factor_t), int(shortcut.factor_s)
+    repeats = int(shortcut.repeats)
+    b, c, t, h, w = x.shape
+    skip_t = ft - 1 if first_chunk else 0
+    expected = (b, shortcut.in_channels, (t + skip_t) // ft, h // fs, w // fs)
+    if (x.dim() != 5 or tuple(skip.shape) != expected or (t + skip_t) % ft or h % fs or w % fs
+            or c != shortcut.out_channels or c * ft * fs * fs != repeats * shortcut.in_channels or x.dtype != skip.dtype):
+        raise ValueError(f"add_bias_dup_up_: x {tuple(x.shape)} {x.dtype} is not the shortcut's output for skip "
+                         f"{tuple(skip.shape)} {skip.dtype} (expected skip {expected}; factor_t {ft}, factor_s {fs}, "
+                         f"repeats {repeats}, first_chunk {first_chunk})")
+    n_pos = b * t * h * w
+    block_c = triton.next_power_of_2(c)
+    block_p = max(1, min(64, 4096 // block_c))
+    _add_bias_dup_up_kernel[(triton.cdiv(n_pos, block_p),)](
+        x, x if bias is None else _bias_values(bias, c, x.dtype), skip, n_pos, c, t, h, w,
+        *x.stride(), *skip.stride(), skip_t, FT=ft, FS=fs, REPEATS=repeats,
+        BLOCK_P=block_p, BLOCK_C=block_c, HAS_BIAS=bias is not None,
+        num_warps=4 if block_c * block_p <= 2048 else 8,
+    )
+    return x
+
+
+__all__ = ["add_bias_dup_up_", "add_bias_dup_up_reference", "add_bias_residual_", "add_bias_residual_reference",
+           "norm_silu_into", "norm_silu_reference"]

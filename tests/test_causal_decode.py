@@ -121,44 +121,52 @@ def test_uint8_decode_with_the_plan_stays_within_the_stated_bound(vae):
     assert np.abs(ours.astype(np.int16) - expected).max() <= 1  # the tiny VAE on the CPU: agree to a rounding step
 
 
-def _conv3d_bias_as_its_own_pass(monkeypatch):
-    """F.conv3d as PyTorch runs it with cuDNN: the conv without its bias, then `output.add_(bias)` (on the
-    CPU the bias is added inside the conv, in fp32, so the two ways differ there by a rounding)."""
-    import engine.pipeline.causal_decode as causal_decode
+def _conv_bias_as_its_own_pass(monkeypatch):
+    """F.conv3d and F.conv2d as PyTorch runs them with cuDNN: the conv without its bias, then
+    `output.add_(bias)` (on the CPU the bias is added inside the conv, in fp32, so the two ways differ there
+    by a rounding)."""
+    functional = torch.nn.functional
+    for name in ("conv3d", "conv2d"):
+        conv = getattr(functional, name)
 
-    conv3d = torch.nn.functional.conv3d
+        def separate(x, weight, bias=None, *args, _conv=conv):
+            out = _conv(x, weight, None, *args)
+            return out if bias is None else out.add_(bias.reshape(1, -1, *([1] * (out.dim() - 2))))
 
-    def separate(x, weight, bias=None, *args):
-        out = conv3d(x, weight, None, *args)
-        return out if bias is None else out.add_(bias.reshape(1, -1, 1, 1, 1))
-
-    monkeypatch.setattr(causal_decode.F, "conv3d", separate)
+        monkeypatch.setattr(functional, name, separate)
 
 
 def test_folded_biases_give_the_unfolded_bytes_where_the_conv_adds_its_bias_in_a_pass(vae_bf16, monkeypatch):
     import kernels.wan_norm
 
-    _conv3d_bias_as_its_own_pass(monkeypatch)
-    calls = {"norm with bias": 0, "bias + residual": 0}
-    norm, residual = kernels.wan_norm.norm_silu_into, kernels.wan_norm.add_bias_residual_
+    _conv_bias_as_its_own_pass(monkeypatch)
+    calls = {"norm with bias": 0, "bias + residual": 0, "bias + shortcut": 0}
+    norm = kernels.wan_norm.norm_silu_into
+    residual, shortcut = kernels.wan_norm.add_bias_residual_, kernels.wan_norm.add_bias_dup_up_
 
     def counting_norm(*args, bias=None):
         calls["norm with bias"] += bias is not None
         return norm(*args, bias=bias)
 
-    def counting_residual(*args):
-        calls["bias + residual"] += 1
-        return residual(*args)
+    def counting(name, kernel):
+        def run(*args):
+            calls[name] += 1
+            return kernel(*args)
+        return run
 
     monkeypatch.setattr(kernels.wan_norm, "norm_silu_into", counting_norm)
-    monkeypatch.setattr(kernels.wan_norm, "add_bias_residual_", counting_residual)
+    monkeypatch.setattr(kernels.wan_norm, "add_bias_residual_", counting("bias + residual", residual))
+    monkeypatch.setattr(kernels.wan_norm, "add_bias_dup_up_", counting("bias + shortcut", shortcut))
     z = _latents(vae_bf16, 3, torch.bfloat16, seed=4).contiguous(memory_format=torch.channels_last_3d)
     unfolded = _walk(vae_bf16, z, DecodePlan(elementwise="triton"))
-    assert calls == {"norm with bias": 0, "bias + residual": 0}
+    assert calls == {"norm with bias": 0, "bias + residual": 0, "bias + shortcut": 0}
     folded = _walk(vae_bf16, z, DecodePlan(elementwise="triton", fold_bias=True))
-    resnets = sum(len(b.resnets) for b in [vae_bf16.decoder.mid_block, *vae_bf16.decoder.up_blocks])
+    decoder = vae_bf16.decoder
+    resnets = sum(len(b.resnets) for b in [decoder.mid_block, *decoder.up_blocks])
+    shortcuts = sum(getattr(b, "avg_shortcut", None) is not None for b in decoder.up_blocks)
     steps = len(latent_steps(3, 1))
-    assert calls == {"norm with bias": resnets * steps, "bias + residual": resnets * steps}  # every block folded
+    assert shortcuts and calls == {"norm with bias": resnets * steps, "bias + residual": resnets * steps,
+                                   "bias + shortcut": shortcuts * steps}  # every block folded
     assert torch.equal(folded, unfolded)
 
 

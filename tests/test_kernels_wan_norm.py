@@ -3,8 +3,8 @@ Triton interpreter), and that it writes only the interior of its padded buffer."
 import pytest
 import torch
 
-from kernels.wan_norm import (add_bias_residual_, add_bias_residual_reference, norm_silu_into,
-                               norm_silu_reference)
+from kernels.wan_norm import (add_bias_dup_up_, add_bias_dup_up_reference, add_bias_residual_,
+                               add_bias_residual_reference, norm_silu_into, norm_silu_reference)
 
 
 # The kernel runs where its tensors are: on a GPU machine the conftest leaves the interpreter off.
@@ -92,3 +92,35 @@ def test_the_bias_folds_refuse_what_they_cannot_read():
     with pytest.raises(ValueError, match="got 8 of torch.float32"):
         norm_silu_into(x, torch.ones(8, dtype=torch.bfloat16, device=DEVICE), 1.0, torch.empty_like(x),
                        bias=torch.zeros(8, device=DEVICE))
+
+
+@pytest.mark.parametrize("in_ch,out_ch,factor_t,factor_s,first_chunk", [
+    (16, 8, 2, 2, False), (16, 8, 2, 2, True),  # an upsample3d block's shortcut (time and space)
+    (8, 8, 1, 2, False),                        # an upsample2d block's (space only)
+    (12, 6, 2, 2, True),                        # repeats 4 (6 * 8 / 12): an output channel's taps span inputs
+])
+def test_the_dup_up_shortcut_is_read_in_place_and_added_as_diffusers_adds_it(in_ch, out_ch, factor_t, factor_s, first_chunk):
+    from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
+
+    shortcut = DupUp3D(in_ch, out_ch, factor_t, factor_s)
+    frames = 2
+    skip = _activation(in_ch, frames, 7)[:, :, :, :3, :4].contiguous(memory_format=torch.channels_last_3d)
+    out_t = frames * factor_t - (factor_t - 1 if first_chunk else 0)
+    generator = torch.Generator().manual_seed(in_ch + out_ch)
+    x = (3 * torch.randn(1, out_ch, out_t, 3 * factor_s, 4 * factor_s, generator=generator)).to(DEVICE, torch.bfloat16)
+    x = x.contiguous(memory_format=torch.channels_last_3d)
+    bias = (0.5 * torch.randn(out_ch, generator=generator)).to(DEVICE, torch.bfloat16)
+    for b in (bias, None):
+        expected = add_bias_dup_up_reference(x, b, skip, shortcut, first_chunk)
+        fused = x.clone()
+        assert add_bias_dup_up_(fused, b, skip, shortcut, first_chunk) is fused
+        assert torch.equal(fused, expected)
+
+
+def test_the_dup_up_add_refuses_a_skip_that_is_not_the_shortcuts_input():
+    from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
+
+    shortcut = DupUp3D(16, 8, 2, 2)
+    x = _activation(8, 4, 0)[:, :, :, :4, :6]
+    with pytest.raises(ValueError, match=r"expected skip \(1, 16, 2, 2, 3\)"):
+        add_bias_dup_up_(x, None, torch.zeros(1, 16, 2, 2, 2, dtype=torch.bfloat16, device=DEVICE), shortcut, False)

@@ -20,6 +20,11 @@ order, with the cache made explicit per conv, and three switchable changes (a `D
   without their biases; the first's is added as the next norm reads it, the second's with the residual
   add (`kernels.wan_norm`). PyTorch adds a cuDNN conv's bias in a pass of its own, so this saves a read
   and a write of the activation per conv, and rounds where that pass rounds: the same bytes as without.
+  In an up block the same plan adds the upsampler conv's bias with the `avg_shortcut` residual in one
+  kernel that reads the shortcut's input where diffusers' `DupUp3D` would have repeated and unfolded it
+  (two copies and a mixed-layout add fewer), and the time conv's bias as its two halves are interleaved
+  into frames, written channels-last (diffusers' stack writes them channels-first, which costs the
+  following upsample and conv2d a layout conversion each). Still the same bytes.
 
 Why the cache is always two zero frames at first: diffusers pads the first chunk's input with zeros
 (no cache yet) and a one-frame chunk's cache with a zero frame ("Rep" for the upsample's time conv),
@@ -156,17 +161,40 @@ class CausalDecoder:
         upsampler = getattr(block, "upsampler", None)
         if upsampler is None and getattr(block, "upsamplers", None) is not None:
             upsampler = block.upsamplers[0]
+        fold = shortcut is not None and self._folds_shortcut(shortcut, upsampler)
+        bias = None
         if upsampler is not None:
-            x = self.resample(upsampler, x)
+            x = self.resample(upsampler, x, bias=not fold)
+            bias = upsampler.resample[1].bias if fold else None
         if shortcut is not None:
+            if fold:
+                from kernels.wan_norm import add_bias_dup_up_
+
+                return add_bias_dup_up_(x, bias, skip, shortcut, first)
             x = x + shortcut(skip, first_chunk=first)
         return x
 
-    def resample(self, up, x: torch.Tensor) -> torch.Tensor:
+    def _folds_shortcut(self, shortcut, upsampler) -> bool:
+        """Whether an up block ends in one kernel (`add_bias_dup_up_`): the plan folds, the shortcut is a
+        `DupUp3D`, and the upsampler (if any) is an upsampling conv the fast path runs itself."""
+        if not self.plan.fold_bias or type(shortcut).__name__ != "DupUp3D":
+            return False
+        return upsampler is None or self._runs_upsample_conv(upsampler)
+
+    def _runs_upsample_conv(self, up) -> bool:
+        conv = up.resample[1] if up.mode.startswith("upsample") else None
+        return (isinstance(conv, torch.nn.Conv2d) and conv.padding_mode == "zeros"
+                and isinstance(conv.padding, tuple) and isinstance(conv.bias, torch.Tensor))
+
+    def resample(self, up, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
+        """diffusers' WanResample (upsampling) on x; without the conv's bias where `bias` is False (the caller
+        adds it: `up_block`, only when `_runs_upsample_conv` holds)."""
         b, c, t, h, w = x.shape
         if up.mode == "upsample3d":
             if up not in self.started:  # diffusers' "Rep": the first chunk skips the time conv
                 self.started.add(up)
+            elif self.plan.fold_bias:
+                x = self._time_frames(self.conv(up.time_conv, x, bias=False), up.time_conv.bias)
             else:
                 y = self.conv(up.time_conv, x).reshape(b, 2, c, t, h, w)
                 x = torch.stack((y[:, 0], y[:, 1]), 3).reshape(b, c, t * 2, h, w)
@@ -175,10 +203,27 @@ class CausalDecoder:
         if self.plan.elementwise != "eager" and up.mode.startswith("upsample"):
             # Nearest upsampling copies values, so bf16 gives diffusers' fp32 round trip bit for bit.
             upsample, conv = up.resample
-            x = conv(F.interpolate(x, scale_factor=upsample.scale_factor, mode=upsample.mode))
+            x = F.interpolate(x, scale_factor=upsample.scale_factor, mode=upsample.mode)
+            x = conv(x) if bias else F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
         else:
             x = up.resample(x)
         return x.view(b, t, x.size(1), x.size(2), x.size(3)).permute(0, 2, 1, 3, 4)
+
+    @staticmethod
+    def _time_frames(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The time conv's output [b, 2c, t, h, w] (without its bias) as 2t frames [b, c, 2t, h, w]: frame 2i + k
+        is channels [kc, (k+1)c) of step i plus their bias, as diffusers' reshape and stack order them, each
+        value rounded once as the bias pass rounds it; written channels-last."""
+        b, c2, t, h, w = y.shape
+        c = c2 // 2
+        out = torch.empty((b, c, 2 * t, h, w), dtype=y.dtype, device=y.device, memory_format=torch.channels_last_3d)
+        for k in range(2):
+            half = y[:, k * c:(k + 1) * c]
+            if bias is None:
+                out[:, :, k::2].copy_(half)
+            else:
+                torch.add(half, bias[k * c:(k + 1) * c].view(1, -1, 1, 1, 1), out=out[:, :, k::2])
+        return out
 
     # -- causal convolutions ---------------------------------------------------------------------
 
@@ -212,13 +257,16 @@ class CausalDecoder:
                        joined[:, :, frames:, pad:pad + h, pad:pad + w], bias=bias_in)
         return self._conv_joined(conv, joined, bias)
 
-    def conv(self, conv, x: torch.Tensor) -> torch.Tensor:
-        """A WanCausalConv3d on x with its cached past: diffusers' cat + zero pad, then conv3d."""
+    def conv(self, conv, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
+        """A WanCausalConv3d on x with its cached past: diffusers' cat + zero pad, then conv3d (without its
+        bias where `bias` is False: the caller adds it)."""
         if conv._padding[4] == 0:
+            if not bias:  # only the time conv drops its bias, and it always has a causal past
+                raise ValueError(f"CausalDecoder.conv: bias=False needs a conv with a time padding; got {conv}")
             return conv(x)
         pad = conv._padding[0]
         joined = torch.cat([self._cache(conv, x, pad), F.pad(x, (pad, pad, pad, pad, 0, 0))], dim=2)
-        return self._conv_joined(conv, joined)
+        return self._conv_joined(conv, joined, bias)
 
     def _cache(self, conv, x: torch.Tensor, pad: int) -> torch.Tensor:
         cache = self.cache.get(conv)
