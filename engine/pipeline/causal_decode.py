@@ -306,7 +306,8 @@ class CausalDecoder:
 # with the stacked-tap conv2d, 8.22 s with torch.compile's fusion (plus 55 s of compiling); at 832x480/121f
 # 2.53 s today, 1.89 s fused. So a video decodes one latent frame a step with the fused kernel; an image
 # (one latent frame, not measured) keeps diffusers' decoder and its bit-for-bit bytes. The folded biases
-# change no byte (they round where PyTorch's bias pass rounds); what they save is in docs/PERFORMANCE.md.
+# change no byte (they round where PyTorch's bias pass rounds) and took the same stage to 5.86 s at 720p and
+# 1.65 s at 480p (b126671, docs/PERFORMANCE.md).
 VIDEO_PLAN = DecodePlan(elementwise="triton", fold_bias=True)
 
 
