@@ -37,6 +37,30 @@ def norm_silu_reference(x: torch.Tensor, gamma: torch.Tensor, scale: float,
 
 
 @triton.jit
+def _positions(n_pos, n_ch, T, H, W, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's BLOCK_P positions of a [B, C, T, H, W] activation as (b, t, h, w), every channel of
+    each (`ch`), and the mask of those in bounds."""
+    pos = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    w = pos % W
+    rest = pos // W
+    h = rest % H
+    rest = rest // H
+    t = rest % T
+    b = rest // T
+    ch = tl.arange(0, BLOCK_C)
+    return b, t, h, w, ch, (pos < n_pos)[:, None] & (ch < n_ch)[None, :]
+
+
+def _launch(x: torch.Tensor) -> tuple[tuple[int], dict]:
+    """Grid and launch options for a kernel over x's positions, all channels of a position in one program."""
+    b, c, t, h, w = x.shape
+    block_c = triton.next_power_of_2(c)
+    block_p = max(1, min(64, 4096 // block_c))
+    grid = (triton.cdiv(b * t * h * w, block_p),)
+    return grid, dict(BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4 if block_c * block_p <= 2048 else 8)
+
+
+@triton.jit
 def _norm_silu_kernel(
     x_ptr, g_ptr, bias_ptr, out_ptr,
     n_pos, n_ch, T, H, W,
@@ -46,15 +70,7 @@ def _norm_silu_kernel(
 ):
     # BLOCK_P positions per program, all channels of each (channels are contiguous: channels-last).
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    pos = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-    w = pos % W
-    rest = pos // W
-    h = rest % H
-    rest = rest // H
-    t = rest % T
-    b = rest // T
-    ch = tl.arange(0, BLOCK_C)
-    mask = (pos < n_pos)[:, None] & (ch < n_ch)[None, :]
+    b, t, h, w, ch, mask = _positions(n_pos, n_ch, T, H, W, BLOCK_P, BLOCK_C)
     x_off = (b * sxb + t * sxt + h * sxh + w * sxw)[:, None] + ch[None, :]
     x = tl.load(x_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:  # the conv's bias, rounded in as its own pass would
@@ -81,17 +97,13 @@ def norm_silu_into(x: torch.Tensor, gamma: torch.Tensor, scale: float, out: torc
                          f"{tuple(out.shape)} {out.stride()} {out.dtype} need equal shapes, dtypes and "
                          "channel stride 1 (channels-last-3d)")
     b, c, t, h, w = x.shape
-    n_pos = b * t * h * w
-    block_c = triton.next_power_of_2(c)
-    block_p = max(1, min(64, 4096 // block_c))
     gamma = gamma.reshape(-1).contiguous()
-    grid = (triton.cdiv(n_pos, block_p),)
+    grid, launch = _launch(x)
     _norm_silu_kernel[grid](
-        x, gamma, gamma if bias is None else _bias_values(bias, c, x.dtype), out, n_pos, c, t, h, w,
+        x, gamma, gamma if bias is None else _bias_values(bias, c, x.dtype), out, b * t * h * w, c, t, h, w,
         x.stride(0), x.stride(2), x.stride(3), x.stride(4),
         out.stride(0), out.stride(2), out.stride(3), out.stride(4),
-        float(scale), BLOCK_P=block_p, BLOCK_C=block_c, HAS_BIAS=bias is not None,
-        num_warps=4 if block_c * block_p <= 2048 else 8,
+        float(scale), HAS_BIAS=bias is not None, **launch,
     )
     return out
 
@@ -116,15 +128,7 @@ def _add_bias_residual_kernel(
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    pos = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-    w = pos % W
-    rest = pos // W
-    h = rest % H
-    rest = rest // H
-    t = rest % T
-    b = rest // T
-    ch = tl.arange(0, BLOCK_C)
-    mask = (pos < n_pos)[:, None] & (ch < n_ch)[None, :]
+    b, t, h, w, ch, mask = _positions(n_pos, n_ch, T, H, W, BLOCK_P, BLOCK_C)
     x_off = (b * sxb + t * sxt + h * sxh + w * sxw)[:, None] + (ch * sxc)[None, :]
     r_off = (b * srb + t * srt + h * srh + w * srw)[:, None] + (ch * src)[None, :]
     x = tl.load(x_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
@@ -142,13 +146,10 @@ def add_bias_residual_(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tens
         raise ValueError(f"add_bias_residual_: x {tuple(x.shape)} {x.dtype} and residual "
                          f"{tuple(residual.shape)} {residual.dtype} need equal 5-D shapes and dtypes")
     b, c, t, h, w = x.shape
-    n_pos = b * t * h * w
-    block_c = triton.next_power_of_2(c)
-    block_p = max(1, min(64, 4096 // block_c))
-    _add_bias_residual_kernel[(triton.cdiv(n_pos, block_p),)](
-        x, _bias_values(bias, c, x.dtype), residual, n_pos, c, t, h, w,
-        *x.stride(), *residual.stride(),
-        BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4 if block_c * block_p <= 2048 else 8,
+    grid, launch = _launch(x)
+    _add_bias_residual_kernel[grid](
+        x, _bias_values(bias, c, x.dtype), residual, b * t * h * w, c, t, h, w,
+        *x.stride(), *residual.stride(), **launch,
     )
     return x
 
@@ -171,15 +172,7 @@ def _add_bias_dup_up_kernel(
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    pos = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-    w = pos % W
-    rest = pos // W
-    h = rest % H
-    rest = rest // H
-    t = rest % T
-    b = rest // T
-    ch = tl.arange(0, BLOCK_C)
-    mask = (pos < n_pos)[:, None] & (ch < n_ch)[None, :]
+    b, t, h, w, ch, mask = _positions(n_pos, n_ch, T, H, W, BLOCK_P, BLOCK_C)
     x_off = (b * sxb + t * sxt + h * sxh + w * sxw)[:, None] + (ch * sxc)[None, :]
     # DupUp3D: output (co, t * FT + a, h * FS + p, w * FS + q) reads input channel
     # (((co * FT + a) * FS + p) * FS + q) // REPEATS at (t, h, w); a first chunk drops its first FT - 1 frames.
@@ -204,22 +197,20 @@ def add_bias_dup_up_(x: torch.Tensor, bias: torch.Tensor | None, skip: torch.Ten
     [B, Cin, T, H, W]; any strides (channels-last-3d is the fast layout)."""
     ft, fs = int(shortcut.factor_t), int(shortcut.factor_s)
     repeats = int(shortcut.repeats)
+    if x.dim() != 5:
+        raise ValueError(f"add_bias_dup_up_: x must be [B, C, T, H, W]; got shape {tuple(x.shape)}")
     b, c, t, h, w = x.shape
     skip_t = ft - 1 if first_chunk else 0
     expected = (b, shortcut.in_channels, (t + skip_t) // ft, h // fs, w // fs)
-    if (x.dim() != 5 or tuple(skip.shape) != expected or (t + skip_t) % ft or h % fs or w % fs
+    if (tuple(skip.shape) != expected or (t + skip_t) % ft or h % fs or w % fs
             or c != shortcut.out_channels or c * ft * fs * fs != repeats * shortcut.in_channels or x.dtype != skip.dtype):
         raise ValueError(f"add_bias_dup_up_: x {tuple(x.shape)} {x.dtype} is not the shortcut's output for skip "
                          f"{tuple(skip.shape)} {skip.dtype} (expected skip {expected}; factor_t {ft}, factor_s {fs}, "
                          f"repeats {repeats}, first_chunk {first_chunk})")
-    n_pos = b * t * h * w
-    block_c = triton.next_power_of_2(c)
-    block_p = max(1, min(64, 4096 // block_c))
-    _add_bias_dup_up_kernel[(triton.cdiv(n_pos, block_p),)](
-        x, x if bias is None else _bias_values(bias, c, x.dtype), skip, n_pos, c, t, h, w,
-        *x.stride(), *skip.stride(), skip_t, FT=ft, FS=fs, REPEATS=repeats,
-        BLOCK_P=block_p, BLOCK_C=block_c, HAS_BIAS=bias is not None,
-        num_warps=4 if block_c * block_p <= 2048 else 8,
+    grid, launch = _launch(x)
+    _add_bias_dup_up_kernel[grid](
+        x, x if bias is None else _bias_values(bias, c, x.dtype), skip, b * t * h * w, c, t, h, w,
+        *x.stride(), *skip.stride(), skip_t, FT=ft, FS=fs, REPEATS=repeats, HAS_BIAS=bias is not None, **launch,
     )
     return x
 
