@@ -279,16 +279,8 @@ def run(model, names, *, warm: bool = True, log=print, rows: list | None = None)
 
 
 def kernel_rows(prof) -> list[dict]:
-    """torch.profiler's events with device time, by kernel name, most device time first."""
-    rows = []
-    for evt in prof.key_averages():
-        device_us = getattr(evt, "device_time_total", None)
-        if device_us is None:  # older torch
-            device_us = getattr(evt, "cuda_time_total", 0)
-        if device_us > 0:
-            rows.append({"kernel": evt.key[:120], "calls": evt.count, "ms": device_us / 1e3})
-    rows.sort(key=lambda r: -r["ms"])
-    return rows
+    """A torch.profiler run's GPU kernels by name, most device time first (`_by_name`)."""
+    return _by_name(_profiled_stages(prof)[1])
 
 
 STAGES_PROFILED = ("prefill_stage", "denoise_stage", "decode_stage")
@@ -373,7 +365,7 @@ def profile_request(model, name: str, log=print, top: int = 20) -> dict:
         timings = timed_generate(model, request)
         torch.cuda.synchronize()
     ranges, kernels = _profiled_stages(prof)
-    rows = _by_name(kernels)
+    rows = _by_name(kernels)  # as `kernel_rows`, with the kernels kept for the stages
     busy_ms = sum(r["ms"] for r in rows)
     out = {"workload": name, "timings": timings, "kernel_ms_total": busy_ms,
            "kernel_share_of_wall": busy_ms / 1e3 / timings["wall_s"], "top": rows[:top],

@@ -137,12 +137,12 @@ def _conv_bias_as_its_own_pass(monkeypatch):
 
 
 def test_folded_biases_give_the_unfolded_bytes_where_the_conv_adds_its_bias_in_a_pass(vae_bf16, monkeypatch):
-    import kernels.wan_norm
+    import engine.pipeline.causal_decode as causal_decode
 
     _conv_bias_as_its_own_pass(monkeypatch)
     calls = {"norm with bias": 0, "bias + residual": 0, "bias + shortcut": 0}
-    norm = kernels.wan_norm.norm_silu_into
-    residual, shortcut = kernels.wan_norm.add_bias_residual_, kernels.wan_norm.add_bias_dup_up_
+    norm = causal_decode.norm_silu_into
+    residual, shortcut = causal_decode.add_bias_residual_, causal_decode.add_bias_dup_up_
 
     def counting_norm(*args, bias=None):
         calls["norm with bias"] += bias is not None
@@ -154,9 +154,9 @@ def test_folded_biases_give_the_unfolded_bytes_where_the_conv_adds_its_bias_in_a
             return kernel(*args)
         return run
 
-    monkeypatch.setattr(kernels.wan_norm, "norm_silu_into", counting_norm)
-    monkeypatch.setattr(kernels.wan_norm, "add_bias_residual_", counting("bias + residual", residual))
-    monkeypatch.setattr(kernels.wan_norm, "add_bias_dup_up_", counting("bias + shortcut", shortcut))
+    monkeypatch.setattr(causal_decode, "norm_silu_into", counting_norm)
+    monkeypatch.setattr(causal_decode, "add_bias_residual_", counting("bias + residual", residual))
+    monkeypatch.setattr(causal_decode, "add_bias_dup_up_", counting("bias + shortcut", shortcut))
     z = _latents(vae_bf16, 3, torch.bfloat16, seed=4).contiguous(memory_format=torch.channels_last_3d)
     unfolded = _walk(vae_bf16, z, DecodePlan(elementwise="triton"))
     assert calls == {"norm with bias": 0, "bias + residual": 0, "bias + shortcut": 0}

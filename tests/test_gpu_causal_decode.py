@@ -44,12 +44,12 @@ def _stage(vae, vision, fast_decode: bool) -> np.ndarray:
 
 
 def test_decode_stage_uses_the_fused_plan_within_the_bound(vae, monkeypatch):
-    import kernels.wan_norm
+    import engine.pipeline.causal_decode as causal_decode
     from engine.pipeline.causal_decode import VIDEO_PLAN, decoded_chunks
 
     calls = []
-    kernel = kernels.wan_norm.norm_silu_into
-    monkeypatch.setattr(kernels.wan_norm, "norm_silu_into", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    kernel = causal_decode.norm_silu_into
+    monkeypatch.setattr(causal_decode, "norm_silu_into", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     generator = torch.Generator(device="cuda").manual_seed(0)
     vision = torch.randn(1, 48, 6, 30, 52, device="cuda", generator=generator)
     today = _stage(vae, vision, fast_decode=False)

@@ -41,7 +41,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from kernels.wan_norm import norm_silu_reference
+from kernels.wan_norm import add_bias_dup_up_, add_bias_residual_, norm_silu_into, norm_silu_reference
 
 ELEMENTWISE = ("eager", "compile", "triton")
 CONVS = ("3d", "2d")
@@ -128,9 +128,7 @@ class CausalDecoder:
 
     def residual(self, block, x: torch.Tensor) -> torch.Tensor:
         h = block.conv_shortcut(x)  # Identity or a 1x1x1 conv: no temporal context, no cache
-        if self._folds(block, h):
-            from kernels.wan_norm import add_bias_residual_
-
+        if self._folds(block):
             x = self.norm_conv(block.norm1, block.nonlinearity, block.conv1, x, bias=False)
             x = self.norm_conv(block.norm2, block.nonlinearity, block.conv2, x, bias=False, bias_in=block.conv1.bias)
             return add_bias_residual_(x, block.conv2.bias, h)
@@ -139,12 +137,10 @@ class CausalDecoder:
         x = self.norm_conv(block.norm2, block.nonlinearity, block.conv2, x)
         return x + h
 
-    def _folds(self, block, h: torch.Tensor) -> bool:
+    def _folds(self, block) -> bool:
         """Whether this residual block takes the folded biases: the plan says so, and both convs are causal
         3x3x3 convs with biases that the fused norm path runs (`norm_conv`)."""
-        if not self.plan.fold_bias or h.dim() != 5:
-            return False
-        return all(isinstance(conv.bias, torch.Tensor) and self._fused_norm(norm, conv)
+        return self.plan.fold_bias and all(isinstance(conv.bias, torch.Tensor) and self._fused_norm(norm, conv)
                    for norm, conv in ((block.norm1, block.conv1), (block.norm2, block.conv2)))
 
     def mid_block(self, block, x: torch.Tensor) -> torch.Tensor:
@@ -162,17 +158,11 @@ class CausalDecoder:
         if upsampler is None and getattr(block, "upsamplers", None) is not None:
             upsampler = block.upsamplers[0]
         fold = shortcut is not None and self._folds_shortcut(shortcut, upsampler)
-        bias = None
         if upsampler is not None:
             x = self.resample(upsampler, x, bias=not fold)
-            bias = upsampler.resample[1].bias if fold else None
-        if shortcut is not None:
-            if fold:
-                from kernels.wan_norm import add_bias_dup_up_
-
-                return add_bias_dup_up_(x, bias, skip, shortcut, first)
-            x = x + shortcut(skip, first_chunk=first)
-        return x
+        if fold:  # the upsampler conv's bias and the shortcut in one pass
+            return add_bias_dup_up_(x, None if upsampler is None else upsampler.resample[1].bias, skip, shortcut, first)
+        return x if shortcut is None else x + shortcut(skip, first_chunk=first)
 
     def _folds_shortcut(self, shortcut, upsampler) -> bool:
         """Whether an up block ends in one kernel (`add_bias_dup_up_`): the plan folds, the shortcut is a
@@ -182,9 +172,9 @@ class CausalDecoder:
         return upsampler is None or self._runs_upsample_conv(upsampler)
 
     def _runs_upsample_conv(self, up) -> bool:
+        """Whether `resample` runs this upsampler's conv itself (and so can leave its bias out)."""
         conv = up.resample[1] if up.mode.startswith("upsample") else None
-        return (isinstance(conv, torch.nn.Conv2d) and conv.padding_mode == "zeros"
-                and isinstance(conv.padding, tuple) and isinstance(conv.bias, torch.Tensor))
+        return isinstance(conv, torch.nn.Conv2d) and conv.padding_mode == "zeros"
 
     def resample(self, up, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
         """diffusers' WanResample (upsampling) on x; without the conv's bias where `bias` is False (the caller
@@ -243,8 +233,6 @@ class CausalDecoder:
         gamma = norm.gamma
         if self.plan.elementwise == "compile":
             return self._conv_joined(conv, _fused_join()(x, cache, gamma, float(norm.scale), pad), bias)
-        from kernels.wan_norm import norm_silu_into
-
         b, c, t, h, w = x.shape
         frames = cache.shape[2]
         key = (b, c, frames + t, h + 2 * pad, w + 2 * pad, x.dtype)
