@@ -70,7 +70,7 @@ def bench_workload(model, label, width, height, frames, iters, ablate, prefix_le
     with torch.no_grad():
         rows["diffusers"] = timed(inputs.diffusers_step, 1, iters)
         rows["diffusers"]["peak_gib"] = peak_gib(inputs.diffusers_step)
-        tower = make_gen_tower(model, inputs.cache, inputs.branches)
+        tower = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)
         rows["engine"] = timed(lambda: inputs.engine_step(tower), 2, iters)
         rows["engine"]["peak_gib"] = peak_gib(lambda: inputs.engine_step(tower))
         rows["engine"]["path"] = type(tower).__name__
@@ -87,7 +87,7 @@ def bench_workload(model, label, width, height, frames, iters, ablate, prefix_le
                 ("fast, projections not fused", FastPathOptions(True, True, True, "auto", False)),
             ):
                 model.fast_path = options
-                variant = make_gen_tower(model, inputs.cache, inputs.branches)
+                variant = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)
                 rows[name] = timed(lambda: inputs.engine_step(variant), 2, iters)
                 rows[name]["rel_error"] = _max_error(inputs.engine_step(variant), reference)
                 del variant

@@ -86,10 +86,10 @@ def _measure(model, options, inputs, refs, timed, iters) -> tuple[dict, float]:
     try:
         errors = {}
         for shape, step in inputs.items():
-            tower = make_gen_tower(model, step.cache, step.branches)
+            tower = make_gen_tower(model, step.cache, step.branches, layout=step.layout)
             errors[str(shape)] = rel_error(step.engine_step(tower), refs[shape])
             del tower
-        tower = make_gen_tower(model, timed.cache, timed.branches)
+        tower = make_gen_tower(model, timed.cache, timed.branches, layout=timed.layout)
         return errors, time_ms(lambda: timed.engine_step(tower), warmup=1, iters=iters).median_ms
     finally:
         model.fast_path, model.fp8_weights = None, None

@@ -139,7 +139,7 @@ def _solo(inputs):
     from engine.pipeline.prefill import make_gen_tower
 
     options = FastPathOptions.for_model(inputs.model)
-    tower = make_gen_tower(inputs.model, inputs.cache, inputs.branches, options)
+    tower = make_gen_tower(inputs.model, inputs.cache, inputs.branches, options, inputs.layout)
     tokens = gen_tokens(inputs.model, inputs.layout, inputs.latents, inputs.timestep, options.enabled)
     return [velocity(inputs.model, inputs.layout, inputs.latents, out).vision for out in tower(tokens, 1)]
 

@@ -44,7 +44,7 @@ def bench_family(family: str, device: str, iters: int, smoke: bool) -> list[dict
         inputs = step_inputs(model, width=width, height=height, frames=frames,
                              prefix_lens=(20, 31) if smoke else (1615, 2866))
         with torch.no_grad():
-            tower = make_gen_tower(model, inputs.cache, inputs.branches)
+            tower = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)
             step = timed(lambda: inputs.engine_step(tower), 2, iters)
             x0 = inputs.latents.vision
             preview = timed(lambda: preview_image(vae, x0), 1, iters)

@@ -550,7 +550,7 @@ def fp8_step(model, width: int, height: int, frames: int, log=print) -> dict:
         for label, fp8 in (("bf16", False), ("FP8", True)):
             model.fast_path = FastPathOptions(enabled=True, fp8=fp8)
             try:
-                tower = make_gen_tower(model, inputs.cache, inputs.branches)
+                tower = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)
                 # One warm-up call (dispatch, quantisation), one timed step.
                 out[label + " ms/step"] = time_ms(lambda: inputs.engine_step(tower), warmup=1, iters=1).median_ms
             finally:
@@ -573,7 +573,7 @@ def profile_step(model, width: int, height: int, frames: int, log=print, top: in
     model.fast_path = FastPathOptions.from_env(model.device)
     try:
         with torch.no_grad():
-            tower = make_gen_tower(model, inputs.cache, inputs.branches)
+            tower = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)
             inputs.engine_step(tower)  # dispatch measures, kernels compile
             torch.cuda.synchronize()
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

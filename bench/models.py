@@ -99,7 +99,7 @@ class StepInputs:
 
     def engine_step(self, tower=None):
         """Our step: gen tokens once, the gen tower for both branches, masked velocities."""
-        tower = tower or make_gen_tower(self.model, self.cache, self.branches)
+        tower = tower or make_gen_tower(self.model, self.cache, self.branches, layout=self.layout)
         once = FastPathOptions.for_model(self.model).enabled  # as generate: the fast path embeds the timestep once
         tokens = gen_tokens(self.model, self.layout, self.latents, self.timestep, once)
         outs = tower(tokens, len(self.branches))

@@ -90,3 +90,47 @@ def test_eager_tower_is_the_default_off_the_gpu(model, monkeypatch):
     assert isinstance(towers[0], EagerGenTower)
     monkeypatch.setenv("COSMOS3_FAST", "0")
     assert not FastPathOptions.from_env(model.device).enabled
+
+
+@pytest.mark.parametrize("video_qk_fp32,frames,rounded", [
+    (True, None, True), (True, 1, True), (True, 2, False), (True, 48, False),
+    (False, 1, True), (False, 48, True),
+])
+def test_rounds_qk_norm_keeps_diffusers_roundings_for_images_only(video_qk_fp32, frames, rounded):
+    from engine.pipeline.fast_path import rounds_qk_norm
+
+    options = FastPathOptions(enabled=True, video_qk_fp32=video_qk_fp32)
+    assert rounds_qk_norm(options, frames) is rounded
+
+
+def test_video_qk_fp32_switch_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("COSMOS3_VIDEO_QK_FP32", "0")
+    assert FastPathOptions.from_env(torch.device("cpu")).video_qk_fp32 is False
+    monkeypatch.delenv("COSMOS3_VIDEO_QK_FP32")
+    assert FastPathOptions.from_env(torch.device("cpu")).video_qk_fp32 is True
+
+
+@pytest.mark.parametrize("mode,video_qk_fp32,rounded", [
+    ("t2i", True, True), ("t2v", True, False), ("t2v", False, True),
+])
+def test_each_request_runs_the_qk_norm_rounding_its_frames_call_for(model, mode, video_qk_fp32, rounded, monkeypatch):
+    # The rule must reach the kernel through the real prefill stage: a tower built without the request's
+    # layout would round every video (the default), and one built for the wrong layout would not round an image.
+    from kernels import qk_norm_rope
+
+    seen = []
+    fn = qk_norm_rope.qk_norm_rope_pack
+    monkeypatch.setattr(qk_norm_rope, "qk_norm_rope_pack",
+                        lambda *a, **k: seen.append(k["round_norm_before_rope"]) or fn(*a, **k))
+    request = dict(REQUEST, mode=mode, steps=2)
+    if mode == "t2v":
+        request["num_frames"] = 9  # three latent frames
+    model.fast_path = None
+    exact = generate(model, request)
+    model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="triton", video_qk_fp32=video_qk_fp32)
+    try:
+        fast = generate(model, request)
+    finally:
+        model.fast_path = None
+    assert seen and set(seen) == {rounded}
+    assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1

@@ -23,8 +23,9 @@ def model(request):
     torch.cuda.empty_cache()
 
 
-@pytest.mark.parametrize("shape", [(640, 640, 1), (832, 480, 17)], ids=["t2i", "t2v"])
-def test_fast_step_matches_diffusers(model, shape):
+@pytest.mark.parametrize("shape,video_qk_fp32", [((640, 640, 1), True), ((832, 480, 17), True), ((832, 480, 17), False)],
+                         ids=["t2i", "t2v", "t2v-rounded-qk-norm"])
+def test_fast_step_matches_diffusers(model, shape, video_qk_fp32):
     from bench.models import step_inputs
     from engine.pipeline.fast_path import FastGenTower, FastPathOptions
     from engine.pipeline.prefill import EagerGenTower, make_gen_tower
@@ -33,8 +34,11 @@ def test_fast_step_matches_diffusers(model, shape):
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=(301, 517))
     with torch.no_grad():
         reference = inputs.diffusers_step()
-        tower = make_gen_tower(model, inputs.cache, inputs.branches)
+        options = FastPathOptions(enabled=True, video_qk_fp32=video_qk_fp32)
+        tower = make_gen_tower(model, inputs.cache, inputs.branches, options, inputs.layout)
         assert isinstance(tower, FastGenTower)
+        # A video's QK-norm rounds once unless the switch is off; an image keeps diffusers' roundings.
+        assert tower.round_qk_norm is (frames == 1 or not video_qk_fp32)
         for _ in range(3):  # the first call measures and captures, later ones replay the graph
             fast = inputs.engine_step(tower)
         model.fast_path = FastPathOptions(enabled=False)  # the exact path throughout
@@ -46,6 +50,6 @@ def test_fast_step_matches_diffusers(model, shape):
         assert torch.isfinite(ours).all()
         fast_error = float((ours - theirs).norm() / theirs.norm())
         eager_error = float((eager - theirs).norm() / theirs.norm())
-        print(f"{model.info.family} {shape}: fast rel. error {fast_error:.2e}, exact tower {eager_error:.2e}")
+        print(f"{model.info.family} {shape} video_qk_fp32={video_qk_fp32}: fast rel. error {fast_error:.2e}, exact tower {eager_error:.2e}")
         assert fast_error <= BF16_REL_ERROR
         assert eager_error <= BF16_REL_ERROR

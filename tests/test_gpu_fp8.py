@@ -67,7 +67,7 @@ def test_fp8_mode_velocity_within_three_times_bf16_error(family, shapes):
             fp32 = refs[(width, height, frames)]
             bf16 = rel_error(inputs.diffusers_step(), fp32)
             model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, fp8=True)  # the family's FP8 mode
-            tower = make_gen_tower(model, inputs.cache, inputs.branches)
+            tower = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)
             assert tower.fp8 is model.fp8_weights and tower.fp8.policy == policy
             fp8 = rel_error(inputs.engine_step(tower), fp32)
             print(f"{family} {(width, height, frames)}: rel. error vs fp32 forward: diffusers bf16 {bf16:.2e}, "

@@ -153,9 +153,10 @@ def group_prefill(model, branches, gen_len: int) -> GroupPrefix:
 class GroupGenTower:
     """The gen tower over the group, with the one-GPU towers' call: (tokens, branch count) -> outputs."""
 
-    def __init__(self, model, prefix: GroupPrefix, options):
+    def __init__(self, model, prefix: GroupPrefix, options, *, round_qk_norm: bool = True):
         self.model, self.prefix = model, prefix
         self.options = options  # the request's fast-path switches (engine.pipeline.fast_path), read once
+        self.round_qk_norm = round_qk_norm  # engine.pipeline.fast_path.rounds_qk_norm, for a rank's fast tower
         self.context: GroupContext = model.parallel
 
     def __call__(self, tokens: torch.Tensor, count: int) -> list[torch.Tensor]:
@@ -182,5 +183,6 @@ class GroupGenTower:
         if not self.options.enabled or self.context.weights != "replicated":
             return None  # fused projections would read sharded weights
         if getattr(part, "fast", None) is None:
-            part.fast = FastGenTower(self.model, part.cache, [SimpleNamespace(rotary=part.rotary)], self.options)
+            part.fast = FastGenTower(self.model, part.cache, [SimpleNamespace(rotary=part.rotary)], self.options,
+                                     round_qk_norm=self.round_qk_norm)
         return part.fast

@@ -6,6 +6,10 @@
 - **kernels**: fused QK-norm + RoPE + K/V pack, prefix attention, residual-add + RMSNorm and the MLP
   activations, each through `kernels.dispatch`, which picks the Triton kernel or the PyTorch path per
   shape by measuring on the GPU in hand;
+- **video QK-norm in fp32**: for a video (more than one latent frame) the fused QK-norm + RoPE keeps the
+  norm and the rotary in fp32 and rounds once, instead of reproducing every bf16 rounding of diffusers'
+  ops (`rounds_qk_norm`): closer to an fp32 forward, and the kernel 1.6x faster at 44k tokens. An image
+  keeps the roundings;
 - **fused projections**: one GEMM for q|k|v and one for gate|up per layer; the original Linear
   weights become views of the fused tensors, so no weight is stored twice;
 - **VAE channels-last-3d**: the decoder's 3-D convolutions in cuDNN's channels-last layout;
@@ -25,7 +29,7 @@
 
 Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.EagerGenTower`). Switches:
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
-`COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_FUSED_PROJECTIONS=0`, `COSMOS3_VAE_CHANNELS_LAST=0`,
+`COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_VIDEO_QK_FP32=0`, `COSMOS3_FUSED_PROJECTIONS=0`, `COSMOS3_VAE_CHANNELS_LAST=0`,
 `COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`, `COSMOS3_LENGTHS_ON_DEVICE=0`, and the one
 pass that is off by default and
 approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`); `bench/bench_engine.py` ablates them.
@@ -67,6 +71,7 @@ class FastPathOptions:
     cuda_graphs: bool = True
     kernels: str = "auto"
     fused_projections: bool = True
+    video_qk_fp32: bool = True  # a video's QK-norm + RoPE rounds once (`rounds_qk_norm`)
     vae_channels_last: bool = True
     whole_step: bool = True
     uint8_frames: bool = True
@@ -83,6 +88,7 @@ class FastPathOptions:
             cuda_graphs=device.type == "cuda" and _env_on("COSMOS3_CUDA_GRAPHS"),
             kernels=os.environ.get("COSMOS3_KERNELS", "auto"),
             fused_projections=_env_on("COSMOS3_FUSED_PROJECTIONS"),
+            video_qk_fp32=_env_on("COSMOS3_VIDEO_QK_FP32"),
             vae_channels_last=_env_on("COSMOS3_VAE_CHANNELS_LAST"),
             whole_step=_env_on("COSMOS3_WHOLE_STEP"),
             uint8_frames=_env_on("COSMOS3_UINT8_FRAMES"),
@@ -95,6 +101,21 @@ class FastPathOptions:
     @classmethod
     def for_model(cls, model) -> "FastPathOptions":
         return model.fast_path if model.fast_path is not None else cls.from_env(model.device)
+
+
+def rounds_qk_norm(options: FastPathOptions, latent_frames: int | None) -> bool:
+    """Whether the fused QK-norm + RoPE reproduces each bf16 rounding of diffusers' split ops (bit for bit)
+    or keeps the norm and rotary in fp32 and rounds once at the store.
+
+    Why per frame count: the roundings cost the kernel 1.6x its time at 44k gen tokens (integer
+    round-to-nearest-even and PyTorch's summation order; docs/PERFORMANCE.md, Kernels), ~17 ms of a Nano
+    720p step. At image sizes the kernel is launch-bound either way (~50 us), so an image keeps them and a
+    seed's image stays what it was. The single rounding is the more accurate of the two (fp32 throughout,
+    as SGLang runs T > 1); a video's fast step is held to a tolerance against diffusers, not to its bytes
+    (its CFG is batched and its attention flash-attn-4's where installed). `latent_frames=None` (not
+    known): rounded.
+    """
+    return not options.video_qk_fp32 or latent_frames is None or latent_frames <= 1
 
 
 def capture_graph(run: Callable[[], T], pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
@@ -176,13 +197,14 @@ def dispatcher_for(model, mode: str) -> KernelDispatcher:
 class FastGenTower:
     """Gen tower over the packed cache with batched CFG, dispatched kernels and optional CUDA graphs."""
 
-    def __init__(self, model, cache: KVCache, branches, options: FastPathOptions):
+    def __init__(self, model, cache: KVCache, branches, options: FastPathOptions, *, round_qk_norm: bool = True):
         tr = model.transformer
         self.transformer = tr
         self.cache = cache
         self.options = options
         self.dispatch = dispatcher_for(model, options.kernels)
         self.flavour = "nemotron" if tr.config.hidden_act == "relu2" else "diffusers"
+        self.round_qk_norm = round_qk_norm  # `rounds_qk_norm`: diffusers' roundings, or fp32 and one rounding
         # Per-branch rotary tables [B, N, D]: positions differ between branches by their text lengths.
         self.cos = torch.stack([b.rotary.cos.squeeze(1) for b in branches])
         self.sin = torch.stack([b.rotary.sin.squeeze(1) for b in branches])
@@ -239,7 +261,7 @@ class FastGenTower:
                 v = attn.add_v_proj(normed).view(count, n, kv_heads, head_dim)
             q = d.qk_norm_rope_pack(
                 q, k, v, attn.norm_added_q.weight, attn.norm_added_k.weight, cos, sin, buffers[index], layout,
-                eps=attn.norm_added_q.eps, flavour=flavour, round_norm_before_rope=True,
+                eps=attn.norm_added_q.eps, flavour=flavour, round_norm_before_rope=self.round_qk_norm,
             )
             out = d.prefix_attention(q, buffers[index], layout)
             out = self._linear(index, "to_add_out", attn.to_add_out, out.reshape(count * n, heads * head_dim))

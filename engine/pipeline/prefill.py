@@ -12,7 +12,7 @@ import torch
 from ..model.loader import LoadedModel
 from ..parallel.group import GroupGenTower, group_prefill
 from . import whole_step
-from .fast_path import FastGenTower, FastPathOptions
+from .fast_path import FastGenTower, FastPathOptions, rounds_qk_norm
 from .layout import positions
 from .state import Branch, GenLayout, RunState
 from .transformer import KVCache, allocate_cache, gen_forward, prefill
@@ -26,7 +26,7 @@ def prefill_stage(state: RunState) -> None:
     if any(state.plan):
         state.branches.append(Branch(1, uncond_ids, positions(model, layout, len(uncond_ids), request["fps"])))
     state.cache = prefill_cache(model, state.branches, layout, lengths_on_device=whole_step.lengths_on_device(state))
-    state.tower = make_gen_tower(model, state.cache, state.branches, state.options)
+    state.tower = make_gen_tower(model, state.cache, state.branches, state.options, layout)
 
 
 def prefill_cache(model: LoadedModel, branches: list[Branch], layout: GenLayout, *,
@@ -44,14 +44,18 @@ def prefill_cache(model: LoadedModel, branches: list[Branch], layout: GenLayout,
     return cache
 
 
-def make_gen_tower(model: LoadedModel, cache: KVCache, branches: list[Branch], options: FastPathOptions | None = None):
+def make_gen_tower(model: LoadedModel, cache: KVCache, branches: list[Branch], options: FastPathOptions | None = None,
+                   layout: GenLayout | None = None):
     """The exact eager tower, or the fast path where it applies (CUDA, unless switched off).
-    `options`: the request's fast-path switches (read from the model or the environment when not given)."""
+    `options`: the request's fast-path switches (read from the model or the environment when not given);
+    `layout`: the request's gen layout, whose frame count decides the fast path's QK-norm rounding
+    (`fast_path.rounds_qk_norm`; without it, diffusers' roundings)."""
     options = options if options is not None else FastPathOptions.for_model(model)
+    round_qk_norm = rounds_qk_norm(options, layout.vision_shape[0] if layout is not None else None)
     if model.parallel is not None:
-        return GroupGenTower(model, cache, options)
+        return GroupGenTower(model, cache, options, round_qk_norm=round_qk_norm)
     if options.enabled:
-        return FastGenTower(model, cache, branches, options)
+        return FastGenTower(model, cache, branches, options, round_qk_norm=round_qk_norm)
     return EagerGenTower(model, cache, branches)
 
 
