@@ -124,3 +124,37 @@ def test_the_dup_up_add_refuses_a_skip_that_is_not_the_shortcuts_input():
     x = _activation(8, 4, 0)[:, :, :, :4, :6]
     with pytest.raises(ValueError, match=r"expected skip \(1, 16, 2, 2, 3\)"):
         add_bias_dup_up_(x, None, torch.zeros(1, 16, 2, 2, 2, dtype=torch.bfloat16, device=DEVICE), shortcut, False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counts compiled kernels: needs CUDA")
+def test_a_new_video_size_compiles_no_new_kernel():
+    # Each decode kernel must compile once per channel layout, not once per resolution or chunk length:
+    # a first request at a new video size would otherwise pay seconds of compiles (Triton specialises an
+    # integer argument on its divisibility by 16 and on being 1).
+    from kernels import wan_norm
+
+    def compiled(kernel) -> int:
+        return sum(len(caches[0]) for caches in kernel.device_caches.values())
+
+    channels = 64
+    gamma = torch.ones(channels, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(channels, device="cuda", dtype=torch.bfloat16)
+    dup = torch.nn.Module()
+    dup.factor_t, dup.factor_s, dup.repeats, dup.in_channels, dup.out_channels = 2, 2, 4, 2 * channels, channels
+    counts = []
+    # Heights and widths divisible by 16 and not, one frame (a first chunk) and several.
+    for t, h, w in ((1, 90, 160), (4, 60, 104), (2, 46, 82), (4, 96, 96)):
+        x = torch.randn(1, channels, t, h, w, device="cuda", dtype=torch.bfloat16).contiguous(
+            memory_format=torch.channels_last_3d)
+        out = torch.empty_like(x)
+        wan_norm.norm_silu_into(x, gamma, 8.0, out, bias=bias)
+        wan_norm.add_bias_residual_(out, bias, x)
+        for first_chunk in (True, False):  # a first chunk's shortcut drops its first frame
+            skip = torch.randn(1, 2 * channels, t, h // 2, w // 2, device="cuda", dtype=torch.bfloat16).contiguous(
+                memory_format=torch.channels_last_3d)
+            target = torch.randn(1, channels, 2 * t - first_chunk, h, w, device="cuda", dtype=torch.bfloat16).contiguous(
+                memory_format=torch.channels_last_3d)
+            wan_norm.add_bias_dup_up_(target, bias, skip, dup, first_chunk)
+        counts.append(tuple(compiled(k) for k in (wan_norm._norm_silu_kernel, wan_norm._add_bias_residual_kernel,
+                                                   wan_norm._add_bias_dup_up_kernel)))
+    assert counts[-1] == counts[0], counts
