@@ -9,6 +9,9 @@
 diffusers' bf16 forward (the yardstick), the engine's bf16 fast tower, and the fast tower under each
 FP8 policy (`engine.pipeline.fp8.FP8Policy`); a policy passes where its error is <= 3x the yardstick's
 on every shape. Then each policy's step time (CUDA events, warm) at 832x480/121f, prefixes 1615/2866.
+With --attention-e4m3 the gate also runs the bf16 fast tower with its attention's q, k and v rounded to
+float8 e4m3 first (a scale per token and head, then back to bf16): what any FP8 attention does to its
+inputs, without the rounding of its probabilities too, so its error is a lower bound on FP8 attention's.
 
 --super: Super (5120/64/64, intermediate 25600) with full-size random weights, built FP8-only on one GPU
 layer by layer (`engine.pipeline.fp8.build_fp8_transformer`: the bf16 model never exists whole), then
@@ -97,7 +100,7 @@ def _measure(model, options, inputs, refs, timed, iters) -> tuple[dict, float]:
 
 
 def gate_family(family, policies, device, log, *, into: list, deadline=float("inf"), shapes=None, timing=TIMING,
-                prefixes=GATE_PREFIXES, timing_prefixes=TIMING_PREFIXES, iters=1) -> dict:
+                prefixes=GATE_PREFIXES, timing_prefixes=TIMING_PREFIXES, iters=1, attention_e4m3=False) -> dict:
     """Every policy on one family, each on its own (a failure is logged and the next runs); policies
     not started by `deadline` (perf_counter) are listed as skipped. The result goes into `into` first,
     so that what `log` writes holds the policies measured so far."""
@@ -112,14 +115,19 @@ def gate_family(family, policies, device, log, *, into: list, deadline=float("in
         inputs = {s: step_inputs(model, width=s[0], height=s[1], frames=s[2], prefix_lens=prefixes) for s in shapes}
         timed = step_inputs(model, width=timing[0], height=timing[1], frames=timing[2], prefix_lens=timing_prefixes)
         out["errors"]["diffusers bf16"] = {str(s): rel_error(inputs[s].diffusers_step(), refs[s]) for s in shapes}
-        for label, options in [("engine bf16", FastPathOptions(enabled=True, cuda_graphs=False))] + [
+        bf16 = FastPathOptions(enabled=True, cuda_graphs=False)
+        for label, options in [("engine bf16", bf16)] + [(ATTENTION_E4M3, bf16)] * attention_e4m3 + [
                 (p, FastPathOptions(enabled=True, cuda_graphs=False, fp8=True, fp8_policy=p)) for p in policies]:
             if time.perf_counter() > deadline:
                 out["skipped"].append(label)
                 continue
             began = time.perf_counter()
             try:
-                out["errors"][label], out["step_ms"][label] = _measure(model, options, inputs, refs, timed, iters)
+                if label == ATTENTION_E4M3:
+                    with AttentionInputsE4M3():
+                        out["errors"][label], out["step_ms"][label] = _measure(model, options, inputs, refs, timed, iters)
+                else:
+                    out["errors"][label], out["step_ms"][label] = _measure(model, options, inputs, refs, timed, iters)
             except Exception as error:  # noqa: BLE001 - one policy's failure must not lose the others
                 out["failed"][label] = f"{type(error).__name__}: {error}"[:300]
             yardstick = out["errors"]["diffusers bf16"]
@@ -130,6 +138,38 @@ def gate_family(family, policies, device, log, *, into: list, deadline=float("in
     del model, transformer, inputs, timed, refs
     _free()
     return out
+
+
+ATTENTION_E4M3 = "attention q,k,v e4m3 (lower bound)"
+
+
+def e4m3_round_trip(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to float8 e4m3 with a scale per row of its last dim (one token's head), back in x's dtype."""
+    wide = x.float()
+    scale = 448.0 / wide.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12)
+    return ((wide * scale).to(torch.float8_e4m3fn).float() / scale).to(x.dtype)
+
+
+class AttentionInputsE4M3:
+    """While active, every dispatched prefix attention reads e4m3-rounded q, k and v (a copy of the K/V
+    buffer: the cache itself stays bf16). Patches the dispatcher class, so it covers the tower built inside."""
+
+    def __enter__(self):
+        from kernels.dispatch import KernelDispatcher
+
+        self._original = original = KernelDispatcher.prefix_attention
+
+        def rounded(dispatcher, q, kv_buffer, layout, **kwargs):
+            return original(dispatcher, e4m3_round_trip(q), e4m3_round_trip(kv_buffer), layout, **kwargs)
+
+        KernelDispatcher.prefix_attention = rounded
+        return self
+
+    def __exit__(self, *exc):
+        from kernels.dispatch import KernelDispatcher
+
+        KernelDispatcher.prefix_attention = self._original
+        return False
 
 
 def gate_markdown(results: list[dict]) -> str:
@@ -240,7 +280,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gate", action="store_true", help="the numeric gate for every policy in --policies")
     parser.add_argument("--super", action="store_true", help="Super in FP8 on one GPU through engine.generate")
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--policies", default=",".join(POLICIES), help="FP8 GEMM policies ('' for none)")
+    parser.add_argument("--attention-e4m3", action="store_true",
+                        help="--gate: also the bf16 tower with e4m3-rounded attention inputs (FP8 attention's lower bound)")
     parser.add_argument("--families", default="edge,nano")
     parser.add_argument("--policy", default=None, help="--super's FP8 policy (default: Super's measured FP8 mode)")
     parser.add_argument("--steps", type=int, default=3, help="--super's denoising steps per request")
@@ -281,7 +323,8 @@ def main(argv=None) -> int:
             kwargs = dict(shapes=[(64, 64, 1), (64, 64, 5)], timing=(64, 64, 5), prefixes=(20, 31),
                           timing_prefixes=(20, 31)) if args.smoke else {}
             try:
-                gate_family(family, policies, device, log, into=results["gate"], deadline=deadline, **kwargs)
+                gate_family(family, policies, device, log, into=results["gate"], deadline=deadline,
+                            attention_e4m3=args.attention_e4m3 or args.smoke, **kwargs)
             except Exception as error:  # noqa: BLE001 - the other family still runs
                 log({"gate_failed": family, "error": f"{type(error).__name__}: {error}"[:500]})
         if results["gate"]:
