@@ -8,8 +8,8 @@
   shape by measuring on the GPU in hand;
 - **video QK-norm in fp32**: for a video (more than one latent frame) the fused QK-norm + RoPE keeps the
   norm and the rotary in fp32 and rounds once, instead of reproducing every bf16 rounding of diffusers'
-  ops (`rounds_qk_norm`): closer to an fp32 forward, and the kernel 1.6x faster at 44k tokens. An image
-  keeps the roundings;
+  ops (`rounds_qk_norm`): closer to an fp32 forward, and the kernel 1.9x faster at 720p. An image keeps
+  the roundings;
 - **fused projections**: one GEMM for q|k|v and one for gate|up per layer; the original Linear
   weights become views of the fused tensors, so no weight is stored twice;
 - **VAE channels-last-3d**: the decoder's 3-D convolutions in cuDNN's channels-last layout;
@@ -29,10 +29,10 @@
 
 Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.EagerGenTower`). Switches:
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
-`COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_VIDEO_QK_FP32=0`, `COSMOS3_FUSED_PROJECTIONS=0`, `COSMOS3_VAE_CHANNELS_LAST=0`,
-`COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`, `COSMOS3_LENGTHS_ON_DEVICE=0`, and the one
-pass that is off by default and
-approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`); `bench/bench_engine.py` ablates them.
+`COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_VIDEO_QK_FP32=0`, `COSMOS3_FUSED_PROJECTIONS=0`,
+`COSMOS3_VAE_CHANNELS_LAST=0`, `COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`,
+`COSMOS3_LENGTHS_ON_DEVICE=0`, and the one pass that is off by default and approximate, `COSMOS3_FP8=1`
+(`engine.pipeline.fp8`); `bench/bench_engine.py` ablates them.
 """
 from __future__ import annotations
 
@@ -107,13 +107,13 @@ def rounds_qk_norm(options: FastPathOptions, latent_frames: int | None) -> bool:
     """Whether the fused QK-norm + RoPE reproduces each bf16 rounding of diffusers' split ops (bit for bit)
     or keeps the norm and rotary in fp32 and rounds once at the store.
 
-    Why per frame count: the roundings cost the kernel 1.6x its time at 44k gen tokens (integer
-    round-to-nearest-even and PyTorch's summation order; docs/PERFORMANCE.md, Kernels), ~17 ms of a Nano
-    720p step. At image sizes the kernel is launch-bound either way (~50 us), so an image keeps them and a
-    seed's image stays what it was. The single rounding is the more accurate of the two (fp32 throughout,
-    as SGLang runs T > 1); a video's fast step is held to a tolerance against diffusers, not to its bytes
-    (its CFG is batched and its attention flash-attn-4's where installed). `latent_frames=None` (not
-    known): rounded.
+    Why per frame count: the roundings (integer round-to-nearest-even and PyTorch's summation order)
+    nearly double the kernel's time at video sizes: 46.9 against 25.0 ms of a Nano 720p step on the H200
+    (docs/PERFORMANCE.md, "Where a Nano T2V 720p step goes"). At image sizes the kernel is launch-bound
+    either way (~50 us), so an image keeps them and a seed's image stays what it was. The single rounding
+    is the more accurate of the two (fp32 throughout, as SGLang runs T > 1); a video's fast step is held
+    to a tolerance against diffusers, not to its bytes (its CFG is batched and its attention
+    flash-attn-4's where installed). `latent_frames=None` (not known): rounded.
     """
     return not options.video_qk_fp32 or latent_frames is None or latent_frames <= 1
 
