@@ -21,6 +21,7 @@ times, denoise, decode, peak memory, and the default-step total as a projection 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
@@ -116,17 +117,19 @@ def gate_family(family, policies, device, log, *, into: list, deadline=float("in
         timed = step_inputs(model, width=timing[0], height=timing[1], frames=timing[2], prefix_lens=timing_prefixes)
         out["errors"]["diffusers bf16"] = {str(s): rel_error(inputs[s].diffusers_step(), refs[s]) for s in shapes}
         bf16 = FastPathOptions(enabled=True, cuda_graphs=False)
-        for label, options in [("engine bf16", bf16)] + [(ATTENTION_E4M3, bf16)] * attention_e4m3 + [
-                (p, FastPathOptions(enabled=True, cuda_graphs=False, fp8=True, fp8_policy=p)) for p in policies]:
+        # (label, tower options, what runs around the measurement)
+        variants = [("engine bf16", bf16, contextlib.nullcontext)]
+        if attention_e4m3:
+            variants.append((ATTENTION_E4M3, bf16, AttentionInputsE4M3))
+        variants += [(p, FastPathOptions(enabled=True, cuda_graphs=False, fp8=True, fp8_policy=p), contextlib.nullcontext)
+                     for p in policies]
+        for label, options, around in variants:
             if time.perf_counter() > deadline:
                 out["skipped"].append(label)
                 continue
             began = time.perf_counter()
             try:
-                if label == ATTENTION_E4M3:
-                    with AttentionInputsE4M3():
-                        out["errors"][label], out["step_ms"][label] = _measure(model, options, inputs, refs, timed, iters)
-                else:
+                with around():
                     out["errors"][label], out["step_ms"][label] = _measure(model, options, inputs, refs, timed, iters)
             except Exception as error:  # noqa: BLE001 - one policy's failure must not lose the others
                 out["failed"][label] = f"{type(error).__name__}: {error}"[:300]

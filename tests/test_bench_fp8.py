@@ -1,7 +1,5 @@
 """bench/bench_fp8.py's FP8-attention lower bound: the e4m3 rounding it applies, and that the patch it
 puts on the dispatcher rounds what attention reads and is taken off afterwards."""
-import math
-
 import pytest
 import torch
 
@@ -39,5 +37,6 @@ def test_attention_patch_rounds_q_and_kv_and_is_removed():
         expected = original(dispatcher, e4m3_round_trip(q), e4m3_round_trip(kv), layout)
     assert KernelDispatcher.prefix_attention is original
     assert torch.equal(rounded, expected) and not torch.equal(rounded, plain)
-    assert math.isclose(float((rounded - plain).norm() / plain.norm()), 0.03, rel_tol=1.0)  # ~e4m3's noise
+    # e4m3 keeps 3 mantissa bits (2^-4 relative per value): the output moves by a few percent, no more.
+    assert 5e-3 < float((rounded - plain).norm() / plain.norm()) < 0.1
     assert torch.equal(dispatcher.prefix_attention(q, kv, layout), plain)  # the cache was never rounded in place

@@ -153,7 +153,7 @@ def group_prefill(model, branches, gen_len: int) -> GroupPrefix:
 class GroupGenTower:
     """The gen tower over the group, with the one-GPU towers' call: (tokens, branch count) -> outputs."""
 
-    def __init__(self, model, prefix: GroupPrefix, options, *, round_qk_norm: bool = True):
+    def __init__(self, model, prefix: GroupPrefix, options, *, round_qk_norm: bool):
         self.model, self.prefix = model, prefix
         self.options = options  # the request's fast-path switches (engine.pipeline.fast_path), read once
         self.round_qk_norm = round_qk_norm  # engine.pipeline.fast_path.rounds_qk_norm, for a rank's fast tower

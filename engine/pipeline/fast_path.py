@@ -197,7 +197,7 @@ def dispatcher_for(model, mode: str) -> KernelDispatcher:
 class FastGenTower:
     """Gen tower over the packed cache with batched CFG, dispatched kernels and optional CUDA graphs."""
 
-    def __init__(self, model, cache: KVCache, branches, options: FastPathOptions, *, round_qk_norm: bool = True):
+    def __init__(self, model, cache: KVCache, branches, options: FastPathOptions, *, round_qk_norm: bool):
         tr = model.transformer
         self.transformer = tr
         self.cache = cache
