@@ -276,7 +276,7 @@ def _shrink_for_smoke():
         spec.update(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                     head_dim=32, intermediate_size=128, rope_axes_dim=[8, 4, 4])
     models.WAN22_VAE.update(base_dim=8, decoder_base_dim=4)
-    fp8.check_available = lambda device: None  # the smoke runs torchao's float8 on the CPU (torch._scaled_mm)
+    fp8.check_available = lambda device, policy=None: None  # the smoke runs torchao's float8 on the CPU (torch._scaled_mm)
 
 
 def main(argv=None) -> int:
@@ -286,6 +286,9 @@ def main(argv=None) -> int:
     parser.add_argument("--policies", default=",".join(POLICIES), help="FP8 GEMM policies ('' for none)")
     parser.add_argument("--attention-e4m3", action="store_true",
                         help="--gate: also the bf16 tower with e4m3-rounded attention inputs (FP8 attention's lower bound)")
+    parser.add_argument("--attention-everywhere", action="store_true",
+                        help="--gate: FP8 attention (policies naming 'attn') at every size, not only from "
+                        "FP8_ATTENTION_MIN_GEN_TOKENS gen tokens up, so the gate's shapes measure its error")
     parser.add_argument("--families", default="edge,nano")
     parser.add_argument("--policy", default=None, help="--super's FP8 policy (default: Super's measured FP8 mode)")
     parser.add_argument("--steps", type=int, default=3, help="--super's denoising steps per request")
@@ -320,6 +323,8 @@ def main(argv=None) -> int:
             results["super"]["failed"] = f"{type(error).__name__}: {error}"[:500]
             log({"super_failed": results["super"]["failed"]})
         _free()
+    if args.attention_everywhere:
+        fp8.FP8_ATTENTION_MIN_GEN_TOKENS = 0
     if args.gate:
         policies = [p for p in args.policies.split(",") if p]
         for family in args.families.split(","):

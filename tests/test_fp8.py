@@ -6,6 +6,7 @@ tests that need the CPU path bypass it explicitly). The numeric gate runs on the
 (tests/test_gpu_fp8.py, bench/bench_fp8.py --gate).
 """
 import json
+import re
 
 import numpy as np
 import pytest
@@ -32,14 +33,15 @@ def _sizes(root):
     return bf16, fp8_weight_bytes(root, 4)
 
 
-@pytest.mark.parametrize("name", ["row", "row-exact", "tensor", "row:qkv+in", "tensor-exact:in+down@2"])
+@pytest.mark.parametrize("name", ["row", "row-exact", "tensor", "row:qkv+in", "tensor-exact:in+down@2", "row:attn",
+                                  "row:in+attn", "row-exact:qkv+out+in+down+attn@1"])
 def test_policy_names_round_trip(name):
     assert FP8Policy.parse(name).name == name
 
 
-@pytest.mark.parametrize("bad", ["rows", "row-fast", "row:mlp", "row@-1", "row@x", "row:"])
+@pytest.mark.parametrize("bad", ["rows", "row-fast", "row:mlp", "row@-1", "row@x", "row:", "row:attn+mlp"])
 def test_a_bad_policy_names_what_is_allowed(bad):
-    with pytest.raises(ValueError, match=rf"FP8 policy {bad!r} is not valid.*allowed: GRANULARITY"):
+    with pytest.raises(ValueError, match=rf"FP8 policy {re.escape(repr(bad))} is not valid.*allowed: GRANULARITY"):
         FP8Policy.parse(bad)
 
 
@@ -89,7 +91,7 @@ def super_pair(tiny_family, request):
     bf16, _ = _sizes(root)
     budget = int((bf16 + fp8_weight_bytes(root, 4, loader.policy)) / 2 / 0.9)  # bf16 over 90% of it, FP8 under
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fp8, "check_available", lambda device: None)  # the loader's GPU check, bypassed on the CPU
+        patch.setattr(fp8, "check_available", lambda device, policy=None: None)  # the loader's GPU check, bypassed on the CPU
         fp8_model = load_in_process(root, device="cpu", memory_budget_bytes=budget, fp8_loader=loader)
     reference = load_in_process(root, device="cpu")
     for name, module in reference.transformer.named_children():
@@ -102,7 +104,7 @@ def test_super_fp8_only_equals_fp8_beside_bf16_and_says_fp8(super_pair, monkeypa
     """Same weights, same policy: the FP8-only model and FP8 weights quantised beside the bf16 ones give
     the same frames; every result of the FP8-only model is labelled FP8, fast path or not."""
     fp8_model, reference = super_pair
-    monkeypatch.setattr(fp8, "check_available", lambda device: None)  # FP8 beside bf16, on the CPU
+    monkeypatch.setattr(fp8, "check_available", lambda device, policy=None: None)  # FP8 beside bf16, on the CPU
     assert fp8_model.fp8_weights.resident and fp8_model.transformer.layers[0].self_attn.to_q.weight.dtype == torch.bfloat16
     fp8_model.fast_path = FastPathOptions(**FAST)  # fp8 not even asked for: the model holds nothing else
     reference.fast_path = FastPathOptions(**FAST, fp8=True, fp8_policy=fp8_model.fp8_weights.policy.name)

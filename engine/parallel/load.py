@@ -49,6 +49,7 @@ class FP8OnlyLoader:
     def __call__(self, folder, device, family: str):
         from ..pipeline.fp8 import build_fp8_transformer, check_available, checkpoint_fill
 
-        check_available(device)
+        policy = self.policy_for(family)
+        check_available(device, policy)
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        return build_fp8_transformer(config, device, checkpoint_fill(folder), self.policy_for(family))
+        return build_fp8_transformer(config, device, checkpoint_fill(folder), policy)

@@ -32,7 +32,8 @@ Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.Eage
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_VIDEO_QK_FP32=0`, `COSMOS3_FUSED_PROJECTIONS=0`,
 `COSMOS3_VAE_CHANNELS_LAST=0`, `COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`,
 `COSMOS3_LENGTHS_ON_DEVICE=0`, and the one pass that is off by default and approximate, `COSMOS3_FP8=1`
-(`engine.pipeline.fp8`); `bench/bench_engine.py` ablates them.
+(`engine.pipeline.fp8`: FP8 GEMMs, and FP8 attention where its policy names "attn"); `bench/bench_engine.py`
+ablates them.
 """
 from __future__ import annotations
 
@@ -263,7 +264,10 @@ class FastGenTower:
                 q, k, v, attn.norm_added_q.weight, attn.norm_added_k.weight, cos, sin, buffers[index], layout,
                 eps=attn.norm_added_q.eps, flavour=flavour, round_norm_before_rope=self.round_qk_norm,
             )
-            out = d.prefix_attention(q, buffers[index], layout)
+            if self.fp8 is not None and self.fp8.attends_in_fp8(index, len(layers), layout):
+                out = self.fp8.attention(q, buffers[index], layout)
+            else:
+                out = d.prefix_attention(q, buffers[index], layout)
             out = self._linear(index, "to_add_out", attn.to_add_out, out.reshape(count * n, heads * head_dim))
             post = layer.post_attention_layernorm_moe_gen
             normed, hidden = d.add_rms_norm(out, hidden, post.weight, eps=post.eps, flavour=flavour)

@@ -18,6 +18,10 @@ Two ways to hold the weights:
   H200): built layer by layer, each layer's bf16 gen weights quantised and freed before the next is
   made, so the bf16 model never exists whole; every path of such a model runs the FP8 GEMMs.
 
+Attention can run in FP8 too (the policy's role "attn", e.g. "row:in+attn"): cuDNN's FP8 SDPA
+(`kernels.attention_fp8`, optional: `nvidia-cudnn-frontend`), where a branch has at least
+`FP8_ATTENTION_MIN_GEN_TOKENS` gen tokens; shorter calls keep the bf16 attention.
+
 Numeric gate (tests/test_gpu_fp8.py, full-size random weights on the H200): one step's velocity
 against an fp32 forward of the same weights stays within 3x the relative error of diffusers' own
 bf16 forward against that fp32 forward. `bench/bench_fp8.py --gate` measures every candidate policy.
@@ -35,6 +39,13 @@ BF16_LABEL = "bf16"
 # A layer's GEMMs by role: "qkv" (fused q|k|v), "out" (attention output), "in" (the MLP's input: fused
 # gate|up, or ReLU²'s up), "down" (the MLP's output).
 GEMMS = ("qkv", "out", "in", "down")
+# Every role a policy can name: the GEMMs, and "attn", the attention itself (not a GEMM: cuDNN's FP8 SDPA).
+ROLES = GEMMS + ("attn",)
+
+# Below this many gen tokens per branch the FP8 attention is not offered: measured only at 12k (1.13x bf16's
+# flash-attn-4) and 44k (1.26x) on one H200 (docs/PERFORMANCE.md, "FP8 attention"), and at image sizes a
+# call is too short for its quantisation passes to pay.
+FP8_ATTENTION_MIN_GEN_TOKENS = 8192
 
 
 class FP8Unavailable(RuntimeError):
@@ -45,48 +56,59 @@ class FP8Unavailable(RuntimeError):
 class FP8Policy:
     """Which GEMMs run in FP8 and how. `granularity`: "row" (a scale per token and per output channel)
     or "tensor" (one scale each); `fast_accum`: Hopper's reduced-precision FP8 accumulation (torchao's
-    default) or full fp32 accumulation; `gemms`: the roles in FP8; `bf16_edges`: that many first and
-    last layers kept wholly bf16. Its `name` is its spelling in `COSMOS3_FP8_POLICY`, e.g.
-    "row", "row-exact", "row:qkv+in", "tensor-exact@2"."""
+    default) or full fp32 accumulation; `gemms`: the GEMM roles in FP8; `attention`: the attention too (the
+    role "attn"); `bf16_edges`: that many first and last layers kept wholly bf16. Its `name` is its spelling
+    in `COSMOS3_FP8_POLICY`, e.g. "row", "row-exact", "row:qkv+in", "row:in+attn", "tensor-exact@2"."""
 
     granularity: str = "row"
     fast_accum: bool = True
     gemms: frozenset = frozenset(GEMMS)
     bf16_edges: int = 0
+    attention: bool = False  # the role "attn": attention through cuDNN's FP8 SDPA (`kernels.attention_fp8`)
 
     def __post_init__(self):
         if self.granularity not in ("row", "tensor"):
             raise ValueError(f"FP8 granularity {self.granularity!r}: allowed 'row' or 'tensor'")
         unknown = set(self.gemms) - set(GEMMS)
-        if unknown or not self.gemms:
-            raise ValueError(f"FP8 GEMMs {sorted(self.gemms)}: allowed a non-empty subset of {list(GEMMS)}")
+        if unknown or not (self.gemms or self.attention):
+            raise ValueError(f"FP8 roles {sorted(self.gemms)}: allowed a non-empty subset of {list(ROLES)}")
+
+    @property
+    def roles(self) -> tuple:
+        return tuple(g for g in GEMMS if g in self.gemms) + (("attn",) if self.attention else ())
 
     @property
     def name(self) -> str:
         text = self.granularity + ("" if self.fast_accum else "-exact")
-        if set(self.gemms) != set(GEMMS):
-            text += ":" + "+".join(g for g in GEMMS if g in self.gemms)
+        if set(self.gemms) != set(GEMMS) or self.attention:
+            text += ":" + "+".join(self.roles)
         return text + (f"@{self.bf16_edges}" if self.bf16_edges else "")
 
     @classmethod
     def parse(cls, text: str) -> "FP8Policy":
         """`name`'s inverse; a malformed spelling raises ValueError quoting it and the grammar."""
-        grammar = "GRANULARITY[-exact][:GEMM+GEMM...][@EDGES], e.g. 'row', 'row-exact:qkv+in', 'tensor@2'"
+        grammar = ("GRANULARITY[-exact][:ROLE+ROLE...][@EDGES] with roles from " + "+".join(ROLES)
+                   + ", e.g. 'row', 'row-exact:qkv+in', 'row:in+attn', 'tensor@2'")
         body, _, edges = text.strip().partition("@")
-        body, colon, gemms = body.partition(":")
+        body, colon, roles = body.partition(":")
         granularity, _, accum = body.partition("-")
         try:
-            if accum not in ("", "exact") or (edges and int(edges) < 0) or (colon and not gemms):
+            if accum not in ("", "exact") or (edges and int(edges) < 0) or (colon and not roles):
                 raise ValueError
-            return cls(granularity, accum != "exact", frozenset(gemms.split("+")) if gemms else frozenset(GEMMS),
-                       int(edges) if edges else 0)
+            named = set(roles.split("+")) if roles else set(GEMMS)
+            return cls(granularity, accum != "exact", frozenset(named - {"attn"}), int(edges) if edges else 0,
+                       attention="attn" in named)
         except ValueError as error:
-            raise ValueError(f"FP8 policy {text!r} is not valid ({error or 'malformed'}); allowed: {grammar}") from None
+            raise ValueError(f"FP8 policy {text!r} is not valid ({str(error) or 'malformed'}); allowed: {grammar}") from None
+
+    def _edge(self, index: int, count: int) -> bool:
+        return index < self.bf16_edges or index >= count - self.bf16_edges
 
     def gemms_of_layer(self, index: int, count: int) -> frozenset:
-        if index < self.bf16_edges or index >= count - self.bf16_edges:
-            return frozenset()
-        return self.gemms
+        return frozenset() if self._edge(index, count) else self.gemms
+
+    def attention_of_layer(self, index: int, count: int) -> bool:
+        return self.attention and not self._edge(index, count)
 
 
 # The FP8 mode per family, chosen by measurement (bench/bench_fp8.py --gate, one H200, full-size random
@@ -111,8 +133,9 @@ def policy_from_env(family: str | None = None, spelling: str = "") -> FP8Policy:
     return FP8Policy.parse(spelling or os.environ.get("COSMOS3_FP8_POLICY", "").strip() or default)
 
 
-def check_available(device) -> None:
-    """Raise `FP8Unavailable` unless this device and environment can run torchao's float8 GEMMs."""
+def check_available(device, policy: FP8Policy | None = None) -> None:
+    """Raise `FP8Unavailable` unless this device and environment can run torchao's float8 GEMMs, and, where
+    `policy` names attention, cuDNN's FP8 SDPA."""
     device = torch.device(device)
     if device.type != "cuda":
         raise FP8Unavailable(f"FP8 needs a CUDA GPU with FP8 tensor cores (compute capability >= 8.9); "
@@ -126,6 +149,17 @@ def check_available(device) -> None:
     except ImportError as error:
         raise FP8Unavailable("FP8 needs the package torchao (requirements.txt); "
                              f"it is not installed: {error}") from error
+    if policy is not None and policy.attention:
+        from kernels import attention_fp8
+
+        if capability < (9, 0):
+            raise FP8Unavailable(f"FP8 policy {policy.name!r} runs attention in FP8, which needs compute capability "
+                                 f">= 9.0 (Hopper); {torch.cuda.get_device_name(device)} has "
+                                 f"{capability[0]}.{capability[1]}. Leave 'attn' out of the policy.")
+        if attention_fp8._cudnn() is None:
+            raise FP8Unavailable(f"FP8 policy {policy.name!r} runs attention through cuDNN's FP8 SDPA, which needs the "
+                                 f"package {attention_fp8.CUDNN_DISTRIBUTION} (requirements-extras.txt); it is not "
+                                 "installed. Install it, or leave 'attn' out of the policy.")
 
 
 def quantize_weight(weight: torch.Tensor, policy: FP8Policy) -> torch.Tensor:
@@ -156,6 +190,23 @@ class FP8Weights:
     gate_up: list
     per_layer: list[dict] = field(default_factory=list)  # {"to_add_out", "down_proj", and for ReLU² "up_proj"}
     resident: bool = False
+    attention: object = None  # kernels.attention_fp8.CudnnFP8Attention where the policy names "attn"
+
+    def attends_in_fp8(self, index: int, count: int, layout) -> bool:
+        """Whether layer `index` of `count` runs its attention in FP8 over `layout` (a `PackedKVLayout`): long
+        enough branches, and host lengths (cuDNN is called per branch; a kept step graph's device lengths are
+        read by the bf16 kernels only)."""
+        return (self.attention is not None and layout.gen_len >= FP8_ATTENTION_MIN_GEN_TOKENS
+                and layout.lengths is None and self.policy.attention_of_layer(index, count))
+
+
+def fp8_attention(policy: FP8Policy):
+    """The FP8 attention a policy's weights carry: cuDNN's (one per loaded model and policy), or None."""
+    if not policy.attention:
+        return None
+    from kernels.attention_fp8 import CudnnFP8Attention
+
+    return CudnnFP8Attention()
 
 
 def _layer_weights(layer, qkv: torch.Tensor, gate_up, gemms: frozenset, quantize) -> tuple:
@@ -178,10 +229,10 @@ def fp8_weights(model, fused, policy: FP8Policy) -> FP8Weights:
     held = model.fp8_weights
     if held is not None and (held.resident or held.policy == policy):
         return held
-    check_available(model.device)
+    check_available(model.device, policy)
     model.fp8_weights = None  # a previous policy's tensors go before the new ones are made
     layers = model.transformer.layers
-    weights = FP8Weights(policy, [], [])
+    weights = FP8Weights(policy, [], [], attention=fp8_attention(policy))
     for index, layer in enumerate(layers):
         qkv, gate_up, per_layer = _layer_weights(layer, fused.qkv[index], fused.gate_up[index],
                                                  policy.gemms_of_layer(index, len(layers)),
@@ -265,7 +316,7 @@ def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy, *, quan
     for name, module in transformer.named_children():
         if name != "layers":
             _materialise(module, device, fill, name + ".")
-    weights = FP8Weights(policy, [], [], resident=True)
+    weights = FP8Weights(policy, [], [], resident=True, attention=fp8_attention(policy))
     count = len(transformer.layers)
     for index, layer in enumerate(transformer.layers):
         qkv, gate_up, per_layer = _build_layer(layer, index, count, policy, device, fill, quantize)

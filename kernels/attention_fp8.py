@@ -1,0 +1,260 @@
+"""FP8 prefix attention for Hopper through cuDNN's FP8 SDPA, with its PyTorch reference.
+
+The op is `prefix_attention`'s (gen queries of each branch over that branch's ``[prefix | gen]`` rows of the
+packed buffer, `kernels/packed_kv.py`), computed on float8 e4m3 operands:
+
+    per branch b:  q8, k8, v8 = e4m3(x * 448 / amax(x))           one scale per tensor (cuDNN's contract)
+                   S = (q8 k8^T) * descale_q * descale_k * scale
+                   P = exp(S - rowmax(S));  P8 = e4m3(P * 448)   the probabilities, on cuDNN's fixed 448 scale
+                   O = (P8 / 448) (v8 * descale_v) / rowsum(P)
+                   out = bf16(e4m3(O * scale_o) / scale_o),  scale_o = OUTPUT_HEADROOM * 448 / amax(v)
+
+Why the output is e4m3 too: cuDNN 9.19 runs FP8 SDPA with a bf16 output on Blackwell only; on Hopper it
+writes e4m3, so the result is rounded a last time. |O| <= amax(v) (each row of O is a convex combination of
+v's rows), so scale_o cannot overflow; `OUTPUT_HEADROOM` leaves room for P's rounding, which can push a
+row's weights a few percent past one.
+
+Why cuDNN and not our kernel or flash-attn-4: flash-attn-4's FP8 forward is SM100-only and FlashAttention 3's
+FP8 Hopper build is source-only; cuDNN's is the maintained FP8 attention this GPU runs from the registry
+(`nvidia-cudnn-frontend`, over the cuDNN that PyTorch ships). Measured on one H200 (docs/PERFORMANCE.md, "FP8
+attention"): 38.9 ms against flash-attn-4's bf16 48.9 ms for one Nano 720p branch (44160 queries over 45766
+keys), 1.26x; 3.19 against 3.60 ms at 480p (12090 over 13696), 1.13x. It is approximate (every operand loses
+to 3 mantissa bits), so it runs only where the FP8 mode's policy names it (`engine.pipeline.fp8`).
+
+The quantisation is ours (Triton, one pass each way, scales read on the device, so the call has no host
+sync and can be captured); the amax reductions are PyTorch's.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import torch
+import triton
+import triton.language as tl
+
+from kernels.packed_kv import PackedKVLayout
+
+E4M3_MAX = 448.0
+# O * scale_o stays within half of e4m3's range (see the module docstring); e4m3's relative precision is the same
+# at any scale in its normal range, so the headroom costs nothing measurable.
+OUTPUT_HEADROOM = 0.5
+HEAD_DIMS = (128,)  # measured; cuDNN's FP8 SDPA takes others, untried here
+_BLOCK = 4096
+
+# Per call, one fp32 scalar each, in this order (cuDNN's operand names; `_scalars` fills them).
+SCALARS = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o", "descale_o", "amax_o")
+
+
+# --------------------------------------------------------------------------------------------------
+# Quantisation: Triton kernels and their PyTorch references
+# --------------------------------------------------------------------------------------------------
+def amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| as a one-element fp32 tensor on x's device (never zero, so a scale from it is finite)."""
+    return torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1).clamp_min_(1e-12)
+
+
+def quantize_e4m3_reference(x: torch.Tensor, x_amax: torch.Tensor) -> torch.Tensor:
+    """x * (448 / amax) rounded to e4m3 (nearest, saturating at +-448)."""
+    scale = torch.full_like(x_amax, E4M3_MAX) / x_amax
+    return (x.float() * scale).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def dequantize_e4m3_reference(x8: torch.Tensor, descale: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
+    return (x8.float() * descale).to(dtype)
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, out_ptr, amax_ptr, n, TARGET: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    # Correctly rounded division, as PyTorch's: Triton's plain `/` on fp32 is an approximate one.
+    scale = tl.math.div_rn(tl.full((), TARGET, tl.float32), tl.load(amax_ptr))
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = tl.minimum(tl.maximum(x * scale, -TARGET), TARGET)
+    tl.store(out_ptr + offs, y.to(tl.float8e4nv), mask=mask)
+
+
+@triton.jit
+def _dequantize_kernel(x_ptr, out_ptr, descale_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (x * tl.load(descale_ptr)).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def quantize_e4m3(x: torch.Tensor, x_amax: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`quantize_e4m3_reference` in one pass (x contiguous; `x_amax` a one-element fp32 device tensor)."""
+    if not x.is_contiguous():
+        raise ValueError(f"quantize_e4m3 takes a contiguous tensor, got strides {x.stride()} for shape {tuple(x.shape)}")
+    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device) if out is None else out
+    n = x.numel()
+    _quantize_kernel[(triton.cdiv(n, _BLOCK),)](x, out, x_amax, n, TARGET=E4M3_MAX, BLOCK=_BLOCK)
+    return out
+
+
+def dequantize_e4m3(x8: torch.Tensor, descale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`dequantize_e4m3_reference` into `out` (both contiguous, same element count)."""
+    if not (x8.is_contiguous() and out.is_contiguous()) or x8.numel() != out.numel():
+        raise ValueError(f"dequantize_e4m3 takes contiguous tensors of one size, got {tuple(x8.shape)} -> {tuple(out.shape)}")
+    n = x8.numel()
+    _dequantize_kernel[(triton.cdiv(n, _BLOCK),)](x8, out, descale, n, BLOCK=_BLOCK)
+    return out
+
+
+def _scalars(q_amax: torch.Tensor, k_amax: torch.Tensor, v_amax: torch.Tensor) -> torch.Tensor:
+    """The call's fp32 scalars in `SCALARS` order, computed on the device (no host sync)."""
+    const = torch.tensor([1.0 / E4M3_MAX, E4M3_MAX], dtype=torch.float32, device=q_amax.device)
+    out_scale = OUTPUT_HEADROOM * E4M3_MAX
+    return torch.cat([q_amax / E4M3_MAX, k_amax / E4M3_MAX, v_amax / E4M3_MAX, const,
+                      torch.full_like(v_amax, out_scale) / v_amax, v_amax / out_scale, torch.zeros_like(v_amax)])
+
+
+# --------------------------------------------------------------------------------------------------
+# PyTorch reference of the whole op
+# --------------------------------------------------------------------------------------------------
+def prefix_attention_fp8_reference(
+    q: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    layout: PackedKVLayout,
+    *,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The op in the module docstring, in fp32 from the e4m3 operands; returns [B, N, Hq, D] in q's dtype."""
+    batch, n_gen, hq, head_dim = q.shape
+    scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+    out = torch.empty_like(q) if out is None else out
+    for branch in range(batch):
+        k, v = layout.branch_kv(kv_buffer, branch)
+        amaxes = [amax(t) for t in (q[branch], k, v)]
+        s = _scalars(*amaxes)
+        q8, k8, v8 = (quantize_e4m3_reference(t, a) for t, a in zip((q[branch], k, v), amaxes))
+        groups = hq // k.shape[1]
+        qf = q8.float().transpose(0, 1) * s[0]                                     # [Hq, N, D]
+        kf = k8.float().transpose(0, 1).repeat_interleave(groups, 0) * s[1]        # [Hq, L, D]
+        vf = v8.float().transpose(0, 1).repeat_interleave(groups, 0) * s[2]
+        scores = qf @ kf.transpose(1, 2) * scale
+        p = torch.exp(scores - scores.amax(-1, keepdim=True))
+        p8 = (p * s[4]).to(torch.float8_e4m3fn).float() * s[3]
+        o = (p8 @ vf) / p.sum(-1, keepdim=True)
+        o8 = (o * s[5]).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        out[branch] = dequantize_e4m3_reference(o8, s[6], q.dtype).transpose(0, 1)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# cuDNN
+# --------------------------------------------------------------------------------------------------
+CUDNN_DISTRIBUTION = "nvidia-cudnn-frontend"
+
+
+@functools.cache
+def _cudnn():
+    """cuDNN's Python frontend, or None where it is not installed (it is optional: requirements-extras.txt)."""
+    try:
+        import cudnn
+    except Exception:  # ImportError, or its compiled module failing to load the cuDNN library
+        return None
+    return cudnn
+
+
+def unsupported(q: torch.Tensor, kv_buffer: torch.Tensor) -> str | None:
+    """Why this call cannot run on cuDNN's FP8 SDPA (None when it can)."""
+    if q.device.type != "cuda":
+        return f"device {q.device} (cuDNN's FP8 attention needs CUDA)"
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if major < 9:
+        return f"compute capability {major}.{minor} (cuDNN's FP8 attention needs Hopper, 9.0, or newer)"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head_dim {q.shape[-1]} (measured and allowed: {HEAD_DIMS})"
+    if q.dtype not in (torch.bfloat16, torch.float16) or kv_buffer.dtype != q.dtype:
+        return f"dtypes q {q.dtype} / kv {kv_buffer.dtype} (allowed: bf16 or fp16, both the same)"
+    if _cudnn() is None:
+        return f"{CUDNN_DISTRIBUTION} is not installed (pip install -r requirements-extras.txt)"
+    return None
+
+
+class CudnnFP8Attention:
+    """The op through cuDNN's FP8 SDPA, one call per branch; cuDNN graphs are built on a shape's first call
+    (about 1 s each) and kept per (queries, keys, heads, head_dim, scale). Each call sets the handle to the
+    current stream, so a call made under CUDA-graph capture is captured."""
+
+    def __init__(self) -> None:
+        self._graphs: dict[tuple, tuple] = {}
+        self._handles: dict[int, object] = {}
+
+    def __call__(self, q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, *,
+                 scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        why = unsupported(q, kv_buffer)
+        if why is not None:
+            raise ValueError(f"FP8 attention cannot run this call: {why}")
+        if layout.lengths is not None:
+            raise ValueError("FP8 attention slices each branch by host integers; a layout with its lengths on the "
+                             "device (a step graph kept across prompt lengths) needs the bf16 attention")
+        batch, n_gen, hq, head_dim = q.shape
+        layout.check_buffer(kv_buffer)
+        if layout.num_branches != batch or layout.gen_len != n_gen:
+            raise ValueError(f"layout {layout} does not match q {tuple(q.shape)}")
+        scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+        out = torch.empty_like(q) if out is None else out
+        cudnn = _cudnn()
+        handle = self._handle(q.device)
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
+        for branch in range(batch):
+            q_b = q[branch].contiguous()
+            k, v = layout.branch_kv(kv_buffer, branch)
+            amaxes = [amax(t) for t in (q_b, k, v)]
+            scalars = _scalars(*amaxes)
+            q8, k8, v8 = (quantize_e4m3(t.contiguous(), a) for t, a in zip((q_b, k, v), amaxes))
+            o8 = torch.empty_like(q8)
+            graph, tensors, workspace = self._graph(q.device, n_gen, k.shape[0], hq, k.shape[1], head_dim, scale)
+            pack = {tensors["q"]: q8, tensors["k"]: k8, tensors["v"]: v8, tensors["o"]: o8}
+            pack.update({tensors[name]: scalars[i:i + 1].view(1, 1, 1, 1)
+                         for i, name in enumerate(SCALARS) if name in tensors})
+            graph.execute(pack, workspace, handle=handle)
+            target = out[branch]
+            if target.is_contiguous():
+                dequantize_e4m3(o8, scalars[6:7], target)
+            else:
+                target.copy_(dequantize_e4m3(o8, scalars[6:7], torch.empty_like(q_b)))
+        return out
+
+    def _handle(self, device: torch.device):
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in self._handles:
+            with torch.cuda.device(index):
+                self._handles[index] = _cudnn().create_handle()
+        return self._handles[index]
+
+    def _graph(self, device, n_q: int, n_kv: int, hq: int, hk: int, head_dim: int, scale: float):
+        key = (str(device), n_q, n_kv, hq, hk, head_dim, scale)
+        if key not in self._graphs:
+            self._graphs[key] = _build_graph(_cudnn(), self._handle(device), device, n_q, n_kv, hq, hk, head_dim, scale)
+        return self._graphs[key]
+
+
+def _build_graph(cudnn, handle, device, n_q: int, n_kv: int, hq: int, hk: int, head_dim: int, scale: float):
+    """cuDNN's FP8 SDPA graph over contiguous token-major [rows, heads, head_dim] e4m3 operands."""
+    fp8, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    graph = cudnn.pygraph(io_data_type=fp8, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+
+    def geometry(rows: int, heads: int) -> dict:  # cuDNN's logical [batch, heads, rows, head_dim] over our storage
+        return {"dim": (1, heads, rows, head_dim), "stride": (rows * heads * head_dim, head_dim, heads * head_dim, 1)}
+
+    tensors = {"q": graph.tensor(name="q", data_type=fp8, **geometry(n_q, hq)),
+               "k": graph.tensor(name="k", data_type=fp8, **geometry(n_kv, hk)),
+               "v": graph.tensor(name="v", data_type=fp8, **geometry(n_kv, hk))}
+    one = {"dim": (1, 1, 1, 1), "stride": (1, 1, 1, 1)}
+    tensors.update({name: graph.tensor(name=name, data_type=f32, **one) for name in SCALARS if name not in ("descale_o", "amax_o")})
+    o, _stats, _amax_s, amax_o = graph.sdpa_fp8(
+        q=tensors["q"], k=tensors["k"], v=tensors["v"],
+        descale_q=tensors["descale_q"], descale_k=tensors["descale_k"], descale_v=tensors["descale_v"],
+        descale_s=tensors["descale_s"], scale_s=tensors["scale_s"], scale_o=tensors["scale_o"],
+        is_inference=True, attn_scale=scale, use_causal_mask=False, name="prefix_attention_fp8",
+    )
+    o.set_output(True).set_data_type(fp8).set_dim(geometry(n_q, hq)["dim"]).set_stride(geometry(n_q, hq)["stride"])
+    amax_o.set_output(True).set_data_type(f32).set_dim(one["dim"]).set_stride(one["stride"])
+    graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    tensors["o"], tensors["amax_o"] = o, amax_o  # descale_o is ours (the dequantisation reads it), not cuDNN's
+    workspace = torch.empty(max(graph.get_workspace_size(), 1), dtype=torch.uint8, device=device)
+    return graph, tensors, workspace

@@ -1,0 +1,98 @@
+"""On the H200: cuDNN's FP8 attention (`kernels.attention_fp8`) against its PyTorch reference and fp32.
+
+- the Triton quantise and dequantise kernels equal their PyTorch references bit for bit;
+- cuDNN's FP8 SDPA at Nano's heads (32 query, 8 K/V, head_dim 128) with two branches of different prefix
+  lengths: close to the reference that models its roundings, and as far from fp32 attention as e4m3
+  operands make it (far more than bf16, far less than a wrong result);
+- a call captured in a CUDA graph replays to the same bits.
+
+Skipped without CUDA, Hopper or `nvidia-cudnn-frontend`. `python -m pytest -q -s -m gpu tests/test_gpu_attention_fp8.py`
+"""
+import math
+
+import pytest
+import torch
+
+from kernels import attention_fp8
+from kernels.packed_kv import PackedKVLayout
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _inputs(prefixes=(1606, 59), gen=4096, hq=32, hk=8, head_dim=128, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    layout = PackedKVLayout(prefixes, gen)
+
+    def normed(*shape):
+        x = torch.randn(*shape, generator=g, device="cuda")
+        return x / x.pow(2).mean(-1, keepdim=True).sqrt()
+
+    kv = torch.empty(2, layout.rows, hk, head_dim, device="cuda")
+    kv[0], kv[1] = normed(layout.rows, hk, head_dim), torch.randn(layout.rows, hk, head_dim, generator=g, device="cuda")
+    return normed(len(prefixes), gen, hq, head_dim).bfloat16(), kv.bfloat16(), layout
+
+
+def _fp32_attention(q, kv, layout):
+    out = torch.empty(q.shape, device=q.device)
+    groups = q.shape[2] // kv.shape[2]
+    for b in range(q.shape[0]):
+        k, v = (t.float().transpose(0, 1).repeat_interleave(groups, 0) for t in layout.branch_kv(kv, b))
+        out[b] = torch.softmax(q[b].float().transpose(0, 1) @ k.transpose(1, 2) / math.sqrt(q.shape[-1]), -1).matmul(v).transpose(0, 1)
+    return out
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.fixture(scope="module")
+def runner():
+    q, kv, _ = _inputs(gen=64)
+    why = attention_fp8.unsupported(q, kv)
+    if why is not None:
+        pytest.skip(why)
+    return attention_fp8.CudnnFP8Attention()
+
+
+def test_quantise_kernels_equal_their_references():
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = (torch.randn(3, 1000, 8, 128, generator=g, device="cuda") * 3).bfloat16()
+    given = torch.tensor([2.5], device="cuda")  # below the true amax: values past it must saturate, not turn NaN
+    for amax in (attention_fp8.amax(x), given):
+        ours, ref = attention_fp8.quantize_e4m3(x, amax), attention_fp8.quantize_e4m3_reference(x, amax)
+        assert torch.equal(ours.view(torch.uint8), ref.view(torch.uint8))
+    assert not torch.isnan(ours.float()).any() and ours.float().abs().max().item() == attention_fp8.E4M3_MAX
+    descale = torch.tensor([0.0123], device="cuda")
+    out = attention_fp8.dequantize_e4m3(ref, descale, torch.empty_like(x))
+    assert torch.equal(out, attention_fp8.dequantize_e4m3_reference(ref, descale))
+
+
+def test_cudnn_fp8_attention_matches_its_reference_and_fp8_accuracy(runner):
+    q, kv, layout = _inputs()
+    ours = runner(q, kv, layout)
+    reference = attention_fp8.prefix_attention_fp8_reference(q, kv, layout)
+    exact = _fp32_attention(q, kv, layout)
+    to_reference, to_exact, bf16 = _rel(ours, reference), _rel(ours, exact), _rel(exact.bfloat16(), exact)
+    print({"cudnn vs reference": to_reference, "cudnn vs fp32": to_exact, "reference vs fp32": _rel(reference, exact),
+           "bf16 rounding": bf16})
+    assert torch.isfinite(ours.float()).all()
+    assert to_exact > 5 * bf16 and 5e-3 < to_exact < 6e-2
+    assert to_reference < 0.5 * to_exact
+
+
+def test_a_captured_call_replays_to_the_same_bits(runner):
+    q, kv, layout = _inputs(gen=2048)
+    out = torch.empty_like(q)
+    eager = runner(q, kv, layout).clone()  # builds the graphs; a capture cannot
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        runner(q, kv, layout, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner(q, kv, layout, out=out)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
