@@ -103,10 +103,11 @@ def dequantize_e4m3(x8: torch.Tensor, descale: torch.Tensor, out: torch.Tensor) 
 
 def _scalars(q_amax: torch.Tensor, k_amax: torch.Tensor, v_amax: torch.Tensor) -> torch.Tensor:
     """The call's fp32 scalars in `SCALARS` order, computed on the device (no host sync)."""
-    const = torch.tensor([1.0 / E4M3_MAX, E4M3_MAX], dtype=torch.float32, device=q_amax.device)
     out_scale = OUTPUT_HEADROOM * E4M3_MAX
-    return torch.cat([q_amax / E4M3_MAX, k_amax / E4M3_MAX, v_amax / E4M3_MAX, const,
-                      torch.full_like(v_amax, out_scale) / v_amax, v_amax / out_scale, torch.zeros_like(v_amax)])
+    # Constants filled on the device (a host tensor's copy could not be captured in a CUDA graph).
+    return torch.cat([q_amax / E4M3_MAX, k_amax / E4M3_MAX, v_amax / E4M3_MAX, torch.full_like(v_amax, 1.0 / E4M3_MAX),
+                      torch.full_like(v_amax, E4M3_MAX), torch.full_like(v_amax, out_scale) / v_amax,
+                      v_amax / out_scale, torch.zeros_like(v_amax)])
 
 
 # --------------------------------------------------------------------------------------------------

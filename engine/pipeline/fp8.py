@@ -112,12 +112,20 @@ class FP8Policy:
 
 
 # The FP8 mode per family, chosen by measurement (bench/bench_fp8.py --gate, one H200, full-size random
-# weights; docs/PERFORMANCE.md): the fastest policy whose velocity error stays within 3x diffusers' bf16 error.
-# Nano: only the MLP's input GEMM (gate|up) in FP8: 2.90x / 2.78x, a 480p/121f step 808 ms against 903 in bf16
-# (all GEMMs in FP8: 4.61x / 5.13x). Edge: only the down projection passes (2.89x; its `in`: 3.17x), and no
-# FP8 policy is faster than bf16 there (313 ms against 255). Super shares Nano's architecture (SwiGLU) and
-# takes its policy (an fp32 Super forward fits no GPU, so its gate cannot be measured).
-DEFAULT_POLICIES = {"nano": "row:in", "super": "row:in", "edge": "row:down"}
+# weights; docs/PERFORMANCE.md): the fastest policy whose velocity error stays within 3x diffusers' bf16 error,
+# as rules (from this many gen tokens per branch, policy); a request takes the last rule it reaches.
+# Nano: the MLP's input GEMM (gate|up) in FP8: 2.90x / 2.78x, a 480p/121f step 808 ms against 903 in bf16
+# (all GEMMs in FP8: 4.61x / 5.13x). For long videos, the attention in FP8 instead ("row:attn", cuDNN's FP8
+# SDPA): 1.96x / 2.82x; a 720p/189f step (44160 gen tokens) 4939 ms against row:in's 5058 and bf16's 5386,
+# while at 480p/121f (12090) it saves 1.3% to row:in's ~10%; both together fail (3.80x). Where the two cross
+# between 12090 and 44160 tokens was not measured: the rule switches at 32768. Edge: only the down projection
+# passes (2.89x; its `in`: 3.17x), and no FP8 policy is faster than bf16 there (313 ms against 255; row:attn
+# 248 against 234). Super shares Nano's architecture (SwiGLU) and takes its GEMM policy (an fp32 Super forward
+# fits no GPU, so its gate cannot be measured); built FP8-only, its GEMM weights are fixed at load, so no rule
+# can take them back to bf16 for a long video.
+LONG_VIDEO_GEN_TOKENS = 32768
+DEFAULT_POLICIES = {"nano": ((0, "row:in"), (LONG_VIDEO_GEN_TOKENS, "row:attn")), "super": ((0, "row:in"),),
+                    "edge": ((0, "row:down"),)}
 DEFAULT_POLICY = "row:in"  # any other family (custom checkpoints)
 
 
@@ -126,10 +134,15 @@ def fp8_from_env() -> bool:
     return os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
-def policy_from_env(family: str | None = None, spelling: str = "") -> FP8Policy:
+def policy_from_env(family: str | None = None, spelling: str = "", gen_tokens: int | None = None) -> FP8Policy:
     """`spelling` when given (`FastPathOptions.fp8_policy`), else `COSMOS3_FP8_POLICY` when set, else the
-    family's measured default."""
-    default = DEFAULT_POLICIES.get(family, DEFAULT_POLICY)
+    family's measured default for a request of `gen_tokens` gen tokens per branch (None: the first rule's)."""
+    default = DEFAULT_POLICY
+    for from_tokens, policy in DEFAULT_POLICIES.get(family, ()):
+        if gen_tokens is None and from_tokens > 0:
+            break
+        if gen_tokens is None or gen_tokens >= from_tokens:
+            default = policy
     return FP8Policy.parse(spelling or os.environ.get("COSMOS3_FP8_POLICY", "").strip() or default)
 
 
@@ -244,16 +257,16 @@ def fp8_weights(model, fused, policy: FP8Policy) -> FP8Weights:
     return weights
 
 
-def tower_weights(model, options, fused) -> FP8Weights | None:
+def tower_weights(model, options, fused, gen_tokens: int | None = None) -> FP8Weights | None:
     """The FP8 weights a request's gen tower reads: the model's own when it holds only FP8 weights,
-    else built (or reused) when the request's options ask for FP8, else None (bf16). `fused()`: the
-    model's fused bf16 projections (called only when they are needed)."""
+    else built (or reused) when the request's options ask for FP8, under the policy for `gen_tokens` gen tokens
+    per branch, else None (bf16). `fused()`: the model's fused bf16 projections (called only when needed)."""
     held = model.fp8_weights
     if held is not None and held.resident:
         return held
     if not options.fp8:
         return None
-    return fp8_weights(model, fused(), policy_from_env(model.info.family, options.fp8_policy))
+    return fp8_weights(model, fused(), policy_from_env(model.info.family, options.fp8_policy, gen_tokens))
 
 
 def precision_label(model, tower) -> str:
