@@ -195,6 +195,8 @@ def main(argv=None) -> int:
                         "torch.profiler: the GPU's busy share of the request and its top kernels")
     parser.add_argument("--profile-prefixes", default="1615,2866", help="text tokens of the two CFG branches in "
                         "--profile-step (generate's default empty negative prompt is ~59 tokens)")
+    parser.add_argument("--fp8", action="store_true", help="the e2e requests in the FP8 mode (COSMOS3_FP8=1: "
+                        "each family's measured FP8 policy for the request's size, engine.pipeline.fp8)")
     parser.add_argument("--fp8-step", default=None, help="after the Nano rows: one step bf16 vs FP8 at WxHxF")
     parser.add_argument("--fp8-policies", default="", help="--fp8-step's FP8 policies, comma-separated (engine.pipeline."
                         "fp8.FP8Policy; '' or none: the family's FP8 mode); its CFG prefixes are --profile-prefixes")
@@ -205,6 +207,8 @@ def main(argv=None) -> int:
     parser.add_argument("--render", nargs="+", default=None, metavar="JSON",
                         help="print the end-to-end table of earlier --e2e or --table runs' JSON files (no GPU)")
     args = parser.parse_args(argv)
+    if args.fp8:
+        os.environ["COSMOS3_FP8"] = "1"  # read by FastPathOptions.from_env for every request of the run
     if args.render:
         for path in args.render:
             print(table_markdown(json.loads(Path(path).read_text())) + "\n")
