@@ -1,0 +1,92 @@
+"""FP8 attention against the bf16 attention dispatch picks, at the video shapes, on one GPU (issue 17, point 5).
+
+    python bench/bench_attention_fp8.py --json $OUT/attention_fp8.json     # ~1 min on an H200
+
+Nano's heads (32 query, 8 K/V, head_dim 128), both CFG branches (prefixes 1606 and 59 tokens, as a request
+with a 1.6k-token prompt and the default negative prompt), gen tokens of 720p/189f (44160) and 480p/121f
+(12090): the bf16 path dispatch chooses (`KernelDispatcher.prefix_attention`, flash-attn-4 where installed)
+against `kernels.attention_fp8.CudnnFP8Attention` (its quantisation and dequantisation passes included), as
+the engine calls them; ms per call (CUDA events, median of --iters), TFLOP/s (4 N L D Hq summed over the
+branches), and each one's relative error against fp32 attention on the first --rows queries of each branch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.e2e import run_header  # noqa: E402
+from kernels import attention_fp8  # noqa: E402
+from kernels.dispatch import KernelDispatcher  # noqa: E402
+from kernels.packed_kv import PackedKVLayout  # noqa: E402
+from kernels.timing import time_ms  # noqa: E402
+
+HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+PREFIXES = (1606, 59)
+SHAPES = {"720p/189f": 44160, "480p/121f": 12090}
+
+
+def inputs(gen: int, seed: int = 0):
+    """RMS-normed q and k (as after the QK-norm) and Gaussian v in the packed layout."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    layout = PackedKVLayout(PREFIXES, gen)
+
+    def normed(*shape):
+        x = torch.randn(*shape, generator=g, device="cuda")
+        return (x / x.pow(2).mean(-1, keepdim=True).sqrt()).bfloat16()
+
+    kv = torch.stack([normed(layout.rows, KV_HEADS, HEAD_DIM),
+                      torch.randn(layout.rows, KV_HEADS, HEAD_DIM, generator=g, device="cuda").bfloat16()])
+    return normed(len(PREFIXES), gen, HEADS, HEAD_DIM), kv, layout
+
+
+def error_vs_fp32(out, q, kv, layout, rows: int) -> float:
+    """Relative L2 error over the first `rows` queries of every branch against fp32 attention."""
+    num = den = 0.0
+    for b in range(layout.num_branches):
+        k, v = (t.float().transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, 0) for t in layout.branch_kv(kv, b))
+        scores = q[b, :rows].float().transpose(0, 1) @ k.transpose(1, 2) / math.sqrt(HEAD_DIM)
+        exact = (torch.softmax(scores, -1) @ v).transpose(0, 1)
+        num += float((out[b, :rows].float() - exact).pow(2).sum())
+        den += float(exact.pow(2).sum())
+    return math.sqrt(num / den)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=512)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    results = {"header": run_header(torch.cuda.get_device_name()), "rows": []}
+    print(json.dumps(results["header"]), flush=True)
+    dispatch, fp8 = KernelDispatcher("auto"), attention_fp8.CudnnFP8Attention()
+    for label, gen in SHAPES.items():
+        q, kv, layout = inputs(gen)
+        flops = sum(4 * gen * layout.kv_len(b) * HEAD_DIM * HEADS for b in range(layout.num_branches))
+        row = {"shape": label, "gen_tokens": gen, "prefixes": list(PREFIXES)}
+        for name, run in (("bf16 (dispatch)", lambda: dispatch.prefix_attention(q, kv, layout)),
+                          ("FP8 (cuDNN)", lambda: fp8(q, kv, layout))):
+            out = run()  # dispatch measures its candidates, cuDNN builds its graphs
+            ms = time_ms(run, warmup=1, iters=args.iters).median_ms
+            row[name] = {"ms": ms, "tflops": flops / ms / 1e9, "rel_error": error_vs_fp32(out, q, kv, layout, args.rows)}
+        chosen = [d for key, d in dispatch.decisions().items() if key[0] == "prefix_attention" and key[3][1] == gen]
+        row["bf16 path"] = chosen[0].path.value if chosen else None
+        row["speedup"] = row["bf16 (dispatch)"]["ms"] / row["FP8 (cuDNN)"]["ms"]
+        results["rows"].append(row)
+        print(json.dumps(row, default=str), flush=True)
+        del q, kv
+        torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
