@@ -160,6 +160,9 @@ def test_the_fp8_mode_is_the_measured_policy_per_family(monkeypatch):
             for size, n in tokens.items()} == {
         ("nano", "480p/121f"): "row:in", ("nano", "720p/189f"): "row:attn", ("super", "480p/121f"): "row:in",
         ("super", "720p/189f"): "row:in", ("edge", "480p/121f"): "row:down", ("edge", "720p/189f"): "row:down"}
+    # Where cuDNN's FP8 attention cannot run, the default does not ask for it: the GEMM policy stays.
+    assert fp8.policy_from_env("nano", gen_tokens=44160, attention_available=False).name == "row:in"
+    assert fp8.attention_unavailable("cpu") == "a CUDA GPU (this model runs on 'cpu')"
     monkeypatch.setenv("COSMOS3_FP8_POLICY", "tensor-exact")
     assert fp8.policy_from_env("edge").name == "tensor-exact"
     assert FastPathOptions.from_env(torch.device("cpu")).fp8_policy == "tensor-exact"

@@ -134,14 +134,17 @@ def fp8_from_env() -> bool:
     return os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
-def policy_from_env(family: str | None = None, spelling: str = "", gen_tokens: int | None = None) -> FP8Policy:
+def policy_from_env(family: str | None = None, spelling: str = "", gen_tokens: int | None = None,
+                    attention_available: bool = True) -> FP8Policy:
     """`spelling` when given (`FastPathOptions.fp8_policy`), else `COSMOS3_FP8_POLICY` when set, else the
-    family's measured default for a request of `gen_tokens` gen tokens per branch (None: the first rule's)."""
+    family's measured default for a request of `gen_tokens` gen tokens per branch (None: the first rule's),
+    skipping the rules that run attention in FP8 where it is not `attention_available` (a default never asks
+    for what the host lacks; a policy named explicitly is checked, and refused, by `check_available`)."""
     default = DEFAULT_POLICY
     for from_tokens, policy in DEFAULT_POLICIES.get(family, ()):
         if gen_tokens is None and from_tokens > 0:
             break
-        if gen_tokens is None or gen_tokens >= from_tokens:
+        if (gen_tokens is None or gen_tokens >= from_tokens) and (attention_available or not FP8Policy.parse(policy).attention):
             default = policy
     return FP8Policy.parse(spelling or os.environ.get("COSMOS3_FP8_POLICY", "").strip() or default)
 
@@ -163,16 +166,26 @@ def check_available(device, policy: FP8Policy | None = None) -> None:
         raise FP8Unavailable("FP8 needs the package torchao (requirements.txt); "
                              f"it is not installed: {error}") from error
     if policy is not None and policy.attention:
-        from kernels import attention_fp8
+        why = attention_unavailable(device)
+        if why is not None:
+            raise FP8Unavailable(f"FP8 policy {policy.name!r} runs attention through cuDNN's FP8 SDPA, which needs {why}. "
+                                 "Leave 'attn' out of the policy (COSMOS3_FP8_POLICY).")
 
-        if capability < (9, 0):
-            raise FP8Unavailable(f"FP8 policy {policy.name!r} runs attention in FP8, which needs compute capability "
-                                 f">= 9.0 (Hopper); {torch.cuda.get_device_name(device)} has "
-                                 f"{capability[0]}.{capability[1]}. Leave 'attn' out of the policy.")
-        if attention_fp8._cudnn() is None:
-            raise FP8Unavailable(f"FP8 policy {policy.name!r} runs attention through cuDNN's FP8 SDPA, which needs the "
-                                 f"package {attention_fp8.CUDNN_DISTRIBUTION} (requirements-extras.txt); it is not "
-                                 "installed. Install it, or leave 'attn' out of the policy.")
+
+def attention_unavailable(device) -> str | None:
+    """What this device or host lacks for the FP8 attention (None: nothing)."""
+    from kernels import attention_fp8
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"a CUDA GPU (this model runs on {device.type!r})"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (9, 0):
+        return (f"compute capability >= 9.0 (Hopper); {torch.cuda.get_device_name(device)} has "
+                f"{capability[0]}.{capability[1]}")
+    if attention_fp8._cudnn() is None:
+        return f"the package {attention_fp8.CUDNN_DISTRIBUTION} (requirements-extras.txt), which is not installed"
+    return None
 
 
 def quantize_weight(weight: torch.Tensor, policy: FP8Policy) -> torch.Tensor:
@@ -266,7 +279,9 @@ def tower_weights(model, options, fused, gen_tokens: int | None = None) -> FP8We
         return held
     if not options.fp8:
         return None
-    return fp8_weights(model, fused(), policy_from_env(model.info.family, options.fp8_policy, gen_tokens))
+    policy = policy_from_env(model.info.family, options.fp8_policy, gen_tokens,
+                             attention_available=attention_unavailable(model.device) is None)
+    return fp8_weights(model, fused(), policy)
 
 
 def precision_label(model, tower) -> str:
