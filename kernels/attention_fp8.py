@@ -16,10 +16,11 @@ row's weights a few percent past one.
 
 Why cuDNN and not our kernel or flash-attn-4: flash-attn-4's FP8 forward is SM100-only and FlashAttention 3's
 FP8 Hopper build is source-only; cuDNN's is the maintained FP8 attention this GPU runs from the registry
-(`nvidia-cudnn-frontend`, over the cuDNN that PyTorch ships). Measured on one H200 (docs/PERFORMANCE.md, "FP8
-attention"): 38.9 ms against flash-attn-4's bf16 48.9 ms for one Nano 720p branch (44160 queries over 45766
-keys), 1.26x; 3.19 against 3.60 ms at 480p (12090 over 13696), 1.13x. It is approximate (every operand loses
-to 3 mantissa bits), so it runs only where the FP8 mode's policy names it (`engine.pipeline.fp8`).
+(`nvidia-cudnn-frontend`, over the cuDNN that PyTorch ships). Measured on one H200 with both CFG branches and this
+module's quantisation (bench/bench_attention_fp8.py; docs/PERFORMANCE.md, "FP8 attention through cuDNN"): 79.4 ms
+against flash-attn-4's bf16 96.8 ms at Nano 720p/189f (44160 gen tokens), 1.22x; 7.16 against 8.00 ms at 480p/121f
+(12090), 1.12x. It is approximate (every operand keeps 3 mantissa bits; 6e-2 from fp32 attention against bf16's
+2e-3), so it runs only where the FP8 mode's policy names it (`engine.pipeline.fp8`).
 
 The quantisation is ours (Triton, one pass each way, scales read on the device, so the call has no host
 sync and can be captured); the amax reductions are PyTorch's.

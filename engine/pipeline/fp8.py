@@ -42,9 +42,10 @@ GEMMS = ("qkv", "out", "in", "down")
 # Every role a policy can name: the GEMMs, and "attn", the attention itself (not a GEMM: cuDNN's FP8 SDPA).
 ROLES = GEMMS + ("attn",)
 
-# Below this many gen tokens per branch the FP8 attention is not offered: measured only at 12k (1.13x bf16's
-# flash-attn-4) and 44k (1.26x) on one H200 (docs/PERFORMANCE.md, "FP8 attention"), and at image sizes a
-# call is too short for its quantisation passes to pay.
+# Below this many gen tokens per branch the FP8 attention is not offered: measured only at 12090 (1.12x bf16's
+# flash-attn-4, both branches, quantisation included) and 44160 (1.22x) on one H200 (bench/bench_attention_fp8.py;
+# docs/PERFORMANCE.md, "FP8 attention through cuDNN"), and at image sizes a call is too short for its
+# quantisation passes to pay.
 FP8_ATTENTION_MIN_GEN_TOKENS = 8192
 
 
