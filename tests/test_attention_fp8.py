@@ -128,3 +128,23 @@ def test_the_fp8_mode_routes_long_attention_calls_to_fp8(nano, monkeypatch, thre
         assert not np.array_equal(ours.frames, bf16.frames)
     else:
         assert calls == [] and np.array_equal(ours.frames, bf16.frames)
+
+
+def test_the_fp8_attention_and_its_cudnn_graphs_outlive_a_change_of_policy(nano, monkeypatch):
+    # The FP8 mode switches Nano between row:in and row:attn with a request's size; rebuilding the runner on
+    # each switch would rebuild every cuDNN graph (~1 s per shape on the H200).
+    from engine.pipeline.fast_path import fused_projections
+
+    monkeypatch.setattr(fp8, "check_available", lambda device, policy=None: None)
+    made = []
+    monkeypatch.setattr(fp8, "fp8_attention", lambda policy: made.append(policy.name) or object() if policy.attention else None)
+    try:
+        nano.fp8_weights = None
+        runners = []
+        for name in ("row:in", "row:attn", "row:in", "row:attn"):
+            weights = fp8.fp8_weights(nano, fused_projections(nano), FP8Policy.parse(name))
+            runners.append(weights.attention)
+            assert weights.attends_in_fp8(0, 2, PackedKVLayout((3, 3), 10**6)) == (name == "row:attn")
+    finally:
+        nano.fp8_weights = None
+    assert runners[0] is None and runners[1] is runners[2] is runners[3] is not None and made == ["row:attn"]

@@ -217,7 +217,9 @@ class FP8Weights:
     gate_up: list
     per_layer: list[dict] = field(default_factory=list)  # {"to_add_out", "down_proj", and for ReLU² "up_proj"}
     resident: bool = False
-    attention: object = None  # kernels.attention_fp8.CudnnFP8Attention where the policy names "attn"
+    # kernels.attention_fp8.CudnnFP8Attention where the policy names "attn" (kept from an earlier policy too:
+    # `attends_in_fp8` asks the policy, so a runner the policy does not name is never called)
+    attention: object = None
 
     def attends_in_fp8(self, index: int, count: int, layout) -> bool:
         """Whether layer `index` of `count` runs its attention in FP8 over `layout` (a `PackedKVLayout`): long
@@ -257,9 +259,12 @@ def fp8_weights(model, fused, policy: FP8Policy) -> FP8Weights:
     if held is not None and (held.resident or held.policy == policy):
         return held
     check_available(model.device, policy)
+    # The FP8 attention's cuDNN graphs (about 1 s to build per shape) outlive a change of policy: the FP8 mode
+    # switches between row:in and row:attn with a request's size, and a server alternates sizes.
+    attention = held.attention if held is not None and held.attention is not None else fp8_attention(policy)
     model.fp8_weights = None  # a previous policy's tensors go before the new ones are made
     layers = model.transformer.layers
-    weights = FP8Weights(policy, [], [], attention=fp8_attention(policy))
+    weights = FP8Weights(policy, [], [], attention=attention)
     for index, layer in enumerate(layers):
         qkv, gate_up, per_layer = _layer_weights(layer, fused.qkv[index], fused.gate_up[index],
                                                  policy.gemms_of_layer(index, len(layers)),
