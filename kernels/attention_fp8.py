@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from kernels.packed_kv import PackedKVLayout
+from kernels.prefix_attention import check_prefix_attention_inputs
 
 E4M3_MAX = 448.0
 # O * scale_o stays within half of e4m3's range (see the module docstring); e4m3's relative precision is the same
@@ -111,6 +112,14 @@ def _scalars(q_amax: torch.Tensor, k_amax: torch.Tensor, v_amax: torch.Tensor) -
                       v_amax / out_scale, torch.zeros_like(v_amax)])
 
 
+def _branch_operands(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, branch: int):
+    """One branch's (q, k, v) as contiguous [rows, heads, head_dim] tensors, their amaxes, and the call's scalars."""
+    k, v = layout.branch_kv(kv_buffer, branch)
+    operands = tuple(t.contiguous() for t in (q[branch], k, v))  # views of contiguous buffers: no copy
+    amaxes = [amax(t) for t in operands]
+    return operands, amaxes, _scalars(*amaxes)
+
+
 # --------------------------------------------------------------------------------------------------
 # PyTorch reference of the whole op
 # --------------------------------------------------------------------------------------------------
@@ -127,11 +136,9 @@ def prefix_attention_fp8_reference(
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     out = torch.empty_like(q) if out is None else out
     for branch in range(batch):
-        k, v = layout.branch_kv(kv_buffer, branch)
-        amaxes = [amax(t) for t in (q[branch], k, v)]
-        s = _scalars(*amaxes)
-        q8, k8, v8 = (quantize_e4m3_reference(t, a) for t, a in zip((q[branch], k, v), amaxes))
-        groups = hq // k.shape[1]
+        operands, amaxes, s = _branch_operands(q, kv_buffer, layout, branch)
+        q8, k8, v8 = (quantize_e4m3_reference(t, a) for t, a in zip(operands, amaxes))
+        groups = hq // k8.shape[1]
         qf = q8.float().transpose(0, 1) * s[0]                                     # [Hq, N, D]
         kf = k8.float().transpose(0, 1).repeat_interleave(groups, 0) * s[1]        # [Hq, L, D]
         vf = v8.float().transpose(0, 1).repeat_interleave(groups, 0) * s[2]
@@ -161,7 +168,8 @@ def _cudnn():
 
 
 def unsupported(q: torch.Tensor, kv_buffer: torch.Tensor) -> str | None:
-    """Why this call cannot run on cuDNN's FP8 SDPA (None when it can)."""
+    """Why this call cannot run on cuDNN's FP8 SDPA (None when it can), beyond the shapes and dtypes every
+    prefix-attention path checks (`check_prefix_attention_inputs`)."""
     if q.device.type != "cuda":
         return f"device {q.device} (cuDNN's FP8 attention needs CUDA)"
     major, minor = torch.cuda.get_device_capability(q.device)
@@ -169,8 +177,6 @@ def unsupported(q: torch.Tensor, kv_buffer: torch.Tensor) -> str | None:
         return f"compute capability {major}.{minor} (cuDNN's FP8 attention needs Hopper, 9.0, or newer)"
     if q.shape[-1] not in HEAD_DIMS:
         return f"head_dim {q.shape[-1]} (measured and allowed: {HEAD_DIMS})"
-    if q.dtype not in (torch.bfloat16, torch.float16) or kv_buffer.dtype != q.dtype:
-        return f"dtypes q {q.dtype} / kv {kv_buffer.dtype} (allowed: bf16 or fp16, both the same)"
     if _cudnn() is None:
         return f"{CUDNN_DISTRIBUTION} is not installed (pip install -r requirements-extras.txt)"
     return None
@@ -187,6 +193,7 @@ class CudnnFP8Attention:
 
     def __call__(self, q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, *,
                  scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        check_prefix_attention_inputs(q, kv_buffer, layout)
         why = unsupported(q, kv_buffer)
         if why is not None:
             raise ValueError(f"FP8 attention cannot run this call: {why}")
@@ -194,22 +201,16 @@ class CudnnFP8Attention:
             raise ValueError("FP8 attention slices each branch by host integers; a layout with its lengths on the "
                              "device (a step graph kept across prompt lengths) needs the bf16 attention")
         batch, n_gen, hq, head_dim = q.shape
-        layout.check_buffer(kv_buffer)
-        if layout.num_branches != batch or layout.gen_len != n_gen:
-            raise ValueError(f"layout {layout} does not match q {tuple(q.shape)}")
         scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         out = torch.empty_like(q) if out is None else out
         cudnn = _cudnn()
         handle = self._handle(q.device)
         cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
         for branch in range(batch):
-            q_b = q[branch].contiguous()
-            k, v = layout.branch_kv(kv_buffer, branch)
-            amaxes = [amax(t) for t in (q_b, k, v)]
-            scalars = _scalars(*amaxes)
-            q8, k8, v8 = (quantize_e4m3(t.contiguous(), a) for t, a in zip((q_b, k, v), amaxes))
+            operands, amaxes, scalars = _branch_operands(q, kv_buffer, layout, branch)
+            q8, k8, v8 = (quantize_e4m3(t, a) for t, a in zip(operands, amaxes))
             o8 = torch.empty_like(q8)
-            graph, tensors, workspace = self._graph(q.device, n_gen, k.shape[0], hq, k.shape[1], head_dim, scale)
+            graph, tensors, workspace = self._graph(q.device, n_gen, k8.shape[0], hq, k8.shape[1], head_dim, scale)
             pack = {tensors["q"]: q8, tensors["k"]: k8, tensors["v"]: v8, tensors["o"]: o8}
             pack.update({tensors[name]: scalars[i:i + 1].view(1, 1, 1, 1)
                          for i, name in enumerate(SCALARS) if name in tensors})
@@ -218,7 +219,7 @@ class CudnnFP8Attention:
             if target.is_contiguous():
                 dequantize_e4m3(o8, scalars[6:7], target)
             else:
-                target.copy_(dequantize_e4m3(o8, scalars[6:7], torch.empty_like(q_b)))
+                target.copy_(dequantize_e4m3(o8, scalars[6:7], torch.empty_like(operands[0])))
         return out
 
     def _handle(self, device: torch.device):

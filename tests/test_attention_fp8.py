@@ -1,8 +1,6 @@
 """FP8 attention (`kernels.attention_fp8`) on the CPU: its PyTorch reference, its refusals, and how the FP8
 mode routes a layer's attention to it (`FP8Policy` role "attn"). cuDNN's kernel itself runs on the H200
 (tests/test_gpu_attention_fp8.py), where it is held to this reference and to fp32."""
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -13,6 +11,7 @@ from engine.pipeline.fast_path import FastPathOptions
 from engine.pipeline.fp8 import FP8_LABEL, FP8Policy
 from kernels import attention_fp8
 from kernels.packed_kv import PackedKVLayout
+from kernels.prefix_attention import prefix_attention_reference
 
 
 def _rms_normed(*shape, generator):
@@ -31,13 +30,7 @@ def _inputs(prefixes=(37, 5), gen=64, hq=4, hk=2, head_dim=128, seed=0):
 
 
 def _fp32_attention(q, kv, layout):
-    out = torch.empty(q.shape)
-    groups = q.shape[2] // kv.shape[2]
-    for b in range(q.shape[0]):
-        k, v = (t.float().transpose(0, 1).repeat_interleave(groups, 0) for t in layout.branch_kv(kv, b))
-        scores = q[b].float().transpose(0, 1) @ k.transpose(1, 2) / math.sqrt(q.shape[-1])
-        out[b] = (torch.softmax(scores, -1) @ v).transpose(0, 1)
-    return out
+    return prefix_attention_reference(q.float(), kv.float(), layout)
 
 
 def _rel(a, b):
@@ -65,7 +58,7 @@ def test_reference_rounds_like_fp8_and_stays_close_to_fp32_attention():
         _, v = layout.branch_kv(kv, b)
         descale_o = attention_fp8.amax(v) / (attention_fp8.OUTPUT_HEADROOM * attention_fp8.E4M3_MAX)
         on_grid = ours[b].float() / descale_o
-        assert torch.equal(on_grid.to(torch.float8_e4m3fn).float(), on_grid.to(torch.float8_e4m3fn).float())
+        # Snapping to e4m3's grid moves a bf16-rounded result ~2-3% (rms); ours only by its last bf16 rounding.
         assert _rel(on_grid.to(torch.float8_e4m3fn).float() * descale_o, ours[b].float()) < 1e-2
 
 

@@ -8,37 +8,23 @@
 
 Skipped without CUDA, Hopper or `nvidia-cudnn-frontend`. `python -m pytest -q -s -m gpu tests/test_gpu_attention_fp8.py`
 """
-import math
-
 import pytest
 import torch
 
 from kernels import attention_fp8
-from kernels.packed_kv import PackedKVLayout
+from kernels.prefix_attention import prefix_attention_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-def _inputs(prefixes=(1606, 59), gen=4096, hq=32, hk=8, head_dim=128, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    layout = PackedKVLayout(prefixes, gen)
+def _inputs(gen=4096):
+    from bench.bench_attention_fp8 import inputs  # Nano's heads, prefixes 1606/59, as the bench measures them
 
-    def normed(*shape):
-        x = torch.randn(*shape, generator=g, device="cuda")
-        return x / x.pow(2).mean(-1, keepdim=True).sqrt()
-
-    kv = torch.empty(2, layout.rows, hk, head_dim, device="cuda")
-    kv[0], kv[1] = normed(layout.rows, hk, head_dim), torch.randn(layout.rows, hk, head_dim, generator=g, device="cuda")
-    return normed(len(prefixes), gen, hq, head_dim).bfloat16(), kv.bfloat16(), layout
+    return inputs(gen)
 
 
 def _fp32_attention(q, kv, layout):
-    out = torch.empty(q.shape, device=q.device)
-    groups = q.shape[2] // kv.shape[2]
-    for b in range(q.shape[0]):
-        k, v = (t.float().transpose(0, 1).repeat_interleave(groups, 0) for t in layout.branch_kv(kv, b))
-        out[b] = torch.softmax(q[b].float().transpose(0, 1) @ k.transpose(1, 2) / math.sqrt(q.shape[-1]), -1).matmul(v).transpose(0, 1)
-    return out
+    return prefix_attention_reference(q.float(), kv.float(), layout)
 
 
 def _rel(a, b):
