@@ -6,8 +6,10 @@ Nano's heads (32 query, 8 K/V, head_dim 128), both CFG branches (prefixes 1606 a
 with a 1.6k-token prompt and the default negative prompt), gen tokens of 720p/189f (44160) and 480p/121f
 (12090): the bf16 path dispatch chooses (`KernelDispatcher.prefix_attention`, flash-attn-4 where installed)
 against `kernels.attention_fp8.CudnnFP8Attention` (its quantisation and dequantisation passes included), as
-the engine calls them; ms per call (CUDA events, median of --iters), TFLOP/s (4 N L D Hq summed over the
-branches), and each one's relative error against fp32 attention on the first --rows queries of each branch.
+the engine calls them, the FP8 one with v centred (the default) and not; ms per call (CUDA events, median of
+--iters), TFLOP/s (4 N L D Hq summed over the branches), and each one's relative error against fp32
+attention on the first --rows queries of each branch, for zero-mean v ("rel_error") and for v with a common
+offset per head and channel as the towers have one ("rel_error_v_offset", `V_OFFSET`).
 """
 from __future__ import annotations
 
@@ -30,10 +32,14 @@ from kernels.timing import time_ms  # noqa: E402
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 PREFIXES = (1606, 59)
 SHAPES = {"720p/189f": 44160, "480p/121f": 12090}
+# In random-weight towers v's mean over a branch's rows is 0.13-0.44 of its spread per (head, channel) (Edge
+# T2I 640x640, Nano T2V 832x480/17f, fp32 on the CPU; docs/PERFORMANCE.md, "FP8 attention through cuDNN").
+V_OFFSET = 0.3
 
 
-def inputs(gen: int, seed: int = 0):
-    """RMS-normed q and k (as after the QK-norm) and Gaussian v in the packed layout."""
+def inputs(gen: int, seed: int = 0, v_offset: float = 0.0):
+    """RMS-normed q and k (as after the QK-norm) and Gaussian v in the packed layout; `v_offset` > 0 gives
+    each (K/V head, channel) of v a common offset of that standard deviation (V_OFFSET: as in the towers)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     layout = PackedKVLayout(PREFIXES, gen)
 
@@ -42,7 +48,8 @@ def inputs(gen: int, seed: int = 0):
         return (x / x.pow(2).mean(-1, keepdim=True).sqrt()).bfloat16()
 
     kv = torch.stack([normed(layout.rows, KV_HEADS, HEAD_DIM),
-                      torch.randn(layout.rows, KV_HEADS, HEAD_DIM, generator=g, device="cuda").bfloat16()])
+                      (torch.randn(layout.rows, KV_HEADS, HEAD_DIM, generator=g, device="cuda")
+                       + v_offset * torch.randn(KV_HEADS, HEAD_DIM, generator=g, device="cuda")).bfloat16()])
     return normed(len(PREFIXES), gen, HEADS, HEAD_DIM), kv, layout
 
 
@@ -66,22 +73,26 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     results = {"header": run_header(torch.cuda.get_device_name()), "rows": []}
     print(json.dumps(results["header"]), flush=True)
-    dispatch, fp8 = KernelDispatcher("auto"), attention_fp8.CudnnFP8Attention()
+    dispatch = KernelDispatcher("auto")
+    centred, uncentred = attention_fp8.CudnnFP8Attention(), attention_fp8.CudnnFP8Attention(centred=False)
+    paths = {"bf16 (dispatch)": lambda q, kv, layout: dispatch.prefix_attention(q, kv, layout),
+             "FP8 (cuDNN)": centred, "FP8 (cuDNN, v not centred)": uncentred}
     for label, gen in SHAPES.items():
         q, kv, layout = inputs(gen)
+        offset = inputs(gen, seed=1, v_offset=V_OFFSET)
         flops = sum(4 * gen * layout.kv_len(b) * HEAD_DIM * HEADS for b in range(layout.num_branches))
         row = {"shape": label, "gen_tokens": gen, "prefixes": list(PREFIXES)}
-        for name, run in (("bf16 (dispatch)", lambda: dispatch.prefix_attention(q, kv, layout)),
-                          ("FP8 (cuDNN)", lambda: fp8(q, kv, layout))):
-            out = run()  # dispatch measures its candidates, cuDNN builds its graphs
-            ms = time_ms(run, warmup=1, iters=args.iters).median_ms
-            row[name] = {"ms": ms, "tflops": flops / ms / 1e9, "rel_error": error_vs_fp32(out, q, kv, layout, args.rows)}
+        for name, path in paths.items():
+            out = path(q, kv, layout)  # dispatch measures its candidates, cuDNN builds its graphs
+            ms = time_ms(lambda: path(q, kv, layout), warmup=1, iters=args.iters).median_ms
+            row[name] = {"ms": ms, "tflops": flops / ms / 1e9, "rel_error": error_vs_fp32(out, q, kv, layout, args.rows),
+                         "rel_error_v_offset": error_vs_fp32(path(*offset), *offset, args.rows)}
         chosen = [d for key, d in dispatch.decisions().items() if key[0] == "prefix_attention" and key[3][1] == gen]
         row["bf16 path"] = chosen[0].path.value if chosen else None
         row["speedup"] = row["bf16 (dispatch)"]["ms"] / row["FP8 (cuDNN)"]["ms"]
         results["rows"].append(row)
         print(json.dumps(row, default=str), flush=True)
-        del q, kv
+        del q, kv, offset
         torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))

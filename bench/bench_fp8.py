@@ -101,7 +101,8 @@ def _measure(model, options, inputs, refs, timed, iters) -> tuple[dict, float]:
 
 
 def gate_family(family, policies, device, log, *, into: list, deadline=float("inf"), shapes=None, timing=TIMING,
-                prefixes=GATE_PREFIXES, timing_prefixes=TIMING_PREFIXES, iters=1, attention_e4m3=False) -> dict:
+                prefixes=GATE_PREFIXES, timing_prefixes=TIMING_PREFIXES, iters=1, attention_e4m3=False,
+                uncentred_too=False) -> dict:
     """Every policy on one family, each on its own (a failure is logged and the next runs); policies
     not started by `deadline` (perf_counter) are listed as skipped. The result goes into `into` first,
     so that what `log` writes holds the policies measured so far."""
@@ -121,8 +122,11 @@ def gate_family(family, policies, device, log, *, into: list, deadline=float("in
         variants = [("engine bf16", bf16, contextlib.nullcontext)]
         if attention_e4m3:
             variants.append((ATTENTION_E4M3, bf16, AttentionInputsE4M3))
-        variants += [(p, FastPathOptions(enabled=True, cuda_graphs=False, fp8=True, fp8_policy=p), contextlib.nullcontext)
-                     for p in policies]
+        for p in policies:
+            options = FastPathOptions(enabled=True, cuda_graphs=False, fp8=True, fp8_policy=p)
+            variants.append((p, options, contextlib.nullcontext))
+            if uncentred_too and fp8.FP8Policy.parse(p).attention:
+                variants.append((f"{p} {UNCENTRED}", options, AttentionUncentred))
         for label, options, around in variants:
             if time.perf_counter() > deadline:
                 out["skipped"].append(label)
@@ -144,6 +148,20 @@ def gate_family(family, policies, device, log, *, into: list, deadline=float("in
 
 
 ATTENTION_E4M3 = "attention q,k,v e4m3 (lower bound)"
+UNCENTRED = "(v not centred)"
+
+
+@contextlib.contextmanager
+def AttentionUncentred():
+    """While active, a policy naming "attn" gets the FP8 attention without v's centring (kernels.attention_fp8)."""
+    from kernels.attention_fp8 import CudnnFP8Attention
+
+    original = fp8.fp8_attention
+    fp8.fp8_attention = lambda policy: CudnnFP8Attention(centred=False) if policy.attention else None
+    try:
+        yield
+    finally:
+        fp8.fp8_attention = original
 
 
 def e4m3_round_trip(x: torch.Tensor) -> torch.Tensor:
@@ -289,6 +307,8 @@ def main(argv=None) -> int:
     parser.add_argument("--attention-everywhere", action="store_true",
                         help="--gate: FP8 attention (policies naming 'attn') at every size, not only from "
                         "FP8_ATTENTION_MIN_GEN_TOKENS gen tokens up, so the gate's shapes measure its error")
+    parser.add_argument("--uncentred-too", action="store_true",
+                        help="--gate: each policy naming 'attn' also with the FP8 attention's v not centred")
     parser.add_argument("--families", default="edge,nano")
     parser.add_argument("--policy", default=None, help="--super's FP8 policy (default: Super's measured FP8 mode)")
     parser.add_argument("--steps", type=int, default=3, help="--super's denoising steps per request")
@@ -332,7 +352,8 @@ def main(argv=None) -> int:
                           timing_prefixes=(20, 31)) if args.smoke else {}
             try:
                 gate_family(family, policies, device, log, into=results["gate"], deadline=deadline,
-                            attention_e4m3=args.attention_e4m3 or args.smoke, **kwargs)
+                            attention_e4m3=args.attention_e4m3 or args.smoke, uncentred_too=args.uncentred_too,
+                            **kwargs)
             except Exception as error:  # noqa: BLE001 - the other family still runs
                 log({"gate_failed": family, "error": f"{type(error).__name__}: {error}"[:500]})
         if results["gate"]:

@@ -45,15 +45,20 @@ def test_quantize_reference_fills_the_e4m3_range_and_saturates():
     assert attention_fp8.amax(torch.zeros(3)).item() > 0  # a zero tensor still gets a finite scale
 
 
-def test_reference_rounds_like_fp8_and_stays_close_to_fp32_attention():
+@pytest.mark.parametrize("centred", [True, False])
+def test_reference_rounds_like_fp8_and_stays_close_to_fp32_attention(centred):
     q, kv, layout = _inputs()
     exact = _fp32_attention(q, kv, layout)
-    ours = attention_fp8.prefix_attention_fp8_reference(q, kv, layout)
+    ours = attention_fp8.prefix_attention_fp8_reference(q, kv, layout, centred=centred)
     bf16_only = _rel(exact.bfloat16(), exact)
     error = _rel(ours, exact)
     # e4m3 keeps 3 mantissa bits: the error is far above bf16's rounding and far below a wrong result.
     assert error > 5 * bf16_only and 5e-3 < error < 6e-2, (error, bf16_only)
-    # Every output is an e4m3 value on the output's scale: the last rounding is e4m3's, not bf16's.
+
+
+def test_uncentred_outputs_are_e4m3_values_on_the_output_scale():
+    q, kv, layout = _inputs()
+    ours = attention_fp8.prefix_attention_fp8_reference(q, kv, layout, centred=False)
     for b in range(layout.num_branches):
         _, v = layout.branch_kv(kv, b)
         descale_o = attention_fp8.amax(v) / (attention_fp8.OUTPUT_HEADROOM * attention_fp8.E4M3_MAX)
@@ -62,14 +67,39 @@ def test_reference_rounds_like_fp8_and_stays_close_to_fp32_attention():
         assert _rel(on_grid.to(torch.float8_e4m3fn).float() * descale_o, ours[b].float()) < 1e-2
 
 
-def test_output_scale_leaves_room_when_one_key_takes_all_the_weight():
+def test_centring_v_takes_its_mean_out_before_the_roundings_and_adds_it_back():
+    q, kv, layout = _inputs(prefixes=(9, 4), gen=16)
+    # Every row of v the same, off e4m3's grid: the exact attention is that row for every query. Centred, v - mean
+    # is zero and the mean comes back in fp32, so the output is the row itself; uncentred, the row is rounded to e4m3.
+    row = torch.linspace(-3.1, 2.9, kv.shape[-1]).bfloat16()
+    kv[1] = row
+    exact = row.float().expand_as(q)
+    centred = attention_fp8.prefix_attention_fp8_reference(q, kv, layout)
+    uncentred = attention_fp8.prefix_attention_fp8_reference(q, kv, layout, centred=False)
+    assert torch.equal(centred.float(), exact)
+    assert 5e-3 < _rel(uncentred, exact) < 6e-2
+
+
+def test_centring_v_cuts_the_error_where_v_has_a_common_part():
+    # The towers' v has a mean over a branch's rows of 0.13-0.44 of its spread per (head, channel), and attention
+    # over many keys lands near that mean; the output's e4m3 rounding then costs far less of what is left.
+    q, kv, layout = _inputs(prefixes=(300, 40), gen=512)
+    kv[1] = (kv[1].float() + 0.3 * torch.randn(kv.shape[-2], kv.shape[-1], generator=torch.Generator().manual_seed(5))).bfloat16()
+    exact = _fp32_attention(q, kv, layout)
+    centred = _rel(attention_fp8.prefix_attention_fp8_reference(q, kv, layout), exact)
+    uncentred = _rel(attention_fp8.prefix_attention_fp8_reference(q, kv, layout, centred=False), exact)
+    assert centred < 0.6 * uncentred, (centred, uncentred)
+
+
+@pytest.mark.parametrize("centred", [True, False])
+def test_output_scale_leaves_room_when_one_key_takes_all_the_weight(centred):
     q, kv, layout = _inputs(prefixes=(3,), gen=8, hq=1, hk=1)
     # Scores so sharp that every query attends to the key holding v's largest value: O is that row of v.
     q[:] = q[0, 0, 0]
     kv[0] = 0
     kv[0, 1] = q[0, 0] * 40
     kv[1, 1] = 7.5
-    out = attention_fp8.prefix_attention_fp8_reference(q, kv, layout)
+    out = attention_fp8.prefix_attention_fp8_reference(q, kv, layout, centred=centred)
     assert torch.isfinite(out.float()).all()
     assert out[0, 0].float().max().item() == pytest.approx(7.5, rel=0.07)
 

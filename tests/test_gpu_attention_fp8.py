@@ -1,9 +1,11 @@
 """On the H200: cuDNN's FP8 attention (`kernels.attention_fp8`) against its PyTorch reference and fp32.
 
-- the Triton quantise and dequantise kernels equal their PyTorch references bit for bit;
+- the Triton quantise and dequantise kernels equal their PyTorch references bit for bit, with and without
+  the per-(head, channel) bias that centres v;
 - cuDNN's FP8 SDPA at Nano's heads (32 query, 8 K/V, head_dim 128) with two branches of different prefix
-  lengths: close to the reference that models its roundings, and as far from fp32 attention as e4m3
-  operands make it (far more than bf16, far less than a wrong result);
+  lengths, v centred and not: close to the reference that models its roundings, and as far from fp32
+  attention as e4m3 operands make it (far more than bf16, far less than a wrong result);
+- where v has a common part per head and channel, as the towers' v has, centring it cuts cuDNN's error;
 - a call captured in a CUDA graph replays to the same bits.
 
 Skipped without CUDA, Hopper or `nvidia-cudnn-frontend`. `python -m pytest -q -s -m gpu tests/test_gpu_attention_fp8.py`
@@ -11,16 +13,17 @@ Skipped without CUDA, Hopper or `nvidia-cudnn-frontend`. `python -m pytest -q -s
 import pytest
 import torch
 
+from bench.bench_attention_fp8 import V_OFFSET
 from kernels import attention_fp8
 from kernels.prefix_attention import prefix_attention_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-def _inputs(gen=4096):
+def _inputs(gen=4096, **kwargs):
     from bench.bench_attention_fp8 import inputs  # Nano's heads, prefixes 1606/59, as the bench measures them
 
-    return inputs(gen)
+    return inputs(gen, **kwargs)
 
 
 def _fp32_attention(q, kv, layout):
@@ -32,12 +35,17 @@ def _rel(a, b):
 
 
 @pytest.fixture(scope="module")
-def runner():
+def runners():
     q, kv, _ = _inputs(gen=64)
     why = attention_fp8.unsupported(q, kv)
     if why is not None:
         pytest.skip(why)
-    return attention_fp8.CudnnFP8Attention()
+    return {True: attention_fp8.CudnnFP8Attention(), False: attention_fp8.CudnnFP8Attention(centred=False)}
+
+
+@pytest.fixture(scope="module")
+def runner(runners):
+    return runners[True]
 
 
 def test_quantise_kernels_equal_their_references():
@@ -51,12 +59,21 @@ def test_quantise_kernels_equal_their_references():
     descale = torch.tensor([0.0123], device="cuda")
     out = attention_fp8.dequantize_e4m3(ref, descale, torch.empty_like(x))
     assert torch.equal(out, attention_fp8.dequantize_e4m3_reference(ref, descale))
+    # With the bias (v's mean per head and channel): subtracted before the scale, added back in one rounding.
+    bias = x.float().mean((0, 1))
+    bound = attention_fp8.amax(x) + attention_fp8.amax(bias)
+    ours, ref = attention_fp8.quantize_e4m3(x, bound, bias=bias), attention_fp8.quantize_e4m3_reference(x, bound, bias)
+    assert torch.equal(ours.view(torch.uint8), ref.view(torch.uint8))
+    assert not torch.equal(ref.view(torch.uint8), attention_fp8.quantize_e4m3_reference(x, bound).view(torch.uint8))
+    out = attention_fp8.dequantize_e4m3(ref, descale, torch.empty_like(x), bias=bias)
+    assert torch.equal(out, attention_fp8.dequantize_e4m3_reference(ref, descale, bias=bias))
 
 
-def test_cudnn_fp8_attention_matches_its_reference_and_fp8_accuracy(runner):
+@pytest.mark.parametrize("centred", [True, False])
+def test_cudnn_fp8_attention_matches_its_reference_and_fp8_accuracy(runners, centred):
     q, kv, layout = _inputs()
-    ours = runner(q, kv, layout)
-    reference = attention_fp8.prefix_attention_fp8_reference(q, kv, layout)
+    ours = runners[centred](q, kv, layout)
+    reference = attention_fp8.prefix_attention_fp8_reference(q, kv, layout, centred=centred)
     exact = _fp32_attention(q, kv, layout)
     to_reference, to_exact, bf16 = _rel(ours, reference), _rel(ours, exact), _rel(exact.bfloat16(), exact)
     print({"cudnn vs reference": to_reference, "cudnn vs fp32": to_exact, "reference vs fp32": _rel(reference, exact),
@@ -67,6 +84,14 @@ def test_cudnn_fp8_attention_matches_its_reference_and_fp8_accuracy(runner):
     # roundings: where the two differ before the output's e4m3 rounding, that rounding can land a step apart
     # (measured: 3.8e-2 between them). A wrong scale or layout would be far off both.
     assert abs(_rel(reference, exact) - to_exact) < 0.1 * to_exact and to_reference < 0.8 * to_exact
+
+
+def test_centring_v_cuts_cudnns_error_where_v_has_a_common_part(runners):
+    q, kv, layout = _inputs(v_offset=V_OFFSET)
+    exact = _fp32_attention(q, kv, layout)
+    centred, uncentred = (_rel(runners[c](q, kv, layout), exact) for c in (True, False))
+    print({"centred vs fp32": centred, "not centred vs fp32": uncentred})
+    assert centred < 0.6 * uncentred
 
 
 def test_a_captured_call_replays_to_the_same_bits(runner):
