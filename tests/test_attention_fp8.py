@@ -154,8 +154,8 @@ def test_the_fp8_mode_routes_long_attention_calls_to_fp8(nano, monkeypatch, thre
 
 
 def test_the_fp8_attention_and_its_cudnn_graphs_outlive_a_change_of_policy(nano, monkeypatch):
-    # The FP8 mode switches Nano between row:in and row:attn with a request's size; rebuilding the runner on
-    # each switch would rebuild every cuDNN graph (~1 s per shape on the H200).
+    # A server whose requests switch between policies (FastPathOptions.fp8_policy) must not rebuild every cuDNN
+    # graph (~1 s per shape on the H200) on each switch.
     from engine.pipeline.fast_path import fused_projections
 
     monkeypatch.setattr(fp8, "check_available", lambda device, policy=None: None)

@@ -48,9 +48,9 @@ def test_super_in_fp8_runs_on_one_gpu():
 
 @pytest.mark.parametrize("family,shapes,gen_tokens", [
     ("edge", [(640, 640, 1)], None), ("nano", [(1024, 1024, 1), (832, 480, 17)], None),
-    # Nano's long-video mode (FP8 attention, from LONG_VIDEO_GEN_TOKENS up), its attention forced to FP8 at the
-    # gate's shapes, where an fp32 forward fits.
-    ("nano", [(1024, 1024, 1), (832, 480, 17)], 44160)], ids=["edge-t2i", "nano-t2i-t2v", "nano-long-video"])
+    # Nano's mode at video sizes (its FP8 attention runs from FP8_ATTENTION_MIN_GEN_TOKENS up), the attention
+    # forced to FP8 at the gate's shapes, where an fp32 forward fits.
+    ("nano", [(1024, 1024, 1), (832, 480, 17)], 44160)], ids=["edge-t2i", "nano-t2i-t2v", "nano-fp8-attention-forced"])
 def test_fp8_mode_velocity_within_three_times_bf16_error(family, shapes, gen_tokens, monkeypatch):
     pytest.importorskip("torchao")
     from bench.bench_fp8 import fp32_references, rel_error

@@ -116,16 +116,14 @@ class FP8Policy:
 # weights; docs/PERFORMANCE.md): the fastest policy whose velocity error stays within 3x diffusers' bf16 error,
 # as rules (from this many gen tokens per branch, policy); a request takes the last rule it reaches.
 # Nano: the MLP's input GEMM (gate|up) in FP8: 2.90x / 2.78x, a 480p/121f step 808 ms against 903 in bf16
-# (all GEMMs in FP8: 4.61x / 5.13x). For long videos, the attention in FP8 instead ("row:attn", cuDNN's FP8
-# SDPA): 1.96x / 2.82x; a 720p/189f step (44160 gen tokens) 4939 ms against row:in's 5058 and bf16's 5386,
-# while at 480p/121f (12090) it saves 1.3% to row:in's ~10%; both together fail (3.80x). Where the two cross
-# between 12090 and 44160 tokens was not measured: the rule switches at 32768. Edge: only the down projection
-# passes (2.89x; its `in`: 3.17x), and no FP8 policy is faster than bf16 there (313 ms against 255; row:attn
-# 248 against 234). Super shares Nano's architecture (SwiGLU) and takes its GEMM policy (an fp32 Super forward
-# fits no GPU, so its gate cannot be measured); built FP8-only, its GEMM weights are fixed at load, so no rule
-# can take them back to bf16 for a long video.
-LONG_VIDEO_GEN_TOKENS = 32768
-DEFAULT_POLICIES = {"nano": ((0, "row:in"), (LONG_VIDEO_GEN_TOKENS, "row:attn")), "super": ((0, "row:in"),),
+# (all GEMMs in FP8: 4.61x / 5.13x); with it, the attention in FP8 ("row:in+attn", cuDNN's FP8 SDPA with v
+# centred, `kernels.attention_fp8`): 2.94x / 2.84x with the FP8 attention forced at the gate's sizes (before v
+# was centred: 3.24x / 3.80x), which runs from FP8_ATTENTION_MIN_GEN_TOKENS per branch (videos) only.
+# Where cuDNN's FP8 attention cannot run, the earlier rule (row:in) stays. Edge: only the down projection
+# passes (2.89x; its `in`: 3.17x; in+attn 3.21x), and no FP8 policy is faster than bf16 there (313 ms against
+# 255). Super shares Nano's architecture (SwiGLU) and takes its GEMM policy (an fp32 Super forward fits no GPU,
+# so its gate cannot be measured); built FP8-only, its GEMM weights are fixed at load.
+DEFAULT_POLICIES = {"nano": ((0, "row:in"), (0, "row:in+attn")), "super": ((0, "row:in"),),
                     "edge": ((0, "row:down"),)}
 DEFAULT_POLICY = "row:in"  # any other family (custom checkpoints)
 
@@ -259,8 +257,8 @@ def fp8_weights(model, fused, policy: FP8Policy) -> FP8Weights:
     if held is not None and (held.resident or held.policy == policy):
         return held
     check_available(model.device, policy)
-    # The FP8 attention's cuDNN graphs (about 1 s to build per shape) outlive a change of policy: the FP8 mode
-    # switches between row:in and row:attn with a request's size, and a server alternates sizes.
+    # The FP8 attention's cuDNN graphs (about 1 s to build per shape) outlive a change of policy (a server whose
+    # requests name policies of their own, COSMOS3_FP8_POLICY aside).
     attention = held.attention if held is not None and held.attention is not None else fp8_attention(policy)
     model.fp8_weights = None  # a previous policy's tensors go before the new ones are made
     layers = model.transformer.layers
