@@ -40,3 +40,44 @@ def test_attention_patch_rounds_q_and_kv_and_is_removed():
     # e4m3 keeps 3 mantissa bits (2^-4 relative per value): the output moves by a few percent, no more.
     assert 5e-3 < float((rounded - plain).norm() / plain.norm()) < 0.1
     assert torch.equal(dispatcher.prefix_attention(q, kv, layout), plain)  # the cache was never rounded in place
+
+
+def test_uncentred_patch_gives_attention_policies_the_plain_op_and_is_removed():
+    from bench.bench_fp8 import AttentionUncentred
+    from engine.pipeline import fp8
+
+    original = fp8.fp8_attention
+    with AttentionUncentred():
+        runner = fp8.fp8_attention(fp8.FP8Policy.parse("row:in+attn"))
+        assert runner.centred is False and fp8.fp8_attention(fp8.FP8Policy.parse("row:in")) is None
+    assert fp8.fp8_attention is original
+    assert original(fp8.FP8Policy.parse("row:attn")).centred is True
+
+
+def test_tower_inputs_bench_captures_every_layer_and_measures_both_ways(monkeypatch, tmp_path):
+    import json
+
+    from bench import bench_fp8_attention_inputs as bench, models
+
+    tiny = dict(models.TRANSFORMERS["edge"], hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=32, intermediate_size=128, rope_axes_dim=[8, 4, 4])
+    monkeypatch.setitem(models.TRANSFORMERS, "edge", tiny)
+    out = tmp_path / "inputs.json"
+    assert bench.main(["--family", "edge", "--size", "64x64x1", "--layers", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [row["layer"] for row in result["layers"]] == [0, 1]  # --layers builds only the first two
+    for row in result["layers"]:
+        assert row["keys"] == bench.PROMPT_TOKENS + (64 // 16 // 2) ** 2
+        assert 1e-3 < row["centred"] < 0.1 and 1e-3 < row["not_centred"] < 0.1
+
+
+def test_centring_measure_sees_a_common_part_of_v():
+    from bench.bench_fp8_attention_inputs import layer_errors
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(256, 4, 128, generator=g)
+    k = torch.randn(400, 2, 128, generator=g)
+    v = torch.randn(400, 2, 128, generator=g) + 0.5 * torch.randn(2, 128, generator=g)
+    row = layer_errors(q, k, v)
+    assert 0.3 < row["v_mean_over_spread"] < 0.8
+    assert row["centred"] < 0.6 * row["not_centred"]
