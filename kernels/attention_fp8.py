@@ -19,19 +19,21 @@ push a row's weights a few percent past one.
 Why v is centred: each row of softmax weights sums to one, so attending over v - vbar and adding vbar back
 is the same attention in exact arithmetic. In fp8 it is not: a diffusion tower's attention averages over
 thousands of keys, so its output sits close to vbar, and the output's last e4m3 rounding (3 mantissa bits)
-then costs ~2.7% of the whole output; centred, it costs that share of what is left after vbar (a fifth to a
-third of the output at the lengths below, less at longer ones). Measured on the attention inputs of random-weight towers in fp32 (every layer of Edge T2I
-640x640, four of Nano T2V 832x480/17f): 3.2e-2 -> 1.9e-2 and 2.8e-2 -> 1.1e-2 from fp32 attention; the
-longer the sequence, the more it gains. `centred=False` keeps the plain op (the bench measures both).
-Centring k instead (exact too, a shift of each score row) gained nothing there, so it is not done.
+then costs ~2.7% of the whole output; centred, it costs that share of what is left after vbar (a fifth to
+two fifths of the output in the towers measured). On the attention inputs of random-weight towers (fp32 on the
+CPU, bench/bench_fp8_attention_inputs.py): 2.95e-2 -> 1.51e-2 from fp32 attention over Edge T2I 640x640's
+layers, 2.83e-2 -> 1.16e-2 over Nano T2V 832x480/17f's first four; in the FP8 gate, the attention alone in FP8
+(row:attn) went from 1.96x / 2.82x bf16's velocity error to 1.13x / 1.12x (docs/PERFORMANCE.md, "Centring v").
+`centred=False` keeps the plain op (the benches measure both). Centring k instead (exact too, a shift of each
+score row) gained nothing there, so it is not done.
 
 Why cuDNN and not our kernel or flash-attn-4: flash-attn-4's FP8 forward is SM100-only and FlashAttention 3's
 FP8 Hopper build is source-only; cuDNN's is the maintained FP8 attention this GPU runs from the registry
 (`nvidia-cudnn-frontend`, over the cuDNN that PyTorch ships). Measured on one H200 with both CFG branches and this
-module's quantisation (bench/bench_attention_fp8.py; docs/PERFORMANCE.md, "FP8 attention through cuDNN"): 79.4 ms
-against flash-attn-4's bf16 96.8 ms at Nano 720p/189f (44160 gen tokens), 1.22x; 7.16 against 8.00 ms at 480p/121f
-(12090), 1.12x. It is approximate (every operand keeps 3 mantissa bits; 6e-2 from fp32 attention against bf16's
-2e-3), so it runs only where the FP8 mode's policy names it (`engine.pipeline.fp8`).
+module's quantisation (bench/bench_attention_fp8.py; docs/PERFORMANCE.md, "FP8 attention through cuDNN" and
+"Centring v"): 79.8 ms against flash-attn-4's bf16 94.8 ms at Nano 720p/189f (44160 gen tokens), 1.19x; 7.36
+against 8.24 ms at 480p/121f (12090), 1.12x. It is approximate (every operand keeps 3 mantissa bits), so it
+runs only where the FP8 mode's policy names it (`engine.pipeline.fp8`).
 
 The quantisation is ours (Triton, one pass each way, scales read on the device, so the call has no host
 sync and can be captured); the amax and mean reductions are PyTorch's.

@@ -43,7 +43,7 @@ GEMMS = ("qkv", "out", "in", "down")
 ROLES = GEMMS + ("attn",)
 
 # Below this many gen tokens per branch the FP8 attention is not offered: measured only at 12090 (1.12x bf16's
-# flash-attn-4, both branches, quantisation included) and 44160 (1.22x) on one H200 (bench/bench_attention_fp8.py;
+# flash-attn-4, both branches, quantisation included) and 44160 (1.19-1.22x) on one H200 (bench/bench_attention_fp8.py;
 # docs/PERFORMANCE.md, "FP8 attention through cuDNN"), and at image sizes a call is too short for its
 # quantisation passes to pay.
 FP8_ATTENTION_MIN_GEN_TOKENS = 8192
