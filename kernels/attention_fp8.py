@@ -86,36 +86,26 @@ def dequantize_e4m3_reference(x8: torch.Tensor, descale: torch.Tensor, dtype=tor
 
 
 @triton.jit
-def _bias_index(BLOCK: tl.constexpr, PERIOD: tl.constexpr):
-    """Where each element of this program's block reads a bias that repeats every PERIOD elements (one value per
-    (head, channel) of a token-major tensor). One scalar modulo per program and a vector one by a constant (a
-    mask for a power of two): a 64-bit modulo per element cost more than the rest of the pass."""
-    start = ((tl.program_id(0).to(tl.int64) * BLOCK) % PERIOD).to(tl.int32)
-    return (start + tl.arange(0, BLOCK)) % PERIOD
-
-
-@triton.jit
-def _quantize_kernel(x_ptr, out_ptr, amax_ptr, bias_ptr, n, TARGET: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     PERIOD: tl.constexpr, BLOCK: tl.constexpr):
+def _quantize_kernel(x_ptr, out_ptr, amax_ptr, bias_ptr, n, period, TARGET: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     # Correctly rounded division, as PyTorch's: Triton's plain `/` on fp32 is an approximate one.
     scale = tl.math.div_rn(tl.full((), TARGET, tl.float32), tl.load(amax_ptr))
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        x = x - tl.load(bias_ptr + _bias_index(BLOCK, PERIOD), mask=mask, other=0.0)
+    if HAS_BIAS:  # one value per (head, channel): the bias repeats every `period` elements of a token-major tensor
+        x = x - tl.load(bias_ptr + offs % period, mask=mask, other=0.0)
     y = tl.minimum(tl.maximum(x * scale, -TARGET), TARGET)
     tl.store(out_ptr + offs, y.to(tl.float8e4nv), mask=mask)
 
 
 @triton.jit
-def _dequantize_kernel(x_ptr, out_ptr, descale_ptr, bias_ptr, n, HAS_BIAS: tl.constexpr, PERIOD: tl.constexpr,
-                       BLOCK: tl.constexpr):
+def _dequantize_kernel(x_ptr, out_ptr, descale_ptr, bias_ptr, n, period, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:  # one rounding, as the reference's float64 sum of the exact product rounds once
-        y = tl.fma(x, tl.load(descale_ptr), tl.load(bias_ptr + _bias_index(BLOCK, PERIOD), mask=mask, other=0.0))
+        y = tl.fma(x, tl.load(descale_ptr), tl.load(bias_ptr + offs % period, mask=mask, other=0.0))
     else:
         y = x * tl.load(descale_ptr)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -138,8 +128,8 @@ def quantize_e4m3(x: torch.Tensor, x_amax: torch.Tensor, out: torch.Tensor | Non
     out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device) if out is None else out
     n = x.numel()
     bias_ptr, period, has_bias = _bias_args(bias, x)
-    _quantize_kernel[(triton.cdiv(n, _BLOCK),)](x, out, x_amax, bias_ptr, n, TARGET=E4M3_MAX, HAS_BIAS=has_bias,
-                                                PERIOD=period, BLOCK=_BLOCK)
+    _quantize_kernel[(triton.cdiv(n, _BLOCK),)](x, out, x_amax, bias_ptr, n, period, TARGET=E4M3_MAX,
+                                                HAS_BIAS=has_bias, BLOCK=_BLOCK)
     return out
 
 
@@ -150,8 +140,7 @@ def dequantize_e4m3(x8: torch.Tensor, descale: torch.Tensor, out: torch.Tensor,
         raise ValueError(f"dequantize_e4m3 takes contiguous tensors of one size, got {tuple(x8.shape)} -> {tuple(out.shape)}")
     n = x8.numel()
     bias_ptr, period, has_bias = _bias_args(bias, x8)
-    _dequantize_kernel[(triton.cdiv(n, _BLOCK),)](x8, out, descale, bias_ptr, n, HAS_BIAS=has_bias, PERIOD=period,
-                                                  BLOCK=_BLOCK)
+    _dequantize_kernel[(triton.cdiv(n, _BLOCK),)](x8, out, descale, bias_ptr, n, period, HAS_BIAS=has_bias, BLOCK=_BLOCK)
     return out
 
 
