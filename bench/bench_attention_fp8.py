@@ -33,7 +33,8 @@ HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 PREFIXES = (1606, 59)
 SHAPES = {"720p/189f": 44160, "480p/121f": 12090}
 # In random-weight towers v's mean over a branch's rows is 0.13-0.44 of its spread per (head, channel) (Edge
-# T2I 640x640, Nano T2V 832x480/17f, fp32 on the CPU; docs/PERFORMANCE.md, "FP8 attention through cuDNN").
+# T2I 640x640, Nano T2V 832x480/17f, fp32 on the CPU: bench/bench_fp8_attention_inputs.py; docs/PERFORMANCE.md,
+# "Centring v").
 V_OFFSET = 0.3
 
 
