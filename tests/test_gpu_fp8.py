@@ -46,12 +46,12 @@ def test_super_in_fp8_runs_on_one_gpu():
     _free()
 
 
-@pytest.mark.parametrize("family,shapes,gen_tokens", [
-    ("edge", [(640, 640, 1)], None), ("nano", [(1024, 1024, 1), (832, 480, 17)], None),
+@pytest.mark.parametrize("family,shapes,force_attention", [
+    ("edge", [(640, 640, 1)], False), ("nano", [(1024, 1024, 1), (832, 480, 17)], False),
     # Nano's mode at video sizes (its FP8 attention runs from FP8_ATTENTION_MIN_GEN_TOKENS up), the attention
     # forced to FP8 at the gate's shapes, where an fp32 forward fits.
-    ("nano", [(1024, 1024, 1), (832, 480, 17)], 44160)], ids=["edge-t2i", "nano-t2i-t2v", "nano-fp8-attention-forced"])
-def test_fp8_mode_velocity_within_three_times_bf16_error(family, shapes, gen_tokens, monkeypatch):
+    ("nano", [(1024, 1024, 1), (832, 480, 17)], True)], ids=["edge-t2i", "nano-t2i-t2v", "nano-fp8-attention-forced"])
+def test_fp8_mode_velocity_within_three_times_bf16_error(family, shapes, force_attention, monkeypatch):
     pytest.importorskip("torchao")
     from bench.bench_fp8 import fp32_references, rel_error
     from bench.models import as_loaded_model, build_transformer, step_inputs
@@ -60,21 +60,20 @@ def test_fp8_mode_velocity_within_three_times_bf16_error(family, shapes, gen_tok
     from engine.pipeline.fp8 import policy_from_env
     from engine.pipeline.prefill import make_gen_tower
 
-    if gen_tokens is not None:
+    if force_attention:
         monkeypatch.setattr(fp8_pass, "FP8_ATTENTION_MIN_GEN_TOKENS", 0)
     prefixes = (301, 517)
     transformer = build_transformer(family)
     model = as_loaded_model(transformer, family)
     refs = fp32_references(family, transformer, "cuda", shapes, prefixes)
-    policy = policy_from_env(family, gen_tokens=gen_tokens)
+    policy = policy_from_env(family)
     with torch.no_grad():
         for width, height, frames in shapes:
             inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=prefixes)
             fp32 = refs[(width, height, frames)]
             bf16 = rel_error(inputs.diffusers_step(), fp32)
-            # The family's FP8 mode: at these sizes by itself, for long videos named (the sizes here are short).
-            model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, fp8=True,
-                                              fp8_policy="" if gen_tokens is None else policy.name)
+            # The family's FP8 mode, as a request without a policy of its own gets it.
+            model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, fp8=True)
             tower = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)
             assert tower.fp8 is model.fp8_weights and tower.fp8.policy == policy
             fp8 = rel_error(inputs.engine_step(tower), fp32)

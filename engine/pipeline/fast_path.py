@@ -211,7 +211,7 @@ class FastGenTower:
         self.sin = torch.stack([b.rotary.sin.squeeze(1) for b in branches])
         # FP8 GEMMs (engine.pipeline.fp8) read their own fused, quantised weights; a model built FP8-only
         # has no others.
-        self.fp8 = tower_weights(model, options, lambda: fused_projections(model), cache.layout.gen_len)
+        self.fp8 = tower_weights(model, options, lambda: fused_projections(model))
         if self.fp8 is not None:
             self.fused = self.fp8
         else:

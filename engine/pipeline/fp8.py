@@ -29,7 +29,7 @@ bf16 forward against that fp32 forward. `bench/bench_fp8.py --gate` measures eve
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -113,19 +113,18 @@ class FP8Policy:
 
 
 # The FP8 mode per family, chosen by measurement (bench/bench_fp8.py --gate, one H200, full-size random
-# weights; docs/PERFORMANCE.md): the fastest policy whose velocity error stays within 3x diffusers' bf16 error,
-# as rules (from this many gen tokens per branch, policy); a request takes the last rule it reaches.
+# weights; docs/PERFORMANCE.md): the fastest policy whose velocity error stays within 3x diffusers' bf16 error.
 # Nano: the MLP's input GEMM (gate|up) in FP8: 2.90x / 2.78x, a 480p/121f step 808 ms against 903 in bf16
 # (all GEMMs in FP8: 4.61x / 5.13x); with it, the attention in FP8 ("row:in+attn", cuDNN's FP8 SDPA with v
 # centred, `kernels.attention_fp8`): 2.94x / 2.84x with the FP8 attention forced at the gate's sizes (before v
 # was centred: 3.24x / 3.80x), which runs from FP8_ATTENTION_MIN_GEN_TOKENS per branch (videos) only.
-# Where cuDNN's FP8 attention cannot run, the earlier rule (row:in) stays. Edge: only the down projection
-# passes (2.89x; its `in`: 3.17x; in+attn 3.21x), and no FP8 GEMM policy is faster than bf16 there (313 ms
-# against 255); its FP8 attention alone passes (1.18x) but timed 222.9 against 230.3 ms in one gate run and 247.9
-# against 233.9 in another (one timed step each), too close to call, so Edge keeps row:down. Super shares Nano's architecture (SwiGLU) and takes its GEMM policy (an fp32 Super forward fits no GPU,
-# so its gate cannot be measured); built FP8-only, its GEMM weights are fixed at load.
-DEFAULT_POLICIES = {"nano": ((0, "row:in"), (0, "row:in+attn")), "super": ((0, "row:in"),),
-                    "edge": ((0, "row:down"),)}
+# Where cuDNN's FP8 attention cannot run, the default drops its "attn" role (`policy_from_env`). Edge: only the
+# down projection passes (2.89x; its `in`: 3.17x; in+attn 3.21x), and no FP8 GEMM policy is faster than bf16
+# there (313 ms against 255); its FP8 attention alone passes (1.18x) but timed 222.9 against 230.3 ms in one
+# gate run and 247.9 against 233.9 in another (one timed step each), too close to call, so Edge keeps row:down.
+# Super shares Nano's architecture (SwiGLU) and takes its GEMM policy (an fp32 Super forward fits no GPU, so
+# its gate cannot be measured); built FP8-only, its GEMM weights are fixed at load.
+DEFAULT_POLICIES = {"nano": "row:in+attn", "super": "row:in", "edge": "row:down"}
 DEFAULT_POLICY = "row:in"  # any other family (custom checkpoints)
 
 
@@ -134,19 +133,16 @@ def fp8_from_env() -> bool:
     return os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
-def policy_from_env(family: str | None = None, spelling: str = "", gen_tokens: int | None = None,
-                    attention_available: bool = True) -> FP8Policy:
+def policy_from_env(family: str | None = None, spelling: str = "", attention_available: bool = True) -> FP8Policy:
     """`spelling` when given (`FastPathOptions.fp8_policy`), else `COSMOS3_FP8_POLICY` when set, else the
-    family's measured default for a request of `gen_tokens` gen tokens per branch (None: the first rule's),
-    skipping the rules that run attention in FP8 where it is not `attention_available` (a default never asks
-    for what the host lacks; a policy named explicitly is checked, and refused, by `check_available`)."""
-    default = DEFAULT_POLICY
-    for from_tokens, policy in DEFAULT_POLICIES.get(family, ()):
-        if gen_tokens is None and from_tokens > 0:
-            break
-        if (gen_tokens is None or gen_tokens >= from_tokens) and (attention_available or not FP8Policy.parse(policy).attention):
-            default = policy
-    return FP8Policy.parse(spelling or os.environ.get("COSMOS3_FP8_POLICY", "").strip() or default)
+    family's measured default, without its "attn" role where the FP8 attention is not `attention_available`
+    (a default never asks for what the host lacks; a policy named explicitly is checked, and refused, by
+    `check_available`)."""
+    named = spelling or os.environ.get("COSMOS3_FP8_POLICY", "").strip()
+    if named:
+        return FP8Policy.parse(named)
+    default = FP8Policy.parse(DEFAULT_POLICIES.get(family, DEFAULT_POLICY))
+    return default if attention_available or not default.attention else replace(default, attention=False)
 
 
 def check_available(device, policy: FP8Policy | None = None) -> None:
@@ -275,16 +271,16 @@ def fp8_weights(model, fused, policy: FP8Policy) -> FP8Weights:
     return weights
 
 
-def tower_weights(model, options, fused, gen_tokens: int | None = None) -> FP8Weights | None:
+def tower_weights(model, options, fused) -> FP8Weights | None:
     """The FP8 weights a request's gen tower reads: the model's own when it holds only FP8 weights,
-    else built (or reused) when the request's options ask for FP8, under the policy for `gen_tokens` gen tokens
-    per branch, else None (bf16). `fused()`: the model's fused bf16 projections (called only when needed)."""
+    else built (or reused) when the request's options ask for FP8, else None (bf16). `fused()`: the model's
+    fused bf16 projections (called only when they are needed)."""
     held = model.fp8_weights
     if held is not None and held.resident:
         return held
     if not options.fp8:
         return None
-    policy = policy_from_env(model.info.family, options.fp8_policy, gen_tokens,
+    policy = policy_from_env(model.info.family, options.fp8_policy,
                              attention_available=attention_unavailable(model.device) is None)
     return fp8_weights(model, fused(), policy)
 
