@@ -40,9 +40,12 @@ def capture_gen_attention(family: str, size: tuple[int, int, int], layers: int |
     """(q [N, Hq, D], k [L, Hk, D], v [L, Hk, D]) in fp32 of every generation attention call of one forward."""
     import diffusers.models.transformers.transformer_cosmos3 as cosmos3
 
-    if layers:
-        models.TRANSFORMERS[family] = dict(models.TRANSFORMERS[family], num_hidden_layers=layers)
-    transformer = models.build_transformer(family, device="cpu", dtype=torch.float32)
+    full = models.TRANSFORMERS[family]
+    models.TRANSFORMERS[family] = dict(full, num_hidden_layers=layers or full["num_hidden_layers"])
+    try:
+        transformer = models.build_transformer(family, device="cpu", dtype=torch.float32)
+    finally:
+        models.TRANSFORMERS[family] = full
     model = models.as_loaded_model(transformer, family)
     captured, original = [], cosmos3.dispatch_attention_fn
 
