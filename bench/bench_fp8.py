@@ -319,8 +319,8 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=200.0,
                         help="gate policies not started this many seconds after the start are skipped (listed)")
     args = parser.parse_args(argv)
-    args.policy = args.policy or fp8.policy_from_env("super").name
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    args.policy = args.policy or fp8.host_policy("super", device).name
     if args.smoke:
         _shrink_for_smoke()
         args.gate = args.super = True

@@ -108,7 +108,8 @@ def run_header(gpu: str) -> dict:
     header = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": gpu, "driver": _driver(),
               "command": " ".join(sys.argv), "commit": _commit(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
-    for package in ("triton", "diffusers", "torchao", "flash-attn-4", "nvidia-cutlass-dsl"):
+    for package in ("triton", "diffusers", "torchao", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend",
+                    "mslk-cuda"):
         header[package] = _installed(package)
     return header
 

@@ -34,12 +34,13 @@ def _sizes(root):
 
 
 @pytest.mark.parametrize("name", ["row", "row-exact", "tensor", "row:qkv+in", "tensor-exact:in+down@2", "row:attn",
-                                  "row:in+attn", "row-exact:qkv+out+in+down+attn@1"])
+                                  "row:in+attn", "row-exact:qkv+out+in+down+attn@1", "row:in/mslk", "row:in+attn@2/mslk"])
 def test_policy_names_round_trip(name):
     assert FP8Policy.parse(name).name == name
 
 
-@pytest.mark.parametrize("bad", ["rows", "row-fast", "row:mlp", "row@-1", "row@x", "row:", "row:attn+mlp"])
+@pytest.mark.parametrize("bad", ["rows", "row-fast", "row:mlp", "row@-1", "row@x", "row:", "row:attn+mlp", "row/",
+                                 "row:in/fbgemm", "tensor/mslk"])
 def test_a_bad_policy_names_what_is_allowed(bad):
     with pytest.raises(ValueError, match=rf"FP8 policy {re.escape(repr(bad))} is not valid.*allowed: GRANULARITY"):
         FP8Policy.parse(bad)
@@ -160,6 +161,24 @@ def test_the_fp8_mode_is_the_measured_policy_per_family(monkeypatch):
     assert fp8.policy_from_env("nano", attention_available=False).name == "row:in"
     assert fp8.policy_from_env("edge", attention_available=False).name == "row:down"
     assert fp8.attention_unavailable("cpu") == "a CUDA GPU (this model runs on 'cpu')"
+    # Where MSLK's quantiser can run, the default takes it (the same GEMMs, one kernel per activation instead of six).
+    assert {f: fp8.policy_from_env(f, mslk_available=True).name for f in ("nano", "super", "edge")} == {
+        "nano": "row:in+attn/mslk", "super": "row:in/mslk", "edge": "row:down/mslk"}
+    assert fp8.mslk_unavailable("cpu") == "a CUDA GPU (this model runs on 'cpu')"
     monkeypatch.setenv("COSMOS3_FP8_POLICY", "tensor-exact")
     assert fp8.policy_from_env("edge").name == "tensor-exact"
+    assert fp8.policy_from_env("edge", mslk_available=True).name == "tensor-exact"  # a named policy stays as named
     assert FastPathOptions.from_env(torch.device("cpu")).fp8_policy == "tensor-exact"
+
+
+def test_the_quantiser_reaches_torchaos_activation_and_the_gemm_stays_torchs():
+    """The policy's quantiser picks the kernel that quantises each activation (torchao's act_quant_kwargs); the
+    weight's own preference, which picks the GEMM, stays TORCH (torch._scaled_mm) under both."""
+    from torchao.quantization.quantize_.common import KernelPreference
+
+    weight = torch.randn(64, 32, dtype=torch.bfloat16)
+    for spelling, expected in (("row:in", KernelPreference.TORCH), ("row:in/mslk", KernelPreference.MSLK)):
+        quantised = fp8.quantize_weight(weight, FP8Policy.parse(spelling))
+        assert quantised.act_quant_kwargs.kernel_preference == expected
+        assert quantised.kernel_preference == KernelPreference.TORCH
+

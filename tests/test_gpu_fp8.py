@@ -28,11 +28,11 @@ def _free():
 def test_super_in_fp8_runs_on_one_gpu():
     pytest.importorskip("torchao")
     from bench.bench_fp8 import build_super, timed_request
-    from engine.pipeline.fp8 import FP8_LABEL, policy_from_env
+    from engine.pipeline.fp8 import FP8_LABEL, host_policy
 
     if torch.cuda.get_device_properties(0).total_memory < 130 * 2**30:
         pytest.skip("Super in FP8 needs a GPU of the H200's size")
-    policy = policy_from_env("super").name
+    policy = host_policy("super", "cuda").name
     model, facts = build_super("cuda", policy)
     request = dict(mode="t2v", prompt="A lighthouse keeper climbs the stairs at dusk. " * 30, seed=1, steps=2,
                    width=832, height=480, num_frames=121)
@@ -57,7 +57,7 @@ def test_fp8_mode_velocity_within_three_times_bf16_error(family, shapes, force_a
     from bench.models import as_loaded_model, build_transformer, step_inputs
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline import fp8 as fp8_pass
-    from engine.pipeline.fp8 import policy_from_env
+    from engine.pipeline.fp8 import host_policy
     from engine.pipeline.prefill import make_gen_tower
 
     if force_attention:
@@ -66,7 +66,7 @@ def test_fp8_mode_velocity_within_three_times_bf16_error(family, shapes, force_a
     transformer = build_transformer(family)
     model = as_loaded_model(transformer, family)
     refs = fp32_references(family, transformer, "cuda", shapes, prefixes)
-    policy = policy_from_env(family)
+    policy = host_policy(family, "cuda")
     with torch.no_grad():
         for width, height, frames in shapes:
             inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=prefixes)
@@ -83,3 +83,68 @@ def test_fp8_mode_velocity_within_three_times_bf16_error(family, shapes, force_a
             del inputs, tower
     del model, transformer, refs
     _free()
+
+
+def _kernel_names(call) -> list:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def test_the_mslk_quantiser_rounds_its_scale_in_fp32_and_lands_within_one_e4m3_step_of_torchaos():
+    """Both quantisers of `engine.pipeline.fp8.QUANTISERS`, one activation: MSLK's scale is amax / 448 in fp32
+    (torchao's is taken in bf16), each e4m3 code is torchao's or its neighbour, identical where the two scales
+    are; the FP8 GEMM's output stays as close to bf16's; MSLK's path launches its one Triton kernel and replays
+    in a CUDA graph to the same bits."""
+    pytest.importorskip("torchao")
+    from engine.pipeline import fp8
+    from engine.pipeline.fp8 import FP8Policy, quantize_weight
+
+    why = fp8.mslk_unavailable("cuda")
+    if why is not None:
+        pytest.skip(f"MSLK's quantiser needs {why}")
+    from torchao.quantization import Float8Tensor, PerRow
+    from torchao.quantization.quantize_.common import KernelPreference
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    # Rows four decades apart in size, as the tower's normalised activations are not.
+    spread = torch.logspace(-2, 2, 4096, device="cuda")[:, None]
+    x = (torch.randn(4096, 4096, device="cuda", generator=gen) * spread).bfloat16()
+    quantised = {pref: Float8Tensor.from_hp(x, granularity=PerRow(), kernel_preference=pref)
+                 for pref in (KernelPreference.TORCH, KernelPreference.MSLK)}
+    ours, theirs = quantised[KernelPreference.MSLK], quantised[KernelPreference.TORCH]
+    amax = x.abs().amax(dim=-1, keepdim=True).float()
+    assert torch.equal(ours.scale, amax / 448.0)
+    assert torch.equal(theirs.scale, (x.abs().amax(dim=-1, keepdim=True) / 448.0).float())  # the bf16 rounding
+    same_scale = (ours.scale == theirs.scale).expand_as(x)
+    assert 0 < same_scale[:, 0].sum() < x.shape[0]  # both kinds of row are exercised
+    code_ours = ours.qdata.view(torch.uint8).int()
+    code_theirs = theirs.qdata.view(torch.uint8).int()
+    nonzero = ((code_ours | code_theirs) & 0x7F) != 0
+    assert torch.equal((code_ours & 0x80)[nonzero], (code_theirs & 0x80)[nonzero])  # the same signs
+    steps = ((code_ours & 0x7F) - (code_theirs & 0x7F)).abs()
+    assert int(steps.max()) <= 1
+    assert torch.equal(code_ours[same_scale], code_theirs[same_scale])
+
+    weight = (torch.randn(6144, 4096, device="cuda", generator=gen) * 0.02).bfloat16()
+    exact = x.float() @ weight.float().t()
+    errors = {}
+    for spelling in ("row:in", "row:in/mslk"):
+        out = torch.nn.functional.linear(x, quantize_weight(weight, FP8Policy.parse(spelling)))
+        errors[spelling] = float((out.float() - exact).norm() / exact.norm())
+    print(f"FP8 GEMM rel. error against fp32: {errors}")
+    assert errors["row:in"] < 5e-2 and abs(errors["row:in/mslk"] / errors["row:in"] - 1) < 0.05
+
+    fp8_weight = quantize_weight(weight, FP8Policy.parse("row:in/mslk"))
+    names = _kernel_names(lambda: torch.nn.functional.linear(x, fp8_weight))
+    assert any("quantize_fp8_row" in name for name in names), names
+    torch_names = _kernel_names(lambda: torch.nn.functional.linear(x, quantize_weight(weight, FP8Policy.parse("row:in"))))
+    assert not any("quantize_fp8_row" in name for name in torch_names)
+    eager = torch.nn.functional.linear(x, fp8_weight)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = torch.nn.functional.linear(x, fp8_weight)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)

@@ -47,9 +47,10 @@ class FP8OnlyLoader:
         return self.policy if self.policy is not None else policy_from_env(family)
 
     def __call__(self, folder, device, family: str):
-        from ..pipeline.fp8 import build_fp8_transformer, check_available, checkpoint_fill
+        from ..pipeline.fp8 import build_fp8_transformer, check_available, checkpoint_fill, host_policy
 
-        policy = self.policy_for(family)
+        # The same GEMMs as `policy_for` sized; the default takes the quantiser this host has.
+        policy = self.policy if self.policy is not None else host_policy(family, device)
         check_available(device, policy)
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         return build_fp8_transformer(config, device, checkpoint_fill(folder), policy)

@@ -42,6 +42,18 @@ GEMMS = ("qkv", "out", "in", "down")
 # Every role a policy can name: the GEMMs, and "attn", the attention itself (not a GEMM: cuDNN's FP8 SDPA).
 ROLES = GEMMS + ("attn",)
 
+# The kernel that quantises each FP8 GEMM's activation (a row's amax, its scale, the e4m3 cast); the GEMM itself
+# is `torch._scaled_mm` under both. "torch": torchao's PyTorch ops, six generic kernels a GEMM. "mslk": MSLK's
+# fused Triton row kernel, one, through torchao's `KernelPreference.MSLK` (optional: `mslk-cuda`). One rounding
+# differs: torchao takes amax / 448 in the activation's dtype (bf16) before widening it, MSLK in fp32, so an
+# element can land one e4m3 step apart (tests/test_gpu_fp8.py; the gate holds either way, docs/PERFORMANCE.md).
+QUANTISERS = ("torch", "mslk")
+MSLK_DISTRIBUTION = "mslk-cuda"
+# Only MSLK's Triton quantiser is used. Its native library, which `import mslk` loads and torchao imports
+# whenever MSLK is installed, is built for one torch release; where it does not match, that import fails and
+# takes torchao's float8 with it. Python-only mode skips it (set before anything imports torchao's float8).
+os.environ.setdefault("MSLK_PYTHON_ONLY", "1")
+
 # Below this many gen tokens per branch the FP8 attention is not offered: measured only at 12090 (1.12x bf16's
 # flash-attn-4, both branches, quantisation included) and 44160 (1.19-1.22x) on one H200 (bench/bench_attention_fp8.py;
 # docs/PERFORMANCE.md, "FP8 attention through cuDNN"), and at image sizes a call is too short for its
@@ -58,18 +70,24 @@ class FP8Policy:
     """Which GEMMs run in FP8 and how. `granularity`: "row" (a scale per token and per output channel)
     or "tensor" (one scale each); `fast_accum`: Hopper's reduced-precision FP8 accumulation (torchao's
     default) or full fp32 accumulation; `gemms`: the GEMM roles in FP8; `attention`: the attention too (the
-    role "attn"); `bf16_edges`: that many first and last layers kept wholly bf16. Its `name` is its spelling
-    in `COSMOS3_FP8_POLICY`, e.g. "row", "row-exact", "row:qkv+in", "row:in+attn", "tensor-exact@2"."""
+    role "attn"); `bf16_edges`: that many first and last layers kept wholly bf16; `quantiser`: the kernel
+    that quantises the activations (`QUANTISERS`). Its `name` is its spelling in `COSMOS3_FP8_POLICY`, e.g.
+    "row", "row-exact", "row:qkv+in", "row:in+attn", "tensor-exact@2", "row:in+attn/mslk"."""
 
     granularity: str = "row"
     fast_accum: bool = True
     gemms: frozenset = frozenset(GEMMS)
     bf16_edges: int = 0
     attention: bool = False  # the role "attn": attention through cuDNN's FP8 SDPA (`kernels.attention_fp8`)
+    quantiser: str = "torch"
 
     def __post_init__(self):
         if self.granularity not in ("row", "tensor"):
             raise ValueError(f"FP8 granularity {self.granularity!r}: allowed 'row' or 'tensor'")
+        if self.quantiser not in QUANTISERS:
+            raise ValueError(f"FP8 quantiser {self.quantiser!r}: allowed one of {list(QUANTISERS)}")
+        if self.quantiser == "mslk" and self.granularity != "row":
+            raise ValueError(f"FP8 quantiser 'mslk' quantises by rows; granularity {self.granularity!r} needs 'torch'")
         unknown = set(self.gemms) - set(GEMMS)
         if unknown or not (self.gemms or self.attention):
             raise ValueError(f"FP8 roles {sorted(self.gemms)}: allowed a non-empty subset of {list(ROLES)}")
@@ -83,22 +101,25 @@ class FP8Policy:
         text = self.granularity + ("" if self.fast_accum else "-exact")
         if set(self.gemms) != set(GEMMS) or self.attention:
             text += ":" + "+".join(self.roles)
-        return text + (f"@{self.bf16_edges}" if self.bf16_edges else "")
+        text += f"@{self.bf16_edges}" if self.bf16_edges else ""
+        return text + ("" if self.quantiser == "torch" else "/" + self.quantiser)
 
     @classmethod
     def parse(cls, text: str) -> "FP8Policy":
         """`name`'s inverse; a malformed spelling raises ValueError quoting it and the grammar."""
-        grammar = ("GRANULARITY[-exact][:ROLE+ROLE...][@EDGES] with roles from " + "+".join(ROLES)
-                   + ", e.g. 'row', 'row-exact:qkv+in', 'row:in+attn', 'tensor@2'")
-        body, _, edges = text.strip().partition("@")
+        grammar = ("GRANULARITY[-exact][:ROLE+ROLE...][@EDGES][/QUANTISER] with roles from " + "+".join(ROLES)
+                   + " and quantisers from " + "|".join(QUANTISERS)
+                   + ", e.g. 'row', 'row-exact:qkv+in', 'row:in+attn', 'tensor@2', 'row:in/mslk'")
+        head, slash, quantiser = text.strip().partition("/")
+        body, _, edges = head.partition("@")
         body, colon, roles = body.partition(":")
         granularity, _, accum = body.partition("-")
         try:
-            if accum not in ("", "exact") or (edges and int(edges) < 0) or (colon and not roles):
+            if accum not in ("", "exact") or (edges and int(edges) < 0) or (colon and not roles) or (slash and not quantiser):
                 raise ValueError
             named = set(roles.split("+")) if roles else set(GEMMS)
             return cls(granularity, accum != "exact", frozenset(named - {"attn"}), int(edges) if edges else 0,
-                       attention="attn" in named)
+                       attention="attn" in named, quantiser=quantiser or "torch")
         except ValueError as error:
             raise ValueError(f"FP8 policy {text!r} is not valid ({str(error) or 'malformed'}); allowed: {grammar}") from None
 
@@ -133,16 +154,27 @@ def fp8_from_env() -> bool:
     return os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
-def policy_from_env(family: str | None = None, spelling: str = "", attention_available: bool = True) -> FP8Policy:
+def policy_from_env(family: str | None = None, spelling: str = "", attention_available: bool = True,
+                    mslk_available: bool = False) -> FP8Policy:
     """`spelling` when given (`FastPathOptions.fp8_policy`), else `COSMOS3_FP8_POLICY` when set, else the
-    family's measured default, without its "attn" role where the FP8 attention is not `attention_available`
-    (a default never asks for what the host lacks; a policy named explicitly is checked, and refused, by
-    `check_available`)."""
+    family's measured default: without its "attn" role where the FP8 attention is not `attention_available`,
+    with MSLK's quantiser where it is `mslk_available` (a default never asks for what the host lacks; a
+    policy named explicitly is checked, and refused, by `check_available`)."""
     named = spelling or os.environ.get("COSMOS3_FP8_POLICY", "").strip()
     if named:
         return FP8Policy.parse(named)
     default = FP8Policy.parse(DEFAULT_POLICIES.get(family, DEFAULT_POLICY))
-    return default if attention_available or not default.attention else replace(default, attention=False)
+    if default.attention and not attention_available:
+        default = replace(default, attention=False)
+    if mslk_available and default.granularity == "row":
+        default = replace(default, quantiser="mslk")
+    return default
+
+
+def host_policy(family: str | None, device, spelling: str = "") -> FP8Policy:
+    """`policy_from_env` for what this device and host can run."""
+    return policy_from_env(family, spelling, attention_available=attention_unavailable(device) is None,
+                           mslk_available=mslk_unavailable(device) is None)
 
 
 def check_available(device, policy: FP8Policy | None = None) -> None:
@@ -166,6 +198,11 @@ def check_available(device, policy: FP8Policy | None = None) -> None:
         if why is not None:
             raise FP8Unavailable(f"FP8 policy {policy.name!r} runs attention through cuDNN's FP8 SDPA, which needs {why}. "
                                  "Leave 'attn' out of the policy (COSMOS3_FP8_POLICY).")
+    if policy is not None and policy.quantiser == "mslk":
+        why = mslk_unavailable(device)
+        if why is not None:
+            raise FP8Unavailable(f"FP8 policy {policy.name!r} quantises activations with MSLK's kernel, which needs {why}. "
+                                 "Leave '/mslk' out of the policy (COSMOS3_FP8_POLICY).")
 
 
 def attention_unavailable(device) -> str | None:
@@ -184,6 +221,22 @@ def attention_unavailable(device) -> str | None:
     return None
 
 
+def mslk_unavailable(device) -> str | None:
+    """What this device or host lacks for MSLK's activation quantiser (None: nothing)."""
+    import importlib.util
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"a CUDA GPU (this model runs on {device.type!r})"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (9, 0):  # torchao's own condition for KernelPreference.MSLK
+        return (f"compute capability >= 9.0 (Hopper); {torch.cuda.get_device_name(device)} has "
+                f"{capability[0]}.{capability[1]}")
+    if importlib.util.find_spec("mslk") is None:
+        return f"the package {MSLK_DISTRIBUTION} (requirements-extras.txt), which is not installed"
+    return None
+
+
 def quantize_weight(weight: torch.Tensor, policy: FP8Policy) -> torch.Tensor:
     """One bf16 weight [out, in] -> torchao's float8 weight tensor (F.linear on it quantises the
     activation as the policy says and runs the FP8 GEMM). The same tensor torchao's
@@ -195,8 +248,10 @@ def quantize_weight(weight: torch.Tensor, policy: FP8Policy) -> torch.Tensor:
     from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
 
     granularity = PerRow() if policy.granularity == "row" else PerTensor()
-    # Why TORCH kernels: the same `torch._scaled_mm` path whether or not an optional kernel library is present.
-    activation = QuantizeTensorToFloat8Kwargs(torch.float8_e4m3fn, granularity, kernel_preference=KernelPreference.TORCH)
+    # The weight's preference picks the GEMM: TORCH, `torch._scaled_mm` under every quantiser, as the gate measured
+    # it (torchao's AUTO would take MSLK's own GEMMs wherever MSLK is installed). The activation's picks its quantiser.
+    quantiser = KernelPreference.MSLK if policy.quantiser == "mslk" else KernelPreference.TORCH
+    activation = QuantizeTensorToFloat8Kwargs(torch.float8_e4m3fn, granularity, kernel_preference=quantiser)
     return Float8Tensor.from_hp(weight.detach(), float8_dtype=torch.float8_e4m3fn, granularity=granularity,
                                 mm_config=Float8MMConfig(use_fast_accum=policy.fast_accum),
                                 kernel_preference=KernelPreference.TORCH, act_quant_kwargs=activation)
@@ -280,9 +335,7 @@ def tower_weights(model, options, fused) -> FP8Weights | None:
         return held
     if not options.fp8:
         return None
-    policy = policy_from_env(model.info.family, options.fp8_policy,
-                             attention_available=attention_unavailable(model.device) is None)
-    return fp8_weights(model, fused(), policy)
+    return fp8_weights(model, fused(), host_policy(model.info.family, model.device, options.fp8_policy))
 
 
 def precision_label(model, tower) -> str:
