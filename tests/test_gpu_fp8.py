@@ -14,6 +14,8 @@ import time
 import pytest
 import torch
 
+import engine  # noqa: F401  (first: it keeps MSLK's native library unloaded before anything imports torchao)
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 GATE = 3.0

@@ -49,10 +49,7 @@ ROLES = GEMMS + ("attn",)
 # element can land one e4m3 step apart (tests/test_gpu_fp8.py; the gate holds either way, docs/PERFORMANCE.md).
 QUANTISERS = ("torch", "mslk")
 MSLK_DISTRIBUTION = "mslk-cuda"
-# Only MSLK's Triton quantiser is used. Its native library, which `import mslk` loads and torchao imports
-# whenever MSLK is installed, is built for one torch release; where it does not match, that import fails and
-# takes torchao's float8 with it. Python-only mode skips it (set before anything imports torchao's float8).
-os.environ.setdefault("MSLK_PYTHON_ONLY", "1")
+# Only MSLK's Triton quantiser is used, so its native library stays unloaded (`engine/__init__.py` says why).
 
 # Below this many gen tokens per branch the FP8 attention is not offered: measured only at 12090 (1.12x bf16's
 # flash-attn-4, both branches, quantisation included) and 44160 (1.19-1.22x) on one H200 (bench/bench_attention_fp8.py;
