@@ -116,13 +116,17 @@ def test_the_mslk_quantiser_rounds_its_scale_in_fp32_and_lands_within_one_e4m3_s
     quantised = {pref: Float8Tensor.from_hp(x, granularity=PerRow(), kernel_preference=pref)
                  for pref in (KernelPreference.TORCH, KernelPreference.MSLK)}
     ours, theirs = quantised[KernelPreference.MSLK], quantised[KernelPreference.TORCH]
-    amax = x.abs().amax(dim=-1, keepdim=True).float()
-    assert torch.equal(ours.scale, amax / 448.0)
-    assert torch.equal(theirs.scale, (x.abs().amax(dim=-1, keepdim=True) / 448.0).float())  # the bf16 rounding
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    # MSLK's scale is fp32, within one fp32 ulp of amax / 448 (Triton's division is not always correctly rounded:
+    # 44% of these rows land on it exactly); torchao's is amax / 448 rounded to bf16, up to 0.3% away.
+    assert float(((ours.scale - amax.float() / 448.0).abs() / (amax.float() / 448.0)).max()) <= 2.0**-23
+    assert torch.equal(theirs.scale, (amax / 448.0).float())
     same_scale = (ours.scale == theirs.scale).expand_as(x)
     assert 0 < same_scale[:, 0].sum() < x.shape[0]  # both kinds of row are exercised
     code_ours = ours.qdata.view(torch.uint8).int()
     code_theirs = theirs.qdata.view(torch.uint8).int()
+    rounded = (x.float() / ours.scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8).int()
+    assert torch.equal(code_ours, rounded)  # each element x / scale, rounded to nearest e4m3
     nonzero = ((code_ours | code_theirs) & 0x7F) != 0
     assert torch.equal((code_ours & 0x80)[nonzero], (code_theirs & 0x80)[nonzero])  # the same signs
     steps = ((code_ours & 0x7F) - (code_theirs & 0x7F)).abs()
