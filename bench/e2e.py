@@ -102,14 +102,17 @@ def _commit() -> str | None:
     return out.stdout.strip() or None
 
 
+# The packages besides torch whose versions set a run's numbers (the header records and prints them where installed).
+OPTIONAL_VERSIONS = ("triton", "torchao", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend", "mslk-cuda")
+
+
 def run_header(gpu: str) -> dict:
     """A bench run's header: UTC date, the GPU and its driver, the command, the tree's commit and the versions
     of the packages that set the numbers."""
     header = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": gpu, "driver": _driver(),
               "command": " ".join(sys.argv), "commit": _commit(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
-    for package in ("triton", "diffusers", "torchao", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend",
-                    "mslk-cuda"):
+    for package in OPTIONAL_VERSIONS[:1] + ("diffusers",) + OPTIONAL_VERSIONS[1:]:
         header[package] = _installed(package)
     return header
 
@@ -391,8 +394,8 @@ def _row(workload: str, run_name: str, r: dict, published: str = "", target: str
 
 def header_line(header: dict) -> str:
     """The run's facts as one line: date, GPU, driver, commit, versions, command."""
-    versions = ", ".join(f"{k} {header[k]}" for k in ("torch", "cudnn", "triton", "diffusers", "torchao", "flash-attn-4",
-                                                       "nvidia-cutlass-dsl") if header.get(k) is not None)
+    versions = ", ".join(f"{k} {header[k]}" for k in ("torch", "cudnn", "triton", "diffusers") + OPTIONAL_VERSIONS[1:]
+                         if header.get(k) is not None)
     return (f"{header.get('date')}, {header.get('gpu')} (driver {header.get('driver')}), commit {header.get('commit')}; "
             f"{versions}. Command: `{header.get('command')}`")
 
