@@ -1,6 +1,7 @@
 """FP8 attention against the bf16 attention dispatch picks, at the video shapes, on one GPU (issue 17, point 5).
 
     python bench/bench_attention_fp8.py --json $OUT/attention_fp8.json     # ~1 min on an H200
+    python bench/bench_attention_fp8.py --plans --json $OUT/plans.json     # ~30 s: every cuDNN plan, both storages
 
 Nano's heads (32 query, 8 K/V, head_dim 128), both CFG branches (prefixes 1606 and 59 tokens, as a request
 with a 1.6k-token prompt and the default negative prompt), gen tokens of 720p/189f (44160) and 480p/121f
@@ -10,6 +11,11 @@ the engine calls them, the FP8 one with v centred (the default) and not; ms per 
 --iters), TFLOP/s (4 N L D Hq summed over the branches), and each one's relative error against fp32
 attention on the first --rows queries of each branch, for zero-mean v ("rel_error") and for v with a common
 offset per head and channel as the towers have one ("rel_error_v_offset", `V_OFFSET`).
+
+`--plans`: cuDNN's FP8 SDPA alone, one branch (prefix 1606) at each shape: every execution plan cuDNN offers
+(heuristics A, B and fallback, all built), for the engine's token-major storage and for heads-major; ms per
+call (CUDA events, mean of --iters after one call) and each plan's largest difference from the first plan's
+output (e4m3 units), on random e4m3 operands with unit scales.
 """
 from __future__ import annotations
 
@@ -66,14 +72,66 @@ def error_vs_fp32(out, q, kv, layout, rows: int) -> float:
     return math.sqrt(num / den)
 
 
+def plan_rows(iters: int) -> list[dict]:
+    """`--plans` (module docstring): one row per (shape, storage, plan)."""
+    cudnn = attention_fp8._cudnn()
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for label, n_q in SHAPES.items():
+        n_kv = n_q + PREFIXES[0]
+        flops = 4 * n_q * n_kv * HEAD_DIM * HEADS
+        for heads_major in (False, True):
+            graph, t = attention_fp8.sdpa_fp8_graph(cudnn, handle, n_q, n_kv, HEADS, KV_HEADS, HEAD_DIM,
+                                                    1 / math.sqrt(HEAD_DIM), heads_major=heads_major)
+            graph.validate()
+            graph.build_operation_graph()
+            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
+            graph.check_support()
+            graph.build_plans(cudnn.build_plan_policy.ALL)
+
+            def e4m3(count: int, heads: int) -> torch.Tensor:
+                x = (torch.randn(count, heads, HEAD_DIM, device="cuda", generator=gen) * 30).to(torch.float8_e4m3fn)
+                return x.transpose(0, 1).contiguous() if heads_major else x
+
+            q8, k8, v8 = e4m3(n_q, HEADS), e4m3(n_kv, KV_HEADS), e4m3(n_kv, KV_HEADS)
+            o8 = torch.empty_like(q8)
+            pack = {t["q"]: q8, t["k"]: k8, t["v"]: v8, t["o"]: o8, t["amax_o"]: torch.zeros(1, 1, 1, 1, device="cuda")}
+            for name in attention_fp8.SCALARS[:6]:  # descales of q, k, v at the operands' 30x, the rest 1
+                value = 1 / 30 if name in ("descale_q", "descale_k", "descale_v") else 1.0
+                pack[t[name]] = torch.full((1, 1, 1, 1), value, device="cuda")
+            first = None
+            for index in range(graph.get_execution_plan_count()):
+                row = {"shape": label, "n_q": n_q, "n_kv": n_kv, "storage": "heads-major" if heads_major else "token-major",
+                       "plan": index, "name": graph.get_plan_name_at_index(index)}
+                workspace = torch.empty(max(graph.get_workspace_size_plan_at_index(index), 1), dtype=torch.uint8, device="cuda")
+                graph.execute_plan_at_index(pack, workspace, index, handle=handle)
+                out = o8.float()
+                first = out if first is None else first
+                ms = time_ms(lambda: graph.execute_plan_at_index(pack, workspace, index, handle=handle),
+                             warmup=1, iters=iters).median_ms
+                row.update(ms=ms, tflops=flops / ms / 1e9, max_diff_vs_plan0=float((out - first).abs().max()))
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+            del q8, k8, v8, o8, pack
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--rows", type=int, default=512)
+    parser.add_argument("--plans", action="store_true", help="every cuDNN FP8 SDPA plan instead (module docstring)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     results = {"header": run_header(torch.cuda.get_device_name()), "rows": []}
     print(json.dumps(results["header"]), flush=True)
+    if args.plans:
+        results["plans"] = plan_rows(args.iters)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+        return 0
     dispatch = KernelDispatcher("auto")
     centred, uncentred = attention_fp8.CudnnFP8Attention(), attention_fp8.CudnnFP8Attention(centred=False)
     paths = {"bf16 (dispatch)": lambda q, kv, layout: dispatch.prefix_attention(q, kv, layout),

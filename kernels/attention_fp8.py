@@ -306,12 +306,27 @@ class CudnnFP8Attention:
 
 
 def _build_graph(cudnn, handle, device, n_q: int, n_kv: int, hq: int, hk: int, head_dim: int, scale: float):
-    """cuDNN's FP8 SDPA graph over contiguous token-major [rows, heads, head_dim] e4m3 operands."""
+    """cuDNN's FP8 SDPA graph over contiguous token-major e4m3 operands, built with the heuristic's first plan.
+    Why that plan: of the three cuDNN 9.19 offers on an H200 it was the fastest at 44k tokens (38.6 ms against
+    44.3-44.4 a branch) and within 2% at 12k (`bench/bench_attention_fp8.py --plans`)."""
+    graph, tensors = sdpa_fp8_graph(cudnn, handle, n_q, n_kv, hq, hk, head_dim, scale)
+    graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    workspace = torch.empty(max(graph.get_workspace_size(), 1), dtype=torch.uint8, device=device)
+    return graph, tensors, workspace
+
+
+def sdpa_fp8_graph(cudnn, handle, n_q: int, n_kv: int, hq: int, hk: int, head_dim: int, scale: float,
+                   heads_major: bool = False):
+    """cuDNN's FP8 SDPA graph, defined and not yet built, and its tensors by name ("o" and "amax_o" among them).
+    The e4m3 operands are stored token-major, [rows, heads, head_dim] (the engine's), or heads-major,
+    [heads, rows, head_dim] (`heads_major`: only the benchmark uses it, and it was not faster)."""
     fp8, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     graph = cudnn.pygraph(io_data_type=fp8, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
 
-    def geometry(rows: int, heads: int) -> dict:  # cuDNN's logical [batch, heads, rows, head_dim] over our storage
-        return {"dim": (1, heads, rows, head_dim), "stride": (rows * heads * head_dim, head_dim, heads * head_dim, 1)}
+    def geometry(rows: int, heads: int) -> dict:  # cuDNN's logical [batch, heads, rows, head_dim] over the storage
+        size = rows * heads * head_dim
+        strides = (size, rows * head_dim, head_dim, 1) if heads_major else (size, head_dim, heads * head_dim, 1)
+        return {"dim": (1, heads, rows, head_dim), "stride": strides}
 
     tensors = {"q": graph.tensor(name="q", data_type=fp8, **geometry(n_q, hq)),
                "k": graph.tensor(name="k", data_type=fp8, **geometry(n_kv, hk)),
@@ -326,7 +341,5 @@ def _build_graph(cudnn, handle, device, n_q: int, n_kv: int, hq: int, hk: int, h
     )
     o.set_output(True).set_data_type(fp8).set_dim(geometry(n_q, hq)["dim"]).set_stride(geometry(n_q, hq)["stride"])
     amax_o.set_output(True).set_data_type(f32).set_dim(one["dim"]).set_stride(one["stride"])
-    graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     tensors["o"], tensors["amax_o"] = o, amax_o  # descale_o is ours (the dequantisation reads it), not cuDNN's
-    workspace = torch.empty(max(graph.get_workspace_size(), 1), dtype=torch.uint8, device=device)
-    return graph, tensors, workspace
+    return graph, tensors
