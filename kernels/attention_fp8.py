@@ -307,8 +307,8 @@ class CudnnFP8Attention:
 
 def _build_graph(cudnn, handle, device, n_q: int, n_kv: int, hq: int, hk: int, head_dim: int, scale: float):
     """cuDNN's FP8 SDPA graph over contiguous token-major e4m3 operands, built with the heuristic's first plan.
-    Why that plan: of the three cuDNN 9.19 offers on an H200 it was the fastest at 44k tokens (38.6 ms against
-    44.3-44.4 a branch) and within 2% at 12k (`bench/bench_attention_fp8.py --plans`)."""
+    Why that plan: of the three cuDNN 9.19 offers on an H200 it was the fastest at 44k tokens (38.6-39.3 ms a
+    branch against 44.2-44.7) and within 2% at 12k (`bench/bench_attention_fp8.py --plans`; docs/PERFORMANCE.md)."""
     graph, tensors = sdpa_fp8_graph(cudnn, handle, n_q, n_kv, hq, hk, head_dim, scale)
     graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     workspace = torch.empty(max(graph.get_workspace_size(), 1), dtype=torch.uint8, device=device)
