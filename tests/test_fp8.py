@@ -112,10 +112,13 @@ def test_super_fp8_only_equals_fp8_beside_bf16_and_says_fp8(super_pair, monkeypa
     try:
         ours, theirs = engine.generate(fp8_model, dict(REQUEST)), engine.generate(reference, dict(REQUEST))
         assert ours.precision == theirs.precision == FP8_LABEL == ours.summary()["precision"]
+        # The summary (API, sidecar) names the policy, so a result can be reproduced under the same one.
+        assert ours.summary()["fp8_policy"] == theirs.summary()["fp8_policy"] == fp8_model.fp8_weights.policy.name
         assert np.array_equal(ours.frames, theirs.frames)
         reference.fast_path = FastPathOptions(**FAST)
         bf16 = engine.generate(reference, dict(REQUEST))
         assert bf16.precision == "bf16" and not np.array_equal(bf16.frames, ours.frames)
+        assert bf16.summary()["fp8_policy"] is None
         fp8_model.fast_path = FastPathOptions(enabled=False)  # the exact path reads the float8 module weights
         assert engine.generate(fp8_model, dict(REQUEST)).precision == FP8_LABEL
     finally:

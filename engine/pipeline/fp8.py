@@ -337,10 +337,16 @@ def tower_weights(model, options, fused) -> FP8Weights | None:
     return fp8_weights(model, fused(), host_policy(model.info.family, model.device, options.fp8_policy))
 
 
-def precision_label(model, tower) -> str:
+def result_policy(model, tower) -> FP8Policy | None:
+    """The FP8 policy a request ran under (its tower's, or the FP8-only model's), None for bf16."""
+    if getattr(tower, "fp8", None) is not None:
+        return tower.fp8.policy
     held = getattr(model, "fp8_weights", None)
-    fp8 = getattr(tower, "fp8", None) is not None or (held is not None and held.resident)
-    return FP8_LABEL if fp8 else BF16_LABEL
+    return held.policy if held is not None and held.resident else None
+
+
+def precision_label(model, tower) -> str:
+    return BF16_LABEL if result_policy(model, tower) is None else FP8_LABEL
 
 
 # -- an FP8-only model, built layer by layer ---------------------------------------------------------

@@ -35,7 +35,7 @@ from .conditioning import conditioning_stage, noise_stage
 from .decode import decode_stage
 from .denoise import denoise_stage, schedule_stage
 from .fast_path import FastPathOptions
-from .fp8 import BF16_LABEL, precision_label
+from .fp8 import BF16_LABEL, precision_label, result_policy
 from .layout import layout_stage
 from .outputs import outputs_stage
 from .prefill import prefill_stage
@@ -60,6 +60,9 @@ class GenerationResult:
     output_dir: Path | None = None
     request_id: str | None = None
     precision: str = BF16_LABEL  # or engine.pipeline.fp8.FP8_LABEL: shown wherever the result is
+    # The FP8 policy's spelling (engine.pipeline.fp8.FP8Policy.name), None in bf16. Why in the summary: the same
+    # seed gives slightly different frames under another policy, and the default's quantiser depends on the host.
+    fp8_policy: str | None = None
 
     def summary(self) -> dict:
         """JSON-ready description (the `/generate` result and the sidecar's core)."""
@@ -71,6 +74,7 @@ class GenerationResult:
             "params": _public_params(self.params),
             "timings": self.timings,
             "precision": self.precision,
+            "fp8_policy": self.fp8_policy,
             "files": {k: Path(v).name for k, v in self.outputs.items()},
             "frames": list(self.frames.shape),
             "actions": self.actions.tolist() if self.actions is not None else None,
@@ -191,5 +195,9 @@ def _result(state: RunState, timings: dict) -> GenerationResult:
         audio_sample_rate=model.sound_tokenizer.config.sampling_rate if audio is not None else None,
         seed=state.seed, prompt_text=state.texts.prompt_text, negative_prompt_text=state.texts.negative_prompt_text,
         params=dict(request, width=cond.width, height=cond.height, seed=state.seed), timings=timings,
-        precision=precision_label(model, state.tower),
+        precision=precision_label(model, state.tower), fp8_policy=_policy_name(result_policy(model, state.tower)),
     )
+
+
+def _policy_name(policy) -> str | None:
+    return None if policy is None else policy.name
