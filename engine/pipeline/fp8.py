@@ -4,12 +4,13 @@ What it changes: the gen tower's per-step GEMMs (fused q|k|v, attention output, 
 (fused gate|up, or ReLU²'s up) and its down projection) become scaled float8 (e4m3) GEMMs with
 dynamically quantised activations: torchao's `Float8Tensor` (what
 `Float8DynamicActivationFloat8WeightConfig` makes), Hopper's FP8 tensor cores through
-`torch._scaled_mm`. Which GEMMs, which scaling and which accumulation is an `FP8Policy`
+`torch._scaled_mm`, each activation quantised by torchao's PyTorch ops or by MSLK's one Triton kernel where
+`mslk-cuda` is installed (`QUANTISERS`). Which GEMMs, which scaling, which accumulation and which quantiser is an `FP8Policy`
 (`COSMOS3_FP8_POLICY`, default per family: `DEFAULT_POLICIES`); a GEMM the policy leaves out reads the bf16 weight.
 The text tower (once per request), the embeddings and the output projection stay bf16. The result is
 approximate, so it is never on unless asked for (`COSMOS3_FP8=1` or `FastPathOptions(fp8=True)`) and
 every result made with it says so: `FP8_LABEL` as the result's `precision`, in its summary (the API's
-answer) and sidecar.
+answer) and sidecar, beside the policy's spelling (`fp8_policy`).
 
 Two ways to hold the weights:
 - beside the bf16 ones (`fp8_weights`, built on the first FP8 request): requests without FP8 and the
