@@ -36,6 +36,8 @@ WORKLOADS = {
 # Issue 17's targets: workload -> (the stage it bounds, seconds), checked on the warm run where there is one.
 TARGETS = {"nano-t2v-720p": ("total_s", 190.0), "edge-t2v-480p": ("total_s", 12.0),
            "nano-t2i-1024": ("denoise_s", 1.5), "edge-t2i-640": ("total_s", 0.6)}
+# The same for a run in the FP8 mode (`bench_engine.py --fp8`); a workload without one has no FP8 target.
+FP8_TARGETS = {"nano-t2v-720p": ("total_s", 150.0)}
 # The first request at a size after warm-up, against the same request warm.
 FIRST_REQUEST_LIMIT = 1.5
 # docs/PERFORMANCE.md's end-to-end table in sections, each one `bench_engine.py --table SECTION` that fits the
@@ -262,6 +264,7 @@ def timed_generate(model, request) -> dict:
     row["wall_s"] = wall
     row["steps"] = result.params["steps"]
     row["denoise_ms_per_step"] = 1000 * row["denoise_s"] / row["steps"]
+    row["precision"], row["fp8_policy"] = result.precision, result.fp8_policy
     return row
 
 
@@ -412,20 +415,22 @@ def table_markdown(results: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|"]
     for row in results.get("e2e", []):
         name = row["workload"]
-        stage, limit = TARGETS.get(name, (None, None))
         checked = "warm" if "warm" in row else "cold"
+        policy = row[checked].get("fp8_policy")  # None: bf16 (and rows recorded before the field existed)
+        stage, limit = (FP8_TARGETS if policy else TARGETS).get(name, (None, None))
+        label = f"{name}, FP8 {policy}" if policy else name
         for run_name in ("cold", "warm"):
             r = row.get(run_name)
             if r is None:
                 continue
             target = status = ""
             if stage is not None and run_name == checked:
-                target = f"{stage[:-2]} <= {limit:g} s"
+                target = ("FP8 " if policy else "") + f"{stage[:-2]} <= {limit:g} s"
                 status = _status(r[stage], limit)
             elif run_name == "warm" and "cold" in row:
                 ratio = row["cold"]["total_s"] / r["total_s"]
                 status = f"cold {ratio:.2f}x warm (no warm-up)"
-            lines.append(_row(name, run_name, r, row["published"] if run_name == "cold" else "", target, status))
+            lines.append(_row(label, run_name, r, row["published"] if run_name == "cold" else "", target, status))
     firsts = [dict(f, label=f"{f['workload']}, first request after warming its mode") for f in results.get("warm_up_first", [])]
     if results.get("warm_up"):
         firsts.append(dict(results["warm_up"], label="edge-t2i-640x480, first request after warming T2I"))
