@@ -185,3 +185,19 @@ def test_the_quantiser_reaches_torchaos_activation_and_the_gemm_stays_torchs():
         assert quantised.act_quant_kwargs.kernel_preference == expected
         assert quantised.kernel_preference == KernelPreference.TORCH
 
+
+
+def test_a_policy_naming_mslk_is_refused_where_mslk_is_missing(monkeypatch):
+    """On a Hopper GPU without `mslk-cuda`, "/mslk" is refused with what is missing and what to do, and the
+    default does not ask for it."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a Hopper GPU")
+    monkeypatch.setattr(fp8, "_mslk_installed", lambda: False)
+    monkeypatch.delenv("COSMOS3_FP8_POLICY", raising=False)
+    with pytest.raises(fp8.FP8Unavailable, match=r"'row:in/mslk' quantises activations with MSLK's kernel, which needs "
+                                                 r"the package mslk-cuda .*Leave '/mslk' out"):
+        fp8.check_available("cuda", FP8Policy.parse("row:in/mslk"))
+    fp8.check_available("cuda", FP8Policy.parse("row:in"))  # the torch quantiser needs nothing more
+    assert fp8.host_policy("super", "cuda").quantiser == "torch"
+    monkeypatch.setattr(fp8, "_mslk_installed", lambda: True)
+    assert fp8.host_policy("super", "cuda").name == "row:in/mslk"

@@ -29,6 +29,8 @@ bf16 forward against that fp32 forward. `bench/bench_fp8.py --gate` measures eve
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 from dataclasses import dataclass, field, replace
 
@@ -205,10 +207,8 @@ def check_available(device, policy: FP8Policy | None = None) -> None:
                                  "Leave '/mslk' out of the policy (COSMOS3_FP8_POLICY).")
 
 
-def attention_unavailable(device) -> str | None:
-    """What this device or host lacks for the FP8 attention (None: nothing)."""
-    from kernels import attention_fp8
-
+def _hopper_missing(device) -> str | None:
+    """What `device` lacks to be a CUDA GPU of compute capability 9.0 (Hopper) or newer (None: nothing)."""
     device = torch.device(device)
     if device.type != "cuda":
         return f"a CUDA GPU (this model runs on {device.type!r})"
@@ -216,25 +216,31 @@ def attention_unavailable(device) -> str | None:
     if capability < (9, 0):
         return (f"compute capability >= 9.0 (Hopper); {torch.cuda.get_device_name(device)} has "
                 f"{capability[0]}.{capability[1]}")
-    if attention_fp8._cudnn() is None:
-        return f"the package {attention_fp8.CUDNN_DISTRIBUTION} (requirements-extras.txt), which is not installed"
     return None
+
+
+def attention_unavailable(device) -> str | None:
+    """What this device or host lacks for the FP8 attention (None: nothing)."""
+    from kernels import attention_fp8
+
+    why = _hopper_missing(device)
+    if why is None and attention_fp8._cudnn() is None:
+        why = f"the package {attention_fp8.CUDNN_DISTRIBUTION} (requirements-extras.txt), which is not installed"
+    return why
+
+
+@functools.cache
+def _mslk_installed() -> bool:
+    """Looked up once per process: `host_policy` asks on every FP8 request."""
+    return importlib.util.find_spec("mslk") is not None
 
 
 def mslk_unavailable(device) -> str | None:
     """What this device or host lacks for MSLK's activation quantiser (None: nothing)."""
-    import importlib.util
-
-    device = torch.device(device)
-    if device.type != "cuda":
-        return f"a CUDA GPU (this model runs on {device.type!r})"
-    capability = torch.cuda.get_device_capability(device)
-    if capability < (9, 0):  # torchao's own condition for KernelPreference.MSLK
-        return (f"compute capability >= 9.0 (Hopper); {torch.cuda.get_device_name(device)} has "
-                f"{capability[0]}.{capability[1]}")
-    if importlib.util.find_spec("mslk") is None:
-        return f"the package {MSLK_DISTRIBUTION} (requirements-extras.txt), which is not installed"
-    return None
+    why = _hopper_missing(device)  # Hopper: torchao's own condition for KernelPreference.MSLK
+    if why is None and not _mslk_installed():
+        why = f"the package {MSLK_DISTRIBUTION} (requirements-extras.txt), which is not installed"
+    return why
 
 
 def quantize_weight(weight: torch.Tensor, policy: FP8Policy) -> torch.Tensor:
@@ -346,8 +352,9 @@ def result_policy(model, tower) -> FP8Policy | None:
     return held.policy if held is not None and held.resident else None
 
 
-def precision_label(model, tower) -> str:
-    return BF16_LABEL if result_policy(model, tower) is None else FP8_LABEL
+def precision_label(policy: FP8Policy | None) -> str:
+    """The label a result carries for the policy it ran under (`result_policy`)."""
+    return BF16_LABEL if policy is None else FP8_LABEL
 
 
 # -- an FP8-only model, built layer by layer ---------------------------------------------------------

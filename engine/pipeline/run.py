@@ -190,14 +190,11 @@ def _stop_if_cancelled(state: RunState) -> None:
 def _result(state: RunState, timings: dict) -> GenerationResult:
     model, request, cond = state.model, state.request, state.cond
     audio = state.audio
+    policy = result_policy(model, state.tower)
     return GenerationResult(
         frames=state.frames, actions=state.actions, audio=audio,
         audio_sample_rate=model.sound_tokenizer.config.sampling_rate if audio is not None else None,
         seed=state.seed, prompt_text=state.texts.prompt_text, negative_prompt_text=state.texts.negative_prompt_text,
         params=dict(request, width=cond.width, height=cond.height, seed=state.seed), timings=timings,
-        precision=precision_label(model, state.tower), fp8_policy=_policy_name(result_policy(model, state.tower)),
+        precision=precision_label(policy), fp8_policy=None if policy is None else policy.name,
     )
-
-
-def _policy_name(policy) -> str | None:
-    return None if policy is None else policy.name
