@@ -105,7 +105,8 @@ def _commit() -> str | None:
 
 
 # The packages besides torch whose versions set a run's numbers (the header records and prints them where installed).
-OPTIONAL_VERSIONS = ("triton", "torchao", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend", "mslk-cuda")
+VERSIONED_PACKAGES = ("triton", "diffusers", "torchao", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend",
+                      "mslk-cuda")
 
 
 def run_header(gpu: str) -> dict:
@@ -114,7 +115,7 @@ def run_header(gpu: str) -> dict:
     header = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": gpu, "driver": _driver(),
               "command": " ".join(sys.argv), "commit": _commit(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
-    for package in OPTIONAL_VERSIONS[:1] + ("diffusers",) + OPTIONAL_VERSIONS[1:]:
+    for package in VERSIONED_PACKAGES:
         header[package] = _installed(package)
     return header
 
@@ -397,8 +398,7 @@ def _row(workload: str, run_name: str, r: dict, published: str = "", target: str
 
 def header_line(header: dict) -> str:
     """The run's facts as one line: date, GPU, driver, commit, versions, command."""
-    versions = ", ".join(f"{k} {header[k]}" for k in ("torch", "cudnn", "triton", "diffusers") + OPTIONAL_VERSIONS[1:]
-                         if header.get(k) is not None)
+    versions = ", ".join(f"{k} {header[k]}" for k in ("torch", "cudnn") + VERSIONED_PACKAGES if header.get(k) is not None)
     return (f"{header.get('date')}, {header.get('gpu')} (driver {header.get('driver')}), commit {header.get('commit')}; "
             f"{versions}. Command: `{header.get('command')}`")
 

@@ -29,7 +29,9 @@ score row) gained nothing there, so it is not done.
 
 Why cuDNN and not our kernel or flash-attn-4: flash-attn-4's FP8 forward is SM100-only and FlashAttention 3's
 FP8 Hopper build is source-only; cuDNN's is the maintained FP8 attention this GPU runs from the registry
-(`nvidia-cudnn-frontend`, over the cuDNN that PyTorch ships). Measured on one H200 with both CFG branches and this
+(`nvidia-cudnn-frontend`, over the cuDNN that PyTorch ships). FlashInfer's FA3 FP8 prefill, built by its JIT,
+measured 1.03-1.06x cuDNN's kernel alone on one H200 with a bf16 output, and is not wired in
+(docs/PERFORMANCE.md, "FlashInfer's FA3 FP8 prefill"). Measured on one H200 with both CFG branches and this
 module's quantisation (bench/bench_attention_fp8.py; docs/PERFORMANCE.md, "FP8 attention through cuDNN" and
 "Centring v"): 79.8 ms against flash-attn-4's bf16 94.8 ms at Nano 720p/189f (44160 gen tokens), 1.19x; 7.36
 against 8.24 ms at 480p/121f (12090), 1.12x. It is approximate (every operand keeps 3 mantissa bits), so it
