@@ -141,9 +141,10 @@ class FP8Policy:
 # was centred: 3.24x / 3.80x), which runs from FP8_ATTENTION_MIN_GEN_TOKENS per branch (videos) only.
 # Where cuDNN's FP8 attention cannot run, the default drops its "attn" role (`policy_from_env`). Edge: only the
 # down projection passes (2.89x; its `in`: 3.17x; in+attn 3.21x); with torchao's quantiser it is slower than bf16
-# (313 ms against 255), with MSLK's level (258 against 262, one timed step each; its 12288-wide input was the
-# cost); its FP8 attention alone passes (1.18x) but timed 222.9 against 230.3 ms in one gate run and 247.9
-# against 233.9 in another (one timed step each), too close to call, so Edge keeps row:down. Where MSLK is
+# (313 ms against 255), with MSLK's level (258 against 262, one timed step each; by our reading the
+# quantisation of its 9216-wide input was the cost); its FP8 attention alone passes (1.18x) but timed 222.9
+# against 230.3 ms in one gate run and 247.9 against 233.9 in another (one timed step each), too close to call,
+# so Edge keeps row:down. Where MSLK is
 # installed every default takes its quantiser ("/mslk", `policy_from_env`): the gate moved by at most 0.03x.
 # Super shares Nano's architecture (SwiGLU) and takes its GEMM policy (an fp32 Super forward fits no GPU, so
 # its gate cannot be measured); built FP8-only, its GEMM weights are fixed at load.
