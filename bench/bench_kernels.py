@@ -379,14 +379,20 @@ def gemm_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
 
 
 def bench_gemms(env: Env, models: dict, row_counts, ceilings) -> list[dict]:
-    """Each projection at each row count (both CFG branches' tokens), under cuBLAS and under cuBLASLt
-    (`torch.backends.cuda.preferred_blas_library`): is the GEMM term of a step at the matmul ceiling, and
-    does the other library's heuristic pick a faster kernel? Same inputs, same output bits are not assumed."""
+    """Each projection at each row count (both CFG branches' tokens), under cuBLAS, under cuBLASLt
+    (`torch.backends.cuda.preferred_blas_library`) and under PyTorch's TunableOp (`torch.cuda.tunable`),
+    which times cuBLAS's default and every algorithm cuBLASLt's heuristic lists for the shape on its first
+    call and keeps the fastest: is the GEMM term of a step at the matmul ceiling, does the other library's
+    heuristic pick a faster kernel, and would searching the algorithms find one? Same inputs; same output bits
+    are not assumed (`same_bits` says)."""
     rows = []
     dt = torch.bfloat16
     on_cuda = device() == "cuda"
-    libraries = ("cublas", "cublaslt") if on_cuda else ("cpu",)  # --smoke: the code path only
+    libraries = ("cublas", "cublaslt", "tunableop") if on_cuda else ("cpu",)  # --smoke: the code path only
     before = torch.backends.cuda.preferred_blas_library() if on_cuda else None
+    if on_cuda:  # TunableOp's results stay in this process: no file is read or written
+        torch.cuda.tunable.write_file_on_exit(False)
+        torch.cuda.tunable.set_filename(os.devnull)
     try:
         for name, cfg in models.items():
             for m in row_counts:
@@ -396,10 +402,23 @@ def bench_gemms(env: Env, models: dict, row_counts, ceilings) -> list[dict]:
                     row = dict(model=name, proj=proj, m=m, k=k, n=n)
                     results = {}
                     for library in libraries:
-                        if on_cuda:
+                        if library == "tunableop":
+                            torch.backends.cuda.preferred_blas_library(before)
+                            torch.cuda.tunable.enable(True)
+                            torch.cuda.tunable.tuning_enable(True)
+                            began = time.perf_counter()
+                            F.linear(x, w)  # tunes this shape: TunableOp's own timing of every candidate
+                            torch.cuda.synchronize()
+                            row["tunableop_tuning_s"] = round(time.perf_counter() - began, 2)
+                            torch.cuda.tunable.tuning_enable(False)
+                            chosen = torch.cuda.tunable.get_results()
+                            row["tunableop_choice"] = str(chosen[-1]) if chosen else None
+                        elif on_cuda:
                             torch.backends.cuda.preferred_blas_library(library)
                         t = timed(env, lambda: F.linear(x, w))
                         results[library] = F.linear(x, w)
+                        if library == "tunableop":
+                            torch.cuda.tunable.enable(False)
                         row[f"{library}_ms"] = round(t.median_ms, 4)
                         row[f"{library}_tflop_s"] = round(2 * m * k * n / (t.median_ms * 1e-3) / 1e12, 1)
                     outputs = list(results.values())
@@ -411,6 +430,7 @@ def bench_gemms(env: Env, models: dict, row_counts, ceilings) -> list[dict]:
                     del x, w, results
     finally:
         if on_cuda:
+            torch.cuda.tunable.enable(False)
             torch.backends.cuda.preferred_blas_library(before)
     return rows
 
@@ -494,7 +514,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--sections", default="ceilings,sweep,qk,attention,norms,dispatch",
                     help="any of ceilings,sweep,qk,attention,flash4,norms,gemm,dispatch (flash4: the launch-shape sweep; "
-                         "gemm: each projection under cuBLAS and cuBLASLt)")
+                         "gemm: each projection under cuBLAS, cuBLASLt and TunableOp)")
     ap.add_argument("--flash4-configs", default=None, help="indices into FLASH4_SWEEP to run, e.g. 0,8,10-16")
     args = ap.parse_args()
     if not args.smoke and not torch.cuda.is_available():
