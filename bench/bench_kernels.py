@@ -390,9 +390,10 @@ def bench_gemms(env: Env, models: dict, row_counts, ceilings) -> list[dict]:
     on_cuda = device() == "cuda"
     libraries = ("cublas", "cublaslt", "tunableop") if on_cuda else ("cpu",)  # --smoke: the code path only
     before = torch.backends.cuda.preferred_blas_library() if on_cuda else None
-    if on_cuda:  # TunableOp's results stay in this process: no file is read or written
-        torch.cuda.tunable.write_file_on_exit(False)
-        torch.cuda.tunable.set_filename(os.devnull)
+    if on_cuda:  # TunableOp reads no earlier tunings (an empty file of its own) and writes there at exit
+        import tempfile
+
+        torch.cuda.tunable.set_filename(tempfile.mkstemp(prefix="tunableop_", suffix=".csv")[1])
     try:
         for name, cfg in models.items():
             for m in row_counts:
