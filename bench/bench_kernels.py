@@ -412,8 +412,9 @@ def bench_gemms(env: Env, models: dict, row_counts, ceilings) -> list[dict]:
                             torch.cuda.synchronize()
                             row["tunableop_tuning_s"] = round(time.perf_counter() - began, 2)
                             torch.cuda.tunable.tuning_enable(False)
-                            chosen = torch.cuda.tunable.get_results()
-                            row["tunableop_choice"] = str(chosen[-1]) if chosen else None
+                            # Its results name a GEMM by (N, M, K) as cuBLAS sees F.linear's x @ w.T.
+                            chosen = [r for r in torch.cuda.tunable.get_results() if r[1].startswith(f"tn_{n}_{m}_{k}_")]
+                            row["tunableop_choice"] = chosen[0][2] if chosen else None
                         elif on_cuda:
                             torch.backends.cuda.preferred_blas_library(library)
                         t = timed(env, lambda: F.linear(x, w))
