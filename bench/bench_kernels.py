@@ -381,10 +381,10 @@ def gemm_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
 def bench_gemms(env: Env, models: dict, row_counts, ceilings) -> list[dict]:
     """Each projection at each row count (both CFG branches' tokens), under cuBLAS, under cuBLASLt
     (`torch.backends.cuda.preferred_blas_library`) and under PyTorch's TunableOp (`torch.cuda.tunable`),
-    which times cuBLAS's default and every algorithm cuBLASLt's heuristic lists for the shape on its first
-    call and keeps the fastest: is the GEMM term of a step at the matmul ceiling, does the other library's
-    heuristic pick a faster kernel, and would searching the algorithms find one? Same inputs; same output bits
-    are not assumed (`same_bits` says)."""
+    which times every implementation it has registered for the shape on its first call and keeps the fastest
+    (on torch 2.11's CUDA build that was cuBLAS's default alone, docs/PERFORMANCE.md): is the GEMM term of a
+    step at the matmul ceiling, does the other library's heuristic pick a faster kernel, and would a search
+    find one? Same inputs; same output bits are not assumed (`same_bits` says)."""
     rows = []
     dt = torch.bfloat16
     on_cuda = device() == "cuda"
