@@ -36,21 +36,20 @@ def load_model(source: str | os.PathLike, *, gpus: int | str = 1, weights: str |
 @dataclass(frozen=True)
 class FP8OnlyLoader:
     """Builds a checkpoint folder's transformer FP8-only on a device (`engine.pipeline.fp8.build_fp8_transformer`)
-    under `policy` (None: `COSMOS3_FP8_POLICY` or the family's measured default); the loader sizes the model
-    by the same policy (`policy_for`)."""
+    under `policy` (None: `COSMOS3_FP8_POLICY` or the family's measured default for what the device and host
+    can run); the loader sizes the model by the same policy (`policy_for`)."""
 
     policy: Any = None
 
-    def policy_for(self, family: str):
-        from ..pipeline.fp8 import policy_from_env
+    def policy_for(self, family: str, device):
+        from ..pipeline.fp8 import host_policy
 
-        return self.policy if self.policy is not None else policy_from_env(family)
+        return self.policy if self.policy is not None else host_policy(family, device)
 
     def __call__(self, folder, device, family: str):
-        from ..pipeline.fp8 import build_fp8_transformer, check_available, checkpoint_fill, host_policy
+        from ..pipeline.fp8 import build_fp8_transformer, check_available, checkpoint_fill
 
-        # The same GEMMs as `policy_for` sized; the default takes the quantiser this host has.
-        policy = self.policy if self.policy is not None else host_policy(family, device)
+        policy = self.policy_for(family, device)
         check_available(device, policy)
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         return build_fp8_transformer(config, device, checkpoint_fill(folder), policy)
