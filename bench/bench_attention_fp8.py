@@ -61,11 +61,13 @@ def inputs(gen: int, seed: int = 0, v_offset: float = 0.0):
 
 
 def error_vs_fp32(out, q, kv, layout, rows: int) -> float:
-    """Relative L2 error over the first `rows` queries of every branch against fp32 attention."""
+    """Relative L2 error over the first `rows` queries of every branch against fp32 attention (q [B, N, Hq, D],
+    the packed `kv` buffer; GQA: query head h reads K/V head h // (Hq / Hkv))."""
     num = den = 0.0
+    groups = q.shape[2] // kv.shape[2]
     for b in range(layout.num_branches):
-        k, v = (t.float().transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, 0) for t in layout.branch_kv(kv, b))
-        scores = q[b, :rows].float().transpose(0, 1) @ k.transpose(1, 2) / math.sqrt(HEAD_DIM)
+        k, v = (t.float().transpose(0, 1).repeat_interleave(groups, 0) for t in layout.branch_kv(kv, b))
+        scores = q[b, :rows].float().transpose(0, 1) @ k.transpose(1, 2) / math.sqrt(q.shape[-1])
         exact = (torch.softmax(scores, -1) @ v).transpose(0, 1)
         num += float((out[b, :rows].float() - exact).pow(2).sum())
         den += float(exact.pow(2).sum())

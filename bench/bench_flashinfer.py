@@ -11,7 +11,7 @@ one call straight from the engine's packed K/V buffer (its rows are already the 
 flash-attn-4 config dispatch offers and cuDNN through PyTorch SDPA (one call per branch, the engine's PyTorch
 path). Nano's and Edge's heads, gen tokens of 720p/189f (44160) and 480p/121f (12090), prefixes 1606 and 59 (a
 1.6k-token prompt and the default negative prompt). Error: relative L2 against fp32 attention on the first
---rows queries of each branch.
+--rows queries of every branch (`bench_attention_fp8.error_vs_fp32`).
 
 `fp8`: FlashInfer's single prefill on `fa3` with e4m3 q, k and v (per-head scales) and a bf16 output, against
 cuDNN's FP8 SDPA graph with the engine's plan (`kernels.attention_fp8._build_graph`), both on the same operands,
@@ -36,6 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.bench_attention_fp8 import error_vs_fp32  # noqa: E402
 from bench.e2e import run_header  # noqa: E402
 from kernels import attention_fp8  # noqa: E402
 from kernels import prefix_attention as pa  # noqa: E402
@@ -61,18 +62,6 @@ def interleaved(candidates: dict, rounds: int, inner: int) -> dict:
         for name, fn in candidates.items():
             samples[name].append(time_ms(fn, warmup=0, iters=1, inner=inner).median_ms)
     return {name: statistics.median(values) for name, values in samples.items()}
-
-
-def fp32_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Exact attention of q [N, Hq, D] over k, v [L, Hkv, D] in fp32 (GQA by repeating K/V heads): [N, Hq, D]."""
-    group = q.shape[1] // k.shape[1]
-    k, v = (t.float().transpose(0, 1).repeat_interleave(group, 0) for t in (k, v))
-    scores = q.float().transpose(0, 1) @ k.transpose(1, 2) / math.sqrt(q.shape[-1])
-    return (torch.softmax(scores, -1) @ v).transpose(0, 1)
-
-
-def relative_error(out: torch.Tensor, exact: torch.Tensor) -> float:
-    return float((out.float() - exact).norm() / exact.norm())
 
 
 def bf16_rows(flashinfer, rounds: int, inner: int, error_rows: int) -> list[dict]:
@@ -114,10 +103,7 @@ def bf16_rows(flashinfer, rounds: int, inner: int, error_rows: int) -> list[dict
             for fn in candidates.values():  # flash-attn-4's configs compile on their first call
                 fn()
             torch.cuda.synchronize()
-            exact = [fp32_attention(q[b, :error_rows], *layout.branch_kv(kv, b)) for b in range(layout.num_branches)]
-            row["rel_error_vs_fp32"] = {
-                name: statistics.fmean(relative_error(out[b, :error_rows], exact[b]) for b in range(layout.num_branches))
-                for name, out in outputs.items()}
+            row["rel_error_vs_fp32"] = {name: error_vs_fp32(out, q, kv, layout, error_rows) for name, out in outputs.items()}
             ms = interleaved(candidates, rounds, inner)
             flops = attention_flops(gen, [layout.kv_len(b) for b in range(layout.num_branches)], hq)
             row["ms"] = ms
@@ -128,7 +114,7 @@ def bf16_rows(flashinfer, rounds: int, inner: int, error_rows: int) -> list[dict
             row["flashinfer_vs_cudnn"] = ms["cuDNN (SDPA per branch)"] / ms["FlashInfer FA3 (ragged)"]
             print(json.dumps(row), flush=True)
             rows.append(row)
-            del q, kv, outputs, exact, wrapper
+            del q, kv, outputs, wrapper
             torch.cuda.empty_cache()
     return rows
 
@@ -177,9 +163,12 @@ def fp8_rows(flashinfer, rounds: int, inner: int, error_rows: int) -> list[dict]
                       "cuDNN FP8 (engine's plan)": lambda: graph.execute(pack, workspace, handle=handle)}
         candidates["cuDNN FP8 (engine's plan)"]()
         torch.cuda.synchronize()
-        exact = fp32_attention(q8[:error_rows].float() * sq, k8.float() * sk, v8.float() * sv)
-        row["rel_error_vs_fp32"] = {"FlashInfer FA3": relative_error(outputs["FlashInfer FA3"][:error_rows], exact),
-                                    "cuDNN FP8 (engine's plan)": relative_error(o8[:error_rows].float(), exact)}
+        # Against fp32 attention over the dequantised operands, as one branch of the packed layout.
+        branch = PackedKVLayout((PREFIXES[0],), gen)
+        q_wide, kv_wide = (q8[:error_rows].float() * sq)[None], torch.stack([k8.float() * sk, v8.float() * sv])
+        row["rel_error_vs_fp32"] = {
+            "FlashInfer FA3": error_vs_fp32(outputs["FlashInfer FA3"][None], q_wide, kv_wide, branch, error_rows),
+            "cuDNN FP8 (engine's plan)": error_vs_fp32(o8[None], q_wide, kv_wide, branch, error_rows)}
         row["out_dtype"] = {"FlashInfer FA3": str(outputs["FlashInfer FA3"].dtype), "cuDNN FP8 (engine's plan)": str(o8.dtype)}
         ms = interleaved(candidates, rounds, inner)
         row["ms"] = ms
@@ -187,7 +176,7 @@ def fp8_rows(flashinfer, rounds: int, inner: int, error_rows: int) -> list[dict]
         row["flashinfer_vs_cudnn"] = ms["cuDNN FP8 (engine's plan)"] / ms["FlashInfer FA3"]
         print(json.dumps(row), flush=True)
         rows.append(row)
-        del q8, k8, v8, o8, pack, outputs, exact
+        del q8, k8, v8, o8, pack, outputs, q_wide, kv_wide
         torch.cuda.empty_cache()
     return rows
 

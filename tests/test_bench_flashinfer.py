@@ -7,20 +7,28 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from bench import bench_flashinfer as bench  # noqa: E402
+from bench.bench_attention_fp8 import error_vs_fp32  # noqa: E402
+from kernels.packed_kv import PackedKVLayout  # noqa: E402
 
 
 def test_fp32_reference_is_gqa_attention_with_each_query_head_on_its_own_kv_head():
+    # The error column's reference (bench_attention_fp8.error_vs_fp32, shared with that bench): SDPA's own GQA
+    # attention of every branch scores ~0 against it; the same with the K/V heads swapped does not.
+    layout = PackedKVLayout((4, 2), 7)
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(7, 4, 16, generator=g, dtype=torch.float64)
-    k, v = torch.randn(11, 2, 16, generator=g, dtype=torch.float64), torch.randn(11, 2, 16, generator=g, dtype=torch.float64)
-    exact = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-                                           v.transpose(0, 1).unsqueeze(0), enable_gqa=True)[0].transpose(0, 1)
-    got = bench.fp32_attention(q, k, v)
-    assert got.shape == (7, 4, 16)
-    assert torch.allclose(got.double(), exact, atol=1e-5, rtol=1e-5)
-    # Query heads 0 and 1 read K/V head 0, heads 2 and 3 head 1: a head paired with the other K/V head differs.
-    swapped = bench.fp32_attention(q, k.flip(1), v.flip(1))
-    assert not torch.allclose(swapped.double(), exact, atol=1e-3)
+    q = torch.randn(2, 7, 4, 16, generator=g, dtype=torch.float64)
+    kv = torch.randn(2, layout.total_rows, 2, 16, generator=g, dtype=torch.float64)
+
+    def sdpa(kv_heads_flipped: bool) -> torch.Tensor:
+        out = torch.empty_like(q)
+        for b in range(layout.num_branches):
+            k, v = (t.flip(1) if kv_heads_flipped else t for t in layout.branch_kv(kv, b))
+            out[b] = F.scaled_dot_product_attention(q[b].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                                    enable_gqa=True).transpose(0, 1)
+        return out
+
+    assert error_vs_fp32(sdpa(False), q, kv, layout, rows=5) < 1e-5
+    assert error_vs_fp32(sdpa(True), q, kv, layout, rows=5) > 1e-2
 
 
 def test_interleaved_takes_each_candidate_once_a_round_in_turn():
