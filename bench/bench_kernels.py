@@ -378,6 +378,21 @@ def gemm_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
             "down": (cfg["inter"], hidden)}
 
 
+def _tune(x: torch.Tensor, w: torch.Tensor) -> dict:
+    """TunableOp (enabled) tunes F.linear(x, w)'s shape on this call, timing each candidate its own way: how long
+    that took, and the implementation it kept."""
+    torch.cuda.tunable.tuning_enable(True)
+    began = time.perf_counter()
+    F.linear(x, w)
+    torch.cuda.synchronize()
+    took = time.perf_counter() - began
+    torch.cuda.tunable.tuning_enable(False)
+    # Its results name a GEMM by (N, M, K), as cuBLAS sees F.linear's x @ w.T.
+    (m, k), n = x.shape, w.shape[0]
+    chosen = [r for r in torch.cuda.tunable.get_results() if r[1].startswith(f"tn_{n}_{m}_{k}_")]
+    return {"tunableop_tuning_s": round(took, 2), "tunableop_choice": chosen[0][2] if chosen else None}
+
+
 def bench_gemms(env: Env, models: dict, row_counts, ceilings) -> list[dict]:
     """Each projection at each row count (both CFG branches' tokens), under cuBLAS, under cuBLASLt
     (`torch.backends.cuda.preferred_blas_library`) and under PyTorch's TunableOp (`torch.cuda.tunable`),
@@ -403,24 +418,13 @@ def bench_gemms(env: Env, models: dict, row_counts, ceilings) -> list[dict]:
                     row = dict(model=name, proj=proj, m=m, k=k, n=n)
                     results = {}
                     for library in libraries:
+                        if on_cuda:
+                            torch.backends.cuda.preferred_blas_library(before if library == "tunableop" else library)
+                            torch.cuda.tunable.enable(library == "tunableop")
                         if library == "tunableop":
-                            torch.backends.cuda.preferred_blas_library(before)
-                            torch.cuda.tunable.enable(True)
-                            torch.cuda.tunable.tuning_enable(True)
-                            began = time.perf_counter()
-                            F.linear(x, w)  # tunes this shape: TunableOp's own timing of every candidate
-                            torch.cuda.synchronize()
-                            row["tunableop_tuning_s"] = round(time.perf_counter() - began, 2)
-                            torch.cuda.tunable.tuning_enable(False)
-                            # Its results name a GEMM by (N, M, K) as cuBLAS sees F.linear's x @ w.T.
-                            chosen = [r for r in torch.cuda.tunable.get_results() if r[1].startswith(f"tn_{n}_{m}_{k}_")]
-                            row["tunableop_choice"] = chosen[0][2] if chosen else None
-                        elif on_cuda:
-                            torch.backends.cuda.preferred_blas_library(library)
+                            row.update(_tune(x, w))
                         t = timed(env, lambda: F.linear(x, w))
                         results[library] = F.linear(x, w)
-                        if library == "tunableop":
-                            torch.cuda.tunable.enable(False)
                         row[f"{library}_ms"] = round(t.median_ms, 4)
                         row[f"{library}_tflop_s"] = round(2 * m * k * n / (t.median_ms * 1e-3) / 1e12, 1)
                     outputs = list(results.values())
