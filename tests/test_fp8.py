@@ -186,7 +186,6 @@ def test_the_quantiser_reaches_torchaos_activation_and_the_gemm_stays_torchs():
         assert quantised.kernel_preference == KernelPreference.TORCH
 
 
-
 def test_a_policy_naming_mslk_is_refused_where_mslk_is_missing(monkeypatch):
     """On a Hopper GPU without `mslk-cuda`, "/mslk" is refused with what is missing and what to do, and the
     default does not ask for it."""
@@ -201,3 +200,11 @@ def test_a_policy_naming_mslk_is_refused_where_mslk_is_missing(monkeypatch):
     assert fp8.host_policy("super", "cuda").quantiser == "torch"
     monkeypatch.setattr(fp8, "_mslk_installed", lambda: True)
     assert fp8.host_policy("super", "cuda").name == "row:in/mslk"
+
+
+def test_the_fp8_only_loader_sizes_and_builds_by_the_policy_this_host_can_run(monkeypatch):
+    """Its default is the family's for this device (`host_policy`), for sizing and building alike: on a CPU
+    Nano's "attn" role is dropped; a policy given to the loader is kept as given."""
+    monkeypatch.delenv("COSMOS3_FP8_POLICY", raising=False)
+    assert FP8OnlyLoader().policy_for("nano", "cpu") == fp8.host_policy("nano", "cpu") == FP8Policy.parse("row:in")
+    assert FP8OnlyLoader(FP8Policy.parse("row:in+attn")).policy_for("nano", "cpu").name == "row:in+attn"
