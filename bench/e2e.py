@@ -106,7 +106,7 @@ def _commit() -> str | None:
 
 # The packages besides torch whose versions set a run's numbers (the header records and prints them where installed).
 VERSIONED_PACKAGES = ("triton", "diffusers", "torchao", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend",
-                      "mslk-cuda", "flashinfer-python")
+                      "mslk-cuda", "flashinfer-python", "quack-kernels")
 
 
 def run_header(gpu: str) -> dict:
