@@ -16,6 +16,10 @@ Sections (rows = both CFG branches' gen tokens: Nano at 720p/189f, 88320; Edge a
 - `residual`: the attention-out and down projections, then RMSNorm of the residual stream: cuBLAS then the
   fused add + RMSNorm, against QuACK's GEMM adding into the residual in place, then RMSNorm alone.
 - `plain`: the q|k|v projection, cuBLAS against QuACK's GEMM.
+- `step`: one engine step (full-size random weights, both branches, prefixes 1606/59) at Nano 720p/189f and Edge
+  480p/121f, the fast tower as it runs in a request, with `COSMOS3_QUACK=0` (cuBLAS everywhere) and with dispatch
+  free to take QuACK where its bytes equal cuBLAS's (`kernels.gemm`): each variant has its own dispatcher; their
+  velocities are compared bit for bit, and the step timed in interleaved rounds.
 
 Every QuACK candidate runs at each of --configs, explicit tile configs (its autotuner would compile ~40 configs
 a kernel); the first call's compile time is reported. Errors: relative L2 against the fp32 computation on the
@@ -41,7 +45,9 @@ from bench.bench_kernels import MODELS, gemm_shapes  # noqa: E402
 from bench.e2e import run_header  # noqa: E402
 from kernels import norms  # noqa: E402
 
-SECTIONS = ("mlp_in", "residual", "plain")
+SECTIONS = ("mlp_in", "residual", "plain", "step")
+STEP_SHAPES = {"nano": (1280, 720, 189), "edge": (832, 480, 121)}
+STEP_PREFIXES = (1606, 59)
 ROWS = {"Nano": 88320, "Edge": 24180}  # 2 branches x (720p/189f: 44160 | 480p/121f: 12090) gen tokens
 EPS = 1e-6
 # tile_m x tile_n, p(ingpong) or c(ooperative), cluster_m x cluster_n. 128x192p2x1 is QuACK's SM90 default.
@@ -81,11 +87,21 @@ def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
     return ((out.float() - reference).norm() / reference.norm()).item()
 
 
-def _first_call_s(fn) -> float:
-    began = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - began
+def _first_calls(row: dict, candidates: dict, outputs: dict) -> None:
+    """Each candidate's first call (its compile, for QuACK) into row["first_call_s"]; one that raises is reported
+    in row["failed"] and dropped (QuACK's fused-activation GEMMs do not build over nvidia-cutlass-dsl 4.8.1)."""
+    row["first_call_s"], row["failed"] = {}, {}
+    for name, fn in list(candidates.items()):
+        began = time.perf_counter()
+        try:
+            fn()
+            torch.cuda.synchronize()
+        except Exception as err:  # noqa: BLE001 - reported in the row
+            row["failed"][name] = f"{type(err).__name__}: {err}"[:500]
+            del candidates[name]
+            outputs.pop(name, None)
+            continue
+        row["first_call_s"][name] = time.perf_counter() - began
 
 
 def _captures(fn) -> bool:
@@ -137,8 +153,7 @@ def mlp_in_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int) 
                 outputs["cuBLAS + Triton pass"] = norms.relu2(y)
 
         candidates = {"cuBLAS + Triton pass": cublas_then_pass}
-        row = {"section": "mlp_in", "model": model, "activation": activation, "m": m, "k": k, "n": n,
-               "first_call_s": {}, "captures": {}}
+        row = {"section": "mlp_in", "model": model, "activation": activation, "m": m, "k": k, "n": n, "captures": {}}
         post_n = n // 2 if activation == "swiglu" else n
         for label, config in configs.items():
             name = f"QuACK {label}"
@@ -148,8 +163,8 @@ def mlp_in_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int) 
             candidates[name] = (lambda config=config, out=out, extra=extra: quack.gemm_act(
                 x, w.T, activation=activation, postact_out=out, store_preact=False, tuned=False, config=config,
                 **extra))
+        _first_calls(row, candidates, outputs)
         for name, fn in candidates.items():
-            row["first_call_s"][name] = _first_call_s(fn)
             row["captures"][name] = _captures(fn)
         reference = mlp_in_reference(x[:error_rows], w, activation)
         row["rel_error_vs_fp32"] = {name: relative_error(out[:error_rows], reference) for name, out in outputs.items()}
@@ -188,12 +203,10 @@ def residual_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int
                     outputs[name] = norms.add_rms_norm(hidden, None, norm_weight, eps=EPS)
 
                 candidates[name] = fused
-            row = {"section": "residual", "model": model, "proj": proj, "m": m, "k": k, "n": n,
-                   "first_call_s": {}, "captures": {}}
-            for name, fn in candidates.items():
-                row["first_call_s"][name] = _first_call_s(fn)
+            row = {"section": "residual", "model": model, "proj": proj, "m": m, "k": k, "n": n, "captures": {}}
+            _first_calls(row, candidates, outputs)
             # Error after exactly one call each (the in-place candidates add once into a fresh residual).
-            for name in residuals:
+            for name in [name for name in residuals if name in candidates]:
                 residuals[name].copy_(hidden0)
                 candidates[name]()
             cublas_then_add_norm()
@@ -202,6 +215,9 @@ def residual_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int
                 name: {"normed": relative_error(normed[:error_rows], ref_normed),
                        "residual": relative_error(hidden[:error_rows], ref_hidden)}
                 for name, (normed, hidden) in outputs.items()}
+            base = outputs["cuBLAS + add+RMSNorm"]
+            row["same_bits_as_baseline"] = {name: all(torch.equal(a, b) for a, b in zip(pair, base))
+                                            for name, pair in outputs.items()}
             for name, fn in candidates.items():
                 row["captures"][name] = _captures(fn)
             rows.append(_finish(row, candidates, 2 * m * k * n, rounds, inner))
@@ -225,15 +241,61 @@ def plain_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int) -
             name = f"QuACK {label}"
             outputs[name] = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
             candidates[name] = (lambda config=config, out=outputs[name]: gemm_fn(x, w.T, out, None, config=config))
-        row = {"section": "plain", "model": model, "proj": "qkv", "m": m, "k": k, "n": n,
-               "first_call_s": {}, "captures": {}}
+        row = {"section": "plain", "model": model, "proj": "qkv", "m": m, "k": k, "n": n, "captures": {}}
+        _first_calls(row, candidates, outputs)
         for name, fn in candidates.items():
-            row["first_call_s"][name] = _first_call_s(fn)
             row["captures"][name] = _captures(fn)
         reference = x[:error_rows].float() @ w.float().T
         row["rel_error_vs_fp32"] = {name: relative_error(out[:error_rows], reference) for name, out in outputs.items()}
+        row["same_bits_as_baseline"] = {name: torch.equal(out, outputs["cuBLAS"]) for name, out in outputs.items()}
         rows.append(_finish(row, candidates, 2 * m * k * n, rounds, inner))
         del x, w, outputs, candidates
+        torch.cuda.empty_cache()
+    return rows
+
+
+def step_rows(rounds: int) -> list[dict]:
+    import gc
+    import os
+
+    from bench.models import as_loaded_model, build_transformer, step_inputs
+    from engine.pipeline.prefill import make_gen_tower
+    from kernels.dispatch import KernelDispatcher, Path as DispatchPath
+    from kernels.gemm import QUACK_ENV_VAR
+
+    rows = []
+    for family, (width, height, frames) in STEP_SHAPES.items():
+        model = as_loaded_model(build_transformer(family), family)
+        inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=STEP_PREFIXES)
+        variants = {"cuBLAS (COSMOS3_QUACK=0)": "0", "QuACK where bit-equal": "1"}
+        towers, velocities, first_s = {}, {}, {}
+        with torch.no_grad():
+            for name, switch in variants.items():
+                os.environ[QUACK_ENV_VAR] = switch  # read when dispatch first meets a shape; cached after
+                tower = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)
+                tower.dispatch = KernelDispatcher.from_env()  # its own decisions, so the variants do not share them
+                began = time.perf_counter()
+                velocities[name] = inputs.engine_step(tower)
+                torch.cuda.synchronize()
+                first_s[name] = time.perf_counter() - began
+                towers[name] = tower
+            os.environ.pop(QUACK_ENV_VAR, None)
+            ms = interleaved({name: (lambda tower=tower: inputs.engine_step(tower)) for name, tower in towers.items()},
+                             rounds, 1)
+        cublas, quack = (velocities[name] for name in variants)
+        decisions = towers["QuACK where bit-equal"].dispatch.decisions()
+        gemms = [dict(op=key[0], x=list(key[3]), w=list(key[4]), path=d.path.value, cublas_ms=d.torch_ms,
+                      quack_ms=d.quack_ms, reason=d.reason)
+                 for key, d in decisions.items() if key[0] in ("linear", "linear_add_rms_norm")]
+        row = {"section": "step", "family": family, "shape": f"{width}x{height} {frames}f",
+               "prefixes": list(STEP_PREFIXES), "first_step_s": first_s, "ms": ms,
+               "speedup": ms["cuBLAS (COSMOS3_QUACK=0)"] / ms["QuACK where bit-equal"],
+               "same_bits": all(torch.equal(a, b) for a, b in zip(cublas, quack)),
+               "quack_shapes": sum(g["path"] == DispatchPath.QUACK.value for g in gemms), "gemm_decisions": gemms}
+        print(json.dumps(row, default=str), flush=True)
+        rows.append(row)
+        del model, inputs, towers, velocities, cublas, quack
+        gc.collect()
         torch.cuda.empty_cache()
     return rows
 
@@ -245,6 +307,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--inner", type=int, default=5, help="calls per sample")
     parser.add_argument("--rows", type=int, default=256, help="rows checked against fp32")
+    parser.add_argument("--step-rounds", type=int, default=3, help="`step`: interleaved rounds of one step each")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
@@ -268,7 +331,10 @@ def main(argv=None) -> int:
     print(json.dumps(results["header"]), flush=True)
     section_rows = {"mlp_in": mlp_in_rows, "residual": residual_rows, "plain": plain_rows}
     for section in sections:
-        results[section] = section_rows[section](quack, configs, args.rounds, args.inner, args.rows)
+        if section == "step":
+            results[section] = step_rows(args.step_rounds)
+        else:
+            results[section] = section_rows[section](quack, configs, args.rounds, args.inner, args.rows)
         if args.json:  # after each section, so a run cut short keeps what it measured
             Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0

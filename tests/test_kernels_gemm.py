@@ -1,0 +1,166 @@
+"""The projections' dispatch (kernels.gemm, KernelDispatcher.linear and .linear_add_rms_norm): cuBLAS, or QuACK's
+GEMM only where it gives cuBLAS's bytes. The CPU tests cover the rules; the GPU ones run QuACK where installed."""
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import dispatch as dsp
+from kernels import gemm, norms
+
+cuda = torch.cuda.is_available()
+hopper_with_quack = pytest.mark.skipif(
+    not (cuda and torch.cuda.get_device_capability()[0] == 9 and importlib.util.find_spec("quack") is not None),
+    reason="needs an SM90 GPU with quack-kernels")
+
+
+def _xw(m=64, k=32, n=48, dtype=torch.bfloat16, device="cpu", seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(m, k, dtype=dtype, device=device, generator=g)
+    w = torch.randn(n, k, dtype=dtype, device=device, generator=g) / k ** 0.5
+    return x, w
+
+
+def test_config_label_spells_tile_kind_and_cluster():
+    assert gemm.QuackConfig().label == "128x192p2x1"
+    assert gemm.QuackConfig(256, 128, False, 1, 2).label == "256x128c1x2"
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("switched_off", "COSMOS3_QUACK=0"),
+    ("float32", "dtypes torch.float32"),
+    ("subclass", "tensor subclass"),
+    ("transposed", "contiguous rows"),
+    ("k_not_multiple_of_8", "K 30"),
+    ("mismatched", "x [M, K] and w [N, K]"),
+    ("cpu", "device cpu"),
+])
+def test_quack_is_refused_with_the_reason(case, expected, monkeypatch):
+    x, w = _xw()
+    if case == "switched_off":
+        monkeypatch.setenv(gemm.QUACK_ENV_VAR, "0")
+    elif case == "float32":
+        x, w = x.float(), w.float()
+    elif case == "subclass":
+        class Twin(torch.Tensor):
+            pass
+        w = w.as_subclass(Twin)
+    elif case == "transposed":
+        x = x.T.contiguous().T
+    elif case == "k_not_multiple_of_8":
+        x, w = _xw(k=30)
+    elif case == "mismatched":
+        w = w[:, :16].contiguous()
+    assert expected in gemm.quack_unsupported(x, w)
+
+
+def test_bit_equal_candidates_keep_only_the_reference_bytes_and_say_why_others_left():
+    ref = torch.arange(6.0).view(2, 3)
+
+    def raises():
+        raise RuntimeError("no such tile on this GPU")
+
+    kept, left_out = dsp.bit_equal_candidates(
+        {gemm.QuackConfig(): lambda: ref.clone(),
+         gemm.QuackConfig(256, 128, False, 2, 1): lambda: ref + 2 ** -20,
+         "broken": raises},
+        lambda: ref)
+    assert list(kept) == [gemm.QuackConfig()]
+    assert left_out[0] == "256x128c2x1: bytes differ from the PyTorch path"
+    assert left_out[1].startswith("broken: RuntimeError: no such tile")
+    # Tuples (normed, hidden) must match element by element.
+    kept, left_out = dsp.bit_equal_candidates({"a": lambda: (ref, ref), "b": lambda: (ref, ref * 2)},
+                                              lambda: (ref, ref))
+    assert list(kept) == ["a"] and left_out == ["b: bytes differ from the PyTorch path"]
+
+
+def test_measured_choice_takes_a_bit_equal_library_config_only_when_faster():
+    ref = torch.ones(3)
+    fast, different = gemm.QuackConfig(), gemm.QuackConfig(256, 128, False, 2, 1)
+    reference = lambda: ref  # noqa: E731
+    candidates = {fast: lambda: ref.clone(), different: lambda: ref * 3}
+    d = dsp.KernelDispatcher()
+    timings = {reference: 2.0, candidates[fast]: 1.5, candidates[different]: 0.1}
+    d._time = lambda fn: timings[fn]
+    decision = d._measure_library(candidates, reference)
+    # The fastest candidate of all (0.1 ms) gives other bytes, so it is never timed against the rest.
+    assert (decision.path, decision.quack_config, decision.quack_ms, decision.torch_ms) == (
+        dsp.Path.QUACK, fast, 1.5, 2.0)
+    assert "256x128c2x1: bytes differ" in decision.reason
+    timings[candidates[fast]] = 2.0  # a tie keeps cuBLAS
+    assert d._measure_library(candidates, reference).path is dsp.Path.TORCH
+
+
+def test_on_the_cpu_the_projections_are_torchs_and_the_residual_is_not_written():
+    d = dsp.KernelDispatcher()
+    x, w = _xw()
+    assert torch.equal(d.linear(x, w), F.linear(x, w))
+    decision = d.choose_linear(x, w)
+    assert decision.path is dsp.Path.TORCH and "device cpu" in decision.reason
+    residual = torch.randn(64, 48, dtype=torch.bfloat16)
+    kept = residual.clone()
+    weight = torch.rand(48, dtype=torch.bfloat16) + 0.5
+    normed, hidden = d.linear_add_rms_norm(x, w, residual, weight, eps=1e-6)
+    ref_normed, ref_hidden = norms.add_rms_norm_reference(F.linear(x, w), kept, weight, 1e-6)
+    assert torch.equal(hidden, ref_hidden) and torch.equal(normed, ref_normed)
+    assert torch.equal(residual, kept)
+
+
+def test_forced_modes_keep_cublas_for_the_projections():
+    x, w = _xw()
+    for mode in ("torch", "triton"):
+        assert dsp.KernelDispatcher(mode).choose_linear(x, w).path is dsp.Path.TORCH
+
+
+# ------------------------------------------------------------------------------------------------------
+# On an SM90 GPU with QuACK
+# ------------------------------------------------------------------------------------------------------
+TOWER_SHAPES = [  # (rows, K, N): q|k|v, attention-out, gate|up, down of Nano and Edge at 2048 rows, and one ragged
+    (2048, 4096, 6144), (2048, 4096, 4096), (2048, 4096, 24576), (2048, 12288, 4096),
+    (2048, 2048, 4096), (2048, 2048, 2048), (2048, 2048, 9216), (2048, 9216, 2048), (1000, 2048, 2048),
+]
+
+
+@pytest.mark.gpu
+@hopper_with_quack
+@pytest.mark.parametrize("m, k, n", TOWER_SHAPES)
+def test_quack_gives_cublas_bytes_at_the_tower_shapes(m, k, n):
+    # What lets dispatch take QuACK on the exact path: the same bytes as F.linear, and with the residual added in
+    # its epilogue the same bytes as F.linear then PyTorch's bf16 add. Three seeds a shape.
+    for seed in range(3):
+        x, w = _xw(m, k, n, device="cuda", seed=seed)
+        residual = torch.randn(m, n, dtype=torch.bfloat16, device="cuda")
+        assert torch.equal(gemm.linear_quack(x, w), F.linear(x, w))
+        assert torch.equal(gemm.linear_add_quack(x, w, residual), F.linear(x, w) + residual)
+
+
+@pytest.mark.gpu
+@hopper_with_quack
+def test_dispatch_takes_quack_only_with_cublas_bytes_and_replays_it_in_a_graph():
+    d = dsp.KernelDispatcher()
+    x, w = _xw(8192, 4096, 6144, device="cuda")
+    residual = torch.randn(8192, 6144, dtype=torch.bfloat16, device="cuda")
+    kept = residual.clone()
+    weight = (torch.rand(6144, device="cuda") + 0.5).to(torch.bfloat16)
+    expected = F.linear(x, w)
+    assert torch.equal(d.linear(x, w), expected)
+    normed, hidden = d.linear_add_rms_norm(x, w, residual, weight, eps=1e-6)
+    split = norms.add_rms_norm(expected, kept, weight, eps=1e-6)
+    assert torch.equal(hidden, split[1]) and torch.equal(normed, split[0]) and torch.equal(residual, kept)
+    decisions = {key[0]: dec for key, dec in d.decisions().items() if key[0] in ("linear", "linear_add_rms_norm")}
+    print({op: (dec.path.value, dec.torch_ms, dec.quack_ms, dec.reason) for op, dec in decisions.items()})
+    assert all(dec.reason.startswith("measured") for dec in decisions.values())
+    assert all(dec.quack_ms is not None for dec in decisions.values())  # QuACK ran and gave cuBLAS's bytes
+    # Inside a CUDA graph (the whole step is one): the measured choice replays with the same bytes.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        d.linear(x, w)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = d.linear(x, w)
+    x.copy_(_xw(8192, 4096, 6144, device="cuda", seed=7)[0])
+    graph.replay()
+    assert torch.equal(captured, F.linear(x, w))
