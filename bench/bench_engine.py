@@ -337,9 +337,9 @@ def main_e2e(args) -> int:
             log({"attention_paths": results["attention_paths"][family]})
             # Which GEMM each projection shape got: cuBLAS, or QuACK where its bytes equal cuBLAS's and it is faster.
             results.setdefault("gemm_paths", {})[family] = [
-                dict(op=key[0], x=key[3], w=key[4], path=d.path.value, reason=d.reason, cublas_ms=d.torch_ms,
+                dict(x=key[3], w=key[4], path=d.path.value, reason=d.reason, cublas_ms=d.torch_ms,
                      quack_ms=d.quack_ms, quack_config=None if d.quack_config is None else d.quack_config.label)
-                for key, d in dispatcher.decisions().items() if key[0] in ("linear", "linear_add_rms_norm")
+                for key, d in dispatcher.decisions().items() if key[0] == "linear"
             ]
             log({"gemm_paths": results["gemm_paths"][family]})
         del model

@@ -284,9 +284,9 @@ def step_rows(rounds: int) -> list[dict]:
                              rounds, 1)
         cublas, quack = (velocities[name] for name in variants)
         decisions = towers["QuACK where bit-equal"].dispatch.decisions()
-        gemms = [dict(op=key[0], x=list(key[3]), w=list(key[4]), path=d.path.value, cublas_ms=d.torch_ms,
-                      quack_ms=d.quack_ms, reason=d.reason)
-                 for key, d in decisions.items() if key[0] in ("linear", "linear_add_rms_norm")]
+        gemms = [dict(x=list(key[3]), w=list(key[4]), path=d.path.value, cublas_ms=d.torch_ms, quack_ms=d.quack_ms,
+                      reason=d.reason)
+                 for key, d in decisions.items() if key[0] == "linear"]
         row = {"section": "step", "family": family, "shape": f"{width}x{height} {frames}f",
                "prefixes": list(STEP_PREFIXES), "first_step_s": first_s, "ms": ms,
                "speedup": ms["cuBLAS (COSMOS3_QUACK=0)"] / ms["QuACK where bit-equal"],

@@ -13,9 +13,9 @@ cached in the dispatcher instance. Rules, in order:
 5. "auto" on a CPU: the PyTorch path; "auto" on CUDA: the measured winner, cached per shape. For
    attention the candidates also include flash-attn-4's kernel where it is installed and the GPU is
    SM90+ (``prefix_attention.flash4_unsupported``; ``COSMOS3_FLASH4=0`` leaves it out). The projections
-   (``linear``, ``linear_add_rms_norm``) have no Triton kernel: cuBLAS against QuACK's GEMM where it is
-   installed on an SM90 GPU (``gemm.quack_unsupported``; ``COSMOS3_QUACK=0`` leaves it out), and a QuACK
-   config is a candidate only where its output has the PyTorch path's bytes (``bit_equal_candidates``).
+   (``linear``) have no Triton kernel: cuBLAS against QuACK's GEMM where it is installed on an SM90 GPU
+   (``gemm.quack_unsupported``; ``COSMOS3_QUACK=0`` leaves it out), and a QuACK config is a candidate only
+   where its output has cuBLAS's bytes (``bit_equal_candidates``).
 
 How a candidate is timed (``TIMINGS``, ``COSMOS3_DISPATCH_TIMING``): "graph", the default, replays a CUDA
 graph of its calls, since the step runs inside one and pays no Python launch; "eager" times back-to-back
@@ -111,12 +111,10 @@ def _rounding_refused(head_dim: int, device: torch.device) -> str | None:
     return None
 
 
-def bit_equal_candidates(candidates: dict, reference: Callable[[], object]) -> tuple[dict, list[str]]:
+def bit_equal_candidates(candidates: dict, reference: Callable[[], torch.Tensor]) -> tuple[dict, list[str]]:
     """The candidates whose output equals ``reference()``'s bit for bit on this call, and why each other one was
-    left out. An output is a tensor or a tuple of tensors; a candidate that raises is left out too (a library
-    config this GPU cannot build is not fatal)."""
+    left out; a candidate that raises is left out too (a library config this GPU cannot build is not fatal)."""
     expected = reference()
-    expected = expected if isinstance(expected, tuple) else (expected,)
     kept, left_out = {}, []
     for key, fn in candidates.items():
         label = getattr(key, "label", str(key))
@@ -125,8 +123,7 @@ def bit_equal_candidates(candidates: dict, reference: Callable[[], object]) -> t
         except Exception as err:  # noqa: BLE001 - reported in the decision's reason
             left_out.append(f"{label}: {type(err).__name__}: {err}"[:200])
             continue
-        got = got if isinstance(got, tuple) else (got,)
-        if len(got) == len(expected) and all(torch.equal(g, e) for g, e in zip(got, expected)):
+        if torch.equal(got, expected):
             kept[key] = fn
         else:
             left_out.append(f"{label}: bytes differ from the PyTorch path")
@@ -478,38 +475,3 @@ class KernelDispatcher:
         if decision.path is Path.QUACK:
             return gemm.linear_quack(x, w, config=decision.quack_config)
         return gemm.linear_reference(x, w)
-
-    def choose_linear_add_rms_norm(
-        self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
-        flavour: str = "diffusers",
-    ) -> Decision:
-        unsupported = gemm.quack_unsupported(x, w)
-        if unsupported is None and (tuple(residual.shape) != (x.shape[0], w.shape[0]) or residual.dtype != x.dtype
-                                    or not residual.is_contiguous()):
-            unsupported = (f"residual {tuple(residual.shape)} {residual.dtype} strides {residual.stride()} (the "
-                           f"epilogue reads a contiguous [{x.shape[0]}, {w.shape[0]}] in {x.dtype})")
-        key = ("linear_add_rms_norm", _device_key(x), x.dtype, tuple(x.shape), tuple(w.shape), flavour)
-
-        def fused(cfg: gemm.QuackConfig):
-            hidden = gemm.linear_add_quack(x, w, residual, config=cfg)
-            return self.add_rms_norm(hidden, None, weight, eps=eps, flavour=flavour)
-
-        return self._library_gemm(
-            key, x, unsupported,
-            lambda: {cfg: (lambda cfg=cfg: fused(cfg)) for cfg in self.quack_configs},
-            lambda: self.add_rms_norm(self.linear(x, w), residual, weight, eps=eps, flavour=flavour),
-        )
-
-    def linear_add_rms_norm(
-        self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
-        flavour: str = "diffusers",
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``h = x @ w^T + residual`` then RMSNorm(h); returns ``(normed, h)``; the residual is not written.
-
-        Why one op: with QuACK the add runs in the GEMM's epilogue, and the norm then reads one tensor
-        instead of two (the attention-out projection and its norm 1.08-1.12x, docs/PERFORMANCE.md)."""
-        decision = self.choose_linear_add_rms_norm(x, w, residual, weight, eps=eps, flavour=flavour)
-        if decision.path is Path.QUACK:
-            hidden = gemm.linear_add_quack(x, w, residual, config=decision.quack_config)
-            return self.add_rms_norm(hidden, None, weight, eps=eps, flavour=flavour)
-        return self.add_rms_norm(self.linear(x, w), residual, weight, eps=eps, flavour=flavour)

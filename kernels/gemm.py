@@ -1,19 +1,17 @@
-"""QuACK's Hopper GEMMs for the gen tower's bf16 projections, beside their reference (cuBLAS via `F.linear`).
+"""QuACK's Hopper GEMM for the gen tower's bf16 projections, beside its reference (cuBLAS via `F.linear`).
 
-QuACK (`quack-kernels`, Dao-AILab's CuTe DSL kernels; flash-attn-4 installs it) measured faster than cuBLAS at
-the tower's shapes on an H200 (bench/bench_quack.py, docs/PERFORMANCE.md "QuACK's GEMMs"): the q|k|v projection
-1.04x at Nano 720p and 1.06x at Edge 480p, and with the residual add in its epilogue, so that the add + RMSNorm
-after it no longer reads the GEMM's output back, the attention-out projection and its norm 1.08-1.12x. Two ops:
+QuACK (`quack-kernels`, Dao-AILab's CuTe DSL kernels; flash-attn-4 installs it) gives cuBLAS's bytes at every
+tower shape tested on an H200, and is faster at some of them: dispatch (`KernelDispatcher.linear`) times both
+per shape and offers a QuACK config only where, on that first call, its output equals `F.linear`'s bit for bit,
+so an exact path stays exact (bench/bench_quack.py and docs/PERFORMANCE.md, "QuACK's GEMMs", have the numbers).
 
-    linear(x, w)                = x @ w^T
-    linear_add(x, w, residual)  = residual + x @ w^T        (a new tensor; the residual is only read)
-
-The dispatcher (`kernels.dispatch`) offers a QuACK config for a shape only where, on that first call, it gives
-the reference's bytes exactly: `F.linear` then, for `linear_add`, PyTorch's bf16 add (the sum rounded once more,
-as the fused add + RMSNorm rounds it). So an exact path stays exact, and a config that rounds differently is
-left out rather than trusted. Its GEMMs with a fused activation (`gemm_act`: SwiGLU, ReLU^2) would save more,
-but fail to build with QuACK 0.6.5 over nvidia-cutlass-dsl 4.8.1 (the log is in docs/data), so the activations
-keep their own pass (`kernels.norms`).
+Two things QuACK offers are not used, for measured reasons:
+- the residual add in the GEMM's epilogue (the attention-out and down projections, 1.01-1.12x with the add +
+  RMSNorm after it, in bench_quack's `residual` rows): it adds the fp32 accumulator to the residual and rounds
+  once, where the tower rounds the GEMM's output first, as diffusers does; other bytes (tests/test_kernels_gemm.py
+  shows it), so not on the exact path;
+- the fused activations (`gemm_act`: SwiGLU, ReLU^2): they fail to build with QuACK 0.6.5 over
+  nvidia-cutlass-dsl 4.8.1 (docs/data/bench_quack_2026-12-02_mlp_in_failure.log).
 """
 from __future__ import annotations
 
@@ -52,10 +50,6 @@ DEFAULT_QUACK_CONFIGS = (QuackConfig(),)
 
 def linear_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w)
-
-
-def linear_add_reference(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, w) + residual
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,18 +101,4 @@ def linear_quack(x: torch.Tensor, w: torch.Tensor, *, config: QuackConfig = DEFA
         raise RuntimeError(why)
     out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
     gemm(x, w.T, out, None, config=_library_config(config))
-    return out
-
-
-def linear_add_quack(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, *,
-                     config: QuackConfig = DEFAULT_QUACK_CONFIGS[0]) -> torch.Tensor:
-    """``residual + x @ w^T`` with the add in the GEMM's epilogue (the residual is read, not written)."""
-    gemm, _, why = _quack_entry()
-    if gemm is None:
-        raise RuntimeError(why)
-    if residual.shape != (x.shape[0], w.shape[0]) or residual.dtype != x.dtype or not residual.is_contiguous():
-        raise ValueError(f"residual must be contiguous {x.dtype} [{x.shape[0]}, {w.shape[0]}], got "
-                         f"{tuple(residual.shape)} {residual.dtype} strides {residual.stride()}")
-    out = torch.empty_like(residual)
-    gemm(x, w.T, out, residual, config=_library_config(config))
     return out

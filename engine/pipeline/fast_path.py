@@ -268,43 +268,34 @@ class FastGenTower:
                 out = self.fp8.attention(q, buffers[index], layout)
             else:
                 out = d.prefix_attention(q, buffers[index], layout)
+            out = self._linear(index, "to_add_out", attn.to_add_out, out.reshape(count * n, heads * head_dim))
             post = layer.post_attention_layernorm_moe_gen
-            normed, hidden = self._project_add_norm(index, "to_add_out", attn.to_add_out,
-                                                    out.reshape(count * n, heads * head_dim), hidden, post)
+            normed, hidden = d.add_rms_norm(out, hidden, post.weight, eps=post.eps, flavour=flavour)
             mlp = layer.mlp_moe_gen
-            following = layers[index + 1].input_layernorm_moe_gen if index + 1 < len(layers) else tr.norm_moe_gen
             if mlp.hidden_act == "silu" and self.fused is not None:
                 gate_up = self._gemm(normed, self.fused.gate_up[index])
                 half = gate_up.shape[-1] // 2
-                act = d.swiglu(gate_up[:, :half], gate_up[:, half:])
+                out = self._linear(index, "down_proj", mlp.down_proj, d.swiglu(gate_up[:, :half], gate_up[:, half:]))
             elif mlp.hidden_act == "silu":
-                act = d.swiglu(mlp.gate_proj(normed), mlp.up_proj(normed))
+                out = mlp.down_proj(d.swiglu(mlp.gate_proj(normed), mlp.up_proj(normed)))
             else:
-                act = d.relu2(self._linear(index, "up_proj", mlp.up_proj, normed))
-            normed, hidden = self._project_add_norm(index, "down_proj", mlp.down_proj, act, hidden, following)
+                up = self._linear(index, "up_proj", mlp.up_proj, normed)
+                out = self._linear(index, "down_proj", mlp.down_proj, d.relu2(up))
+            following = layers[index + 1].input_layernorm_moe_gen if index + 1 < len(layers) else tr.norm_moe_gen
+            normed, hidden = d.add_rms_norm(out, hidden, following.weight, eps=following.eps, flavour=flavour)
         return normed.view(count, n, width)
 
     def _gemm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x @ weight^T through dispatch: a bf16 weight on cuBLAS or QuACK (same bytes), an FP8 twin on torchao."""
         return self.dispatch.linear(x, weight)
 
-    def _weight(self, index: int, name: str, module) -> torch.Tensor:
-        """Layer `index`'s projection weight: the module's, or its FP8 twin when the FP8 pass is on."""
-        return self.fp8.per_layer[index][name] if self.fp8 is not None else module.weight
-
     def _linear(self, index: int, name: str, module, x: torch.Tensor) -> torch.Tensor:
-        if self.fp8 is None and module.bias is not None:
+        """Layer `index`'s GEMM, or its FP8 twin when the FP8 pass is on (the module keeps its bf16 weight)."""
+        if self.fp8 is not None:
+            return self._gemm(x, self.fp8.per_layer[index][name])
+        if module.bias is not None:
             return module(x)
-        return self._gemm(x, self._weight(index, name, module))
-
-    def _project_add_norm(self, index: int, name: str, module, x: torch.Tensor, hidden: torch.Tensor, norm):
-        """The projection into the residual stream, the add and the next RMSNorm: ``(normed, hidden)``. The add
-        may run in the GEMM's epilogue (`KernelDispatcher.linear_add_rms_norm`, same bytes)."""
-        d = self.dispatch
-        if self.fp8 is None and module.bias is not None:
-            return d.add_rms_norm(module(x), hidden, norm.weight, eps=norm.eps, flavour=self.flavour)
-        return d.linear_add_rms_norm(x, self._weight(index, name, module), hidden, norm.weight, eps=norm.eps,
-                                     flavour=self.flavour)
+        return self._gemm(x, module.weight)
 
     # -- CUDA graphs ---------------------------------------------------------------------------
 
