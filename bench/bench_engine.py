@@ -335,13 +335,6 @@ def main_e2e(args) -> int:
                 for key, d in dispatcher.decisions().items() if key[0] == "prefix_attention"
             ]
             log({"attention_paths": results["attention_paths"][family]})
-            # Which GEMM each projection shape got: cuBLAS, or QuACK where its bytes equal cuBLAS's and it is faster.
-            results.setdefault("gemm_paths", {})[family] = [
-                dict(x=key[3], w=key[4], path=d.path.value, reason=d.reason, cublas_ms=d.torch_ms,
-                     quack_ms=d.quack_ms, quack_config=None if d.quack_config is None else d.quack_config.label)
-                for key, d in dispatcher.decisions().items() if key[0] == "linear"
-            ]
-            log({"gemm_paths": results["gemm_paths"][family]})
         del model
         gc.collect()
         torch.cuda.empty_cache()

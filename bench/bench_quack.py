@@ -16,10 +16,6 @@ Sections (rows = both CFG branches' gen tokens: Nano at 720p/189f, 88320; Edge a
 - `residual`: the attention-out and down projections, then RMSNorm of the residual stream: cuBLAS then the
   fused add + RMSNorm, against QuACK's GEMM adding into the residual in place, then RMSNorm alone.
 - `plain`: the q|k|v projection, cuBLAS against QuACK's GEMM.
-- `step`: one engine step (full-size random weights, both branches, prefixes 1606/59) at Nano 720p/189f and Edge
-  480p/121f, the fast tower as it runs in a request, with `COSMOS3_QUACK=0` (cuBLAS everywhere) and with dispatch
-  free to take QuACK where its bytes equal cuBLAS's (`kernels.gemm`): each variant has its own dispatcher; their
-  velocities are compared bit for bit, and the step timed in interleaved rounds.
 
 Every QuACK candidate runs at each of --configs, explicit tile configs (its autotuner would compile ~40 configs
 a kernel); the first call's compile time is reported. Errors: relative L2 against the fp32 computation on the
@@ -45,9 +41,7 @@ from bench.bench_kernels import MODELS, gemm_shapes  # noqa: E402
 from bench.e2e import run_header  # noqa: E402
 from kernels import norms  # noqa: E402
 
-SECTIONS = ("mlp_in", "residual", "plain", "step")
-STEP_SHAPES = {"nano": (1280, 720, 189), "edge": (832, 480, 121)}
-STEP_PREFIXES = (1606, 59)
+SECTIONS = ("mlp_in", "residual", "plain")
 ROWS = {"Nano": 88320, "Edge": 24180}  # 2 branches x (720p/189f: 44160 | 480p/121f: 12090) gen tokens
 EPS = 1e-6
 # tile_m x tile_n, p(ingpong) or c(ooperative), cluster_m x cluster_n. 128x192p2x1 is QuACK's SM90 default.
@@ -254,52 +248,6 @@ def plain_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int) -
     return rows
 
 
-def step_rows(rounds: int) -> list[dict]:
-    import gc
-    import os
-
-    from bench.models import as_loaded_model, build_transformer, step_inputs
-    from engine.pipeline.prefill import make_gen_tower
-    from kernels.dispatch import KernelDispatcher, Path as DispatchPath
-    from kernels.gemm import QUACK_ENV_VAR
-
-    rows = []
-    for family, (width, height, frames) in STEP_SHAPES.items():
-        model = as_loaded_model(build_transformer(family), family)
-        inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=STEP_PREFIXES)
-        variants = {"cuBLAS (COSMOS3_QUACK=0)": "0", "QuACK where bit-equal": "1"}
-        towers, velocities, first_s = {}, {}, {}
-        with torch.no_grad():
-            for name, switch in variants.items():
-                os.environ[QUACK_ENV_VAR] = switch  # read when dispatch first meets a shape; cached after
-                tower = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)
-                tower.dispatch = KernelDispatcher.from_env()  # its own decisions, so the variants do not share them
-                began = time.perf_counter()
-                velocities[name] = inputs.engine_step(tower)
-                torch.cuda.synchronize()
-                first_s[name] = time.perf_counter() - began
-                towers[name] = tower
-            os.environ.pop(QUACK_ENV_VAR, None)
-            ms = interleaved({name: (lambda tower=tower: inputs.engine_step(tower)) for name, tower in towers.items()},
-                             rounds, 1)
-        cublas, quack = (velocities[name] for name in variants)
-        decisions = towers["QuACK where bit-equal"].dispatch.decisions()
-        gemms = [dict(x=list(key[3]), w=list(key[4]), path=d.path.value, cublas_ms=d.torch_ms, quack_ms=d.quack_ms,
-                      reason=d.reason)
-                 for key, d in decisions.items() if key[0] == "linear"]
-        row = {"section": "step", "family": family, "shape": f"{width}x{height} {frames}f",
-               "prefixes": list(STEP_PREFIXES), "first_step_s": first_s, "ms": ms,
-               "speedup": ms["cuBLAS (COSMOS3_QUACK=0)"] / ms["QuACK where bit-equal"],
-               "same_bits": all(torch.equal(a, b) for a, b in zip(cublas, quack)),
-               "quack_shapes": sum(g["path"] == DispatchPath.QUACK.value for g in gemms), "gemm_decisions": gemms}
-        print(json.dumps(row, default=str), flush=True)
-        rows.append(row)
-        del model, inputs, towers, velocities, cublas, quack
-        gc.collect()
-        torch.cuda.empty_cache()
-    return rows
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {SECTIONS}")
@@ -307,7 +255,6 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--inner", type=int, default=5, help="calls per sample")
     parser.add_argument("--rows", type=int, default=256, help="rows checked against fp32")
-    parser.add_argument("--step-rounds", type=int, default=3, help="`step`: interleaved rounds of one step each")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
@@ -331,10 +278,7 @@ def main(argv=None) -> int:
     print(json.dumps(results["header"]), flush=True)
     section_rows = {"mlp_in": mlp_in_rows, "residual": residual_rows, "plain": plain_rows}
     for section in sections:
-        if section == "step":
-            results[section] = step_rows(args.step_rounds)
-        else:
-            results[section] = section_rows[section](quack, configs, args.rounds, args.inner, args.rows)
+        results[section] = section_rows[section](quack, configs, args.rounds, args.inner, args.rows)
         if args.json:  # after each section, so a run cut short keeps what it measured
             Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0

@@ -12,10 +12,7 @@ cached in the dispatcher instance. Rules, in order:
 4. mode "triton" (forced): the kernel (on a CPU only under ``TRITON_INTERPRET=1``, for tests);
 5. "auto" on a CPU: the PyTorch path; "auto" on CUDA: the measured winner, cached per shape. For
    attention the candidates also include flash-attn-4's kernel where it is installed and the GPU is
-   SM90+ (``prefix_attention.flash4_unsupported``; ``COSMOS3_FLASH4=0`` leaves it out). The projections
-   (``linear``) have no Triton kernel: cuBLAS against QuACK's GEMM where it is installed on an SM90 GPU
-   (``gemm.quack_unsupported``; ``COSMOS3_QUACK=0`` leaves it out), and a QuACK config is a candidate only
-   where its output has cuBLAS's bytes (``bit_equal_candidates``).
+   SM90+ (``prefix_attention.flash4_unsupported``; ``COSMOS3_FLASH4=0`` leaves it out).
 
 How a candidate is timed (``TIMINGS``, ``COSMOS3_DISPATCH_TIMING``): "graph", the default, replays a CUDA
 graph of its calls, since the step runs inside one and pays no Python launch; "eager" times back-to-back
@@ -35,7 +32,7 @@ from typing import Callable, Hashable
 
 import torch
 
-from kernels import gemm, norms, prefix_attention as attn, qk_norm_rope as qk
+from kernels import norms, prefix_attention as attn, qk_norm_rope as qk
 from kernels.packed_kv import PackedKVLayout, kv_len_bucket
 from kernels.timing import time_ms
 
@@ -56,7 +53,6 @@ class Path(str, enum.Enum):
     TRITON = "triton"
     TORCH = "torch"
     FLASH4 = "flash4"  # flash-attn-4's kernel: attention only, never forced
-    QUACK = "quack"  # QuACK's GEMM: the projections only, never forced
 
 
 @dataclass(frozen=True)
@@ -70,8 +66,6 @@ class Decision:
     config: attn.AttentionConfig | None = None
     flash4_ms: float | None = None
     flash4_config: attn.Flash4Config | None = None
-    quack_ms: float | None = None
-    quack_config: gemm.QuackConfig | None = None
 
 
 # Candidate launch shapes for attention, timed against each other and SDPA on first use of a shape.
@@ -111,25 +105,6 @@ def _rounding_refused(head_dim: int, device: torch.device) -> str | None:
     return None
 
 
-def bit_equal_candidates(candidates: dict, reference: Callable[[], torch.Tensor]) -> tuple[dict, list[str]]:
-    """The candidates whose output equals ``reference()``'s bit for bit on this call, and why each other one was
-    left out; a candidate that raises is left out too (a library config this GPU cannot build is not fatal)."""
-    expected = reference()
-    kept, left_out = {}, []
-    for key, fn in candidates.items():
-        label = getattr(key, "label", str(key))
-        try:
-            got = fn()
-        except Exception as err:  # noqa: BLE001 - reported in the decision's reason
-            left_out.append(f"{label}: {type(err).__name__}: {err}"[:200])
-            continue
-        if torch.equal(got, expected):
-            kept[key] = fn
-        else:
-            left_out.append(f"{label}: bytes differ from the PyTorch path")
-    return kept, left_out
-
-
 def _device_key(t: torch.Tensor) -> str:
     if t.device.type == "cuda":
         return f"cuda:{t.device.index if t.device.index is not None else torch.cuda.current_device()}"
@@ -147,7 +122,6 @@ class KernelDispatcher:
         iters: int = 5,
         attention_configs: tuple[attn.AttentionConfig, ...] = DEFAULT_ATTENTION_CONFIGS,
         flash4_configs: tuple[attn.Flash4Config, ...] = attn.DEFAULT_FLASH4_CONFIGS,
-        quack_configs: tuple[gemm.QuackConfig, ...] = gemm.DEFAULT_QUACK_CONFIGS,
         timing: str = "graph",
     ) -> None:
         if mode not in MODES:
@@ -161,7 +135,6 @@ class KernelDispatcher:
         self.iters = iters
         self.attention_configs = tuple(attention_configs)
         self.flash4_configs = tuple(flash4_configs)
-        self.quack_configs = tuple(quack_configs)
         self.timing = timing
         self._decisions: dict[Hashable, Decision] = {}
 
@@ -438,40 +411,3 @@ class KernelDispatcher:
     def relu2(self, x: torch.Tensor) -> torch.Tensor:
         ok = x.dtype in (torch.bfloat16, torch.float16, torch.float32) and x.stride(-1) == 1
         return self._elementwise("relu2", lambda: norms.relu2(x), lambda: norms.relu2_reference(x), x, ok)
-
-    # ---------------------------------------------------------------------------------------------
-    # Projections: cuBLAS or QuACK's GEMM
-    # ---------------------------------------------------------------------------------------------
-    def _library_gemm(self, key: tuple, probe: torch.Tensor, unsupported: str | None, candidates: Callable[[], dict],
-                      reference: Callable[[], object]) -> Decision:
-        """The rule chain for an op whose only kernels are libraries': QuACK's configs that give the reference's
-        bytes on this call, timed against the reference (a tie keeps it)."""
-        if unsupported is None and self.mode == "triton":
-            unsupported = "no Triton kernel for a GEMM (mode triton forces the kernels that exist)"
-
-        return self._decide(key, probe, unsupported, lambda: self._measure_library(candidates(), reference))
-
-    def _measure_library(self, candidates: dict, reference: Callable[[], object]) -> Decision:
-        """The library configs with the reference's bytes on this call, each timed against the reference; the
-        fastest is kept, and a tie keeps the reference."""
-        kept, left_out = bit_equal_candidates(candidates, reference)
-        torch_ms = self._time(reference)
-        best, best_ms = self._fastest(kept, skip_failures=True)
-        path = Path.QUACK if best_ms is not None and best_ms < torch_ms else Path.TORCH
-        reason = "measured" + (f"; left out: {'; '.join(left_out)}" if left_out else "")
-        return Decision(path, reason, torch_ms=torch_ms, quack_ms=best_ms, quack_config=best)
-
-    def choose_linear(self, x: torch.Tensor, w: torch.Tensor) -> Decision:
-        key = ("linear", _device_key(x), x.dtype, tuple(x.shape), tuple(w.shape))
-        return self._library_gemm(
-            key, x, gemm.quack_unsupported(x, w),
-            lambda: {cfg: (lambda cfg=cfg: gemm.linear_quack(x, w, config=cfg)) for cfg in self.quack_configs},
-            lambda: gemm.linear_reference(x, w),
-        )
-
-    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``x @ w^T`` for x [M, K] and a weight [N, K] without bias."""
-        decision = self.choose_linear(x, w)
-        if decision.path is Path.QUACK:
-            return gemm.linear_quack(x, w, config=decision.quack_config)
-        return gemm.linear_reference(x, w)

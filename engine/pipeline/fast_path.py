@@ -251,7 +251,7 @@ class FastGenTower:
             attn = layer.self_attn
             heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
             if self.fused is not None:
-                qkv = self._gemm(normed, self.fused.qkv[index])
+                qkv = torch.nn.functional.linear(normed, self.fused.qkv[index])
                 q_width, kv_width = heads * head_dim, kv_heads * head_dim
                 q = qkv[:, :q_width].view(count, n, heads, head_dim)
                 k = qkv[:, q_width:q_width + kv_width].view(count, n, kv_heads, head_dim)
@@ -273,7 +273,7 @@ class FastGenTower:
             normed, hidden = d.add_rms_norm(out, hidden, post.weight, eps=post.eps, flavour=flavour)
             mlp = layer.mlp_moe_gen
             if mlp.hidden_act == "silu" and self.fused is not None:
-                gate_up = self._gemm(normed, self.fused.gate_up[index])
+                gate_up = torch.nn.functional.linear(normed, self.fused.gate_up[index])
                 half = gate_up.shape[-1] // 2
                 out = self._linear(index, "down_proj", mlp.down_proj, d.swiglu(gate_up[:, :half], gate_up[:, half:]))
             elif mlp.hidden_act == "silu":
@@ -285,17 +285,11 @@ class FastGenTower:
             normed, hidden = d.add_rms_norm(out, hidden, following.weight, eps=following.eps, flavour=flavour)
         return normed.view(count, n, width)
 
-    def _gemm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x @ weight^T through dispatch: a bf16 weight on cuBLAS or QuACK (same bytes), an FP8 twin on torchao."""
-        return self.dispatch.linear(x, weight)
-
     def _linear(self, index: int, name: str, module, x: torch.Tensor) -> torch.Tensor:
         """Layer `index`'s GEMM, or its FP8 twin when the FP8 pass is on (the module keeps its bf16 weight)."""
         if self.fp8 is not None:
-            return self._gemm(x, self.fp8.per_layer[index][name])
-        if module.bias is not None:
-            return module(x)
-        return self._gemm(x, module.weight)
+            return torch.nn.functional.linear(x, self.fp8.per_layer[index][name])
+        return module(x)
 
     # -- CUDA graphs ---------------------------------------------------------------------------
 
