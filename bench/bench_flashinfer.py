@@ -64,6 +64,23 @@ def interleaved(candidates: dict, rounds: int, inner: int) -> dict:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def add_common_args(parser: argparse.ArgumentParser, sections: tuple[str, ...]) -> None:
+    """The arguments this bench shares with bench_quack.py: the sections, the interleaved timing, the JSON out."""
+    parser.add_argument("--sections", default=",".join(sections), help=f"comma-separated, of {sections}")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--inner", type=int, default=5, help="calls per sample")
+    parser.add_argument("--json", default=None)
+
+
+def chosen_sections(parser: argparse.ArgumentParser, value: str, sections: tuple[str, ...]) -> list[str]:
+    """--sections as a list, or the parser's error naming the unknown ones and the allowed ones."""
+    chosen = [s for s in value.split(",") if s]
+    unknown = sorted(set(chosen) - set(sections))
+    if unknown:
+        parser.error(f"--sections: unknown {unknown}; allowed: {list(sections)}")
+    return chosen
+
+
 def bf16_rows(flashinfer, rounds: int, inner: int, error_rows: int) -> list[dict]:
     """`bf16` (module docstring): one row per (model, shape)."""
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -183,16 +200,10 @@ def fp8_rows(flashinfer, rounds: int, inner: int, error_rows: int) -> list[dict]
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {SECTIONS}")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--inner", type=int, default=5, help="calls per sample")
+    add_common_args(parser, SECTIONS)
     parser.add_argument("--rows", type=int, default=256, help="queries per branch checked against fp32")
-    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    sections = [s for s in args.sections.split(",") if s]
-    unknown = sorted(set(sections) - set(SECTIONS))
-    if unknown:
-        parser.error(f"--sections: unknown {unknown}; allowed: {list(SECTIONS)}")
+    sections = chosen_sections(parser, args.sections, SECTIONS)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         parser.error("FlashInfer's fa3 backend runs on Hopper (compute capability 9.x); this machine has "
                      + (torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA GPU"))

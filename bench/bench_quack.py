@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_flashinfer import interleaved  # noqa: E402
+from bench.bench_flashinfer import add_common_args, chosen_sections, interleaved  # noqa: E402
 from bench.bench_kernels import MODELS, gemm_shapes  # noqa: E402
 from bench.e2e import run_header  # noqa: E402
 from kernels import norms  # noqa: E402
@@ -250,17 +250,11 @@ def plain_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int) -
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {SECTIONS}")
+    add_common_args(parser, SECTIONS)
     parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="QuACK tile configs, comma-separated")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--inner", type=int, default=5, help="calls per sample")
     parser.add_argument("--rows", type=int, default=256, help="rows checked against fp32")
-    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    sections = [s for s in args.sections.split(",") if s]
-    unknown = sorted(set(sections) - set(SECTIONS))
-    if unknown:
-        parser.error(f"--sections: unknown {unknown}; allowed: {list(SECTIONS)}")
+    sections = chosen_sections(parser, args.sections, SECTIONS)
     try:
         config_fields = {spelling: parse_config(spelling) for spelling in args.configs.split(",") if spelling}
     except ValueError as err:
