@@ -1,6 +1,6 @@
 """QuACK's GEMMs with fused epilogues against cuBLAS and the engine's separate passes, on one Hopper GPU (issue 17).
 
-    python bench/bench_quack.py --json $OUT/quack.json     # ~3 min on an H200, most of it compiling
+    python bench/bench_quack.py --json $OUT/quack.json     # ~1 min on an H200, much of it compiling
 
 QuACK (`quack-kernels`, Dao-AILab's CuTe DSL kernels; flash-attn-4 depends on it) has Hopper GEMMs whose
 epilogue applies the MLP's activation to the fp32 accumulator, or adds the GEMM into a tensor in place. In the
@@ -12,14 +12,16 @@ only pays where QuACK's GEMM keeps up with cuBLAS's.
 Sections (rows = both CFG branches' gen tokens: Nano at 720p/189f, 88320; Edge at 480p/121f, 24180):
 - `mlp_in`: x @ [gate; up]^T then SwiGLU (Nano), or x @ up^T then ReLU^2 (Edge): cuBLAS then kernels.norms'
   pass, against QuACK's `gemm_act` on the engine's fused [gate; up] weight (`concat_layout=("B",)`), the
-  pre-activation not stored.
+  pre-activation not stored. With QuACK 0.6.5 over nvidia-cutlass-dsl 4.8.1 every `gemm_act` call fails before
+  a kernel runs; the row reports it under "failed" (docs/PERFORMANCE.md, "GEMMs: QuACK").
 - `residual`: the attention-out and down projections, then RMSNorm of the residual stream: cuBLAS then the
   fused add + RMSNorm, against QuACK's GEMM adding into the residual in place, then RMSNorm alone.
 - `plain`: the q|k|v projection, cuBLAS against QuACK's GEMM.
 
 Every QuACK candidate runs at each of --configs, explicit tile configs (its autotuner would compile ~40 configs
 a kernel); the first call's compile time is reported. Errors: relative L2 against the fp32 computation on the
-same bf16 inputs, first --rows rows. Timing: each round takes one sample of every candidate in turn (CUDA events
+same bf16 inputs, first --rows rows; `same_bits_as_baseline` says whether a candidate's output has the cuBLAS
+path's bytes (the engine's exact paths would need that). Timing: each round takes one sample of every candidate in turn (CUDA events
 around --inner calls), so a clock drifting under the power cap moves them alike; medians over --rounds.
 """
 from __future__ import annotations
