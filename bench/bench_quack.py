@@ -16,13 +16,14 @@ Sections (rows = both CFG branches' gen tokens: Nano at 720p/189f, 88320; Edge a
   a kernel runs; the row reports it under "failed" (docs/PERFORMANCE.md, "GEMMs: QuACK").
 - `residual`: the attention-out and down projections, then RMSNorm of the residual stream: cuBLAS then the
   fused add + RMSNorm, against QuACK's GEMM adding into the residual in place, then RMSNorm alone.
-- `plain`: the q|k|v projection, cuBLAS against QuACK's GEMM.
+- `plain`: every projection (q|k|v, attention-out, MLP input, down), cuBLAS against QuACK's GEMM.
 
 Every QuACK candidate runs at each of --configs, explicit tile configs (its autotuner would compile ~40 configs
 a kernel); the first call's compile time is reported. Errors: relative L2 against the fp32 computation on the
 same bf16 inputs, first --rows rows; `same_bits_as_baseline` says whether a candidate's output has the cuBLAS
-path's bytes (the engine's exact paths would need that). Timing: each round takes one sample of every candidate in turn (CUDA events
-around --inner calls), so a clock drifting under the power cap moves them alike; medians over --rounds.
+path's bytes (the engine's exact paths would need that). Timing: each round takes one sample of every candidate
+in turn (CUDA events around --inner calls), so a clock drifting under the power cap moves them alike; medians
+over --rounds.
 """
 from __future__ import annotations
 
@@ -227,26 +228,27 @@ def plain_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int) -
     rows = []
     for model, cfg in MODELS.items():
         m = ROWS[model]
-        k, n = gemm_shapes(cfg)["qkv"]
-        g = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=g)
-        w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda", generator=g) / k ** 0.5
-        outputs = {"cuBLAS": torch.empty(m, n, dtype=torch.bfloat16, device="cuda")}
-        candidates = {"cuBLAS": lambda: torch.matmul(x, w.T, out=outputs["cuBLAS"])}
-        for label, config in configs.items():
-            name = f"QuACK {label}"
-            outputs[name] = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-            candidates[name] = (lambda config=config, out=outputs[name]: gemm_fn(x, w.T, out, None, config=config))
-        row = {"section": "plain", "model": model, "proj": "qkv", "m": m, "k": k, "n": n, "captures": {}}
-        _first_calls(row, candidates, outputs)
-        for name, fn in candidates.items():
-            row["captures"][name] = _captures(fn)
-        reference = x[:error_rows].float() @ w.float().T
-        row["rel_error_vs_fp32"] = {name: relative_error(out[:error_rows], reference) for name, out in outputs.items()}
-        row["same_bits_as_baseline"] = {name: torch.equal(out, outputs["cuBLAS"]) for name, out in outputs.items()}
-        rows.append(_finish(row, candidates, 2 * m * k * n, rounds, inner))
-        del x, w, outputs, candidates
-        torch.cuda.empty_cache()
+        for proj, (k, n) in gemm_shapes(cfg).items():
+            g = torch.Generator(device="cuda").manual_seed(0)
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=g)
+            w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda", generator=g) / k ** 0.5
+            outputs = {"cuBLAS": torch.empty(m, n, dtype=torch.bfloat16, device="cuda")}
+            candidates = {"cuBLAS": lambda: torch.matmul(x, w.T, out=outputs["cuBLAS"])}
+            for label, config in configs.items():
+                name = f"QuACK {label}"
+                outputs[name] = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+                candidates[name] = (lambda config=config, out=outputs[name]: gemm_fn(x, w.T, out, None, config=config))
+            row = {"section": "plain", "model": model, "proj": proj, "m": m, "k": k, "n": n, "captures": {}}
+            _first_calls(row, candidates, outputs)
+            for name, fn in candidates.items():
+                row["captures"][name] = _captures(fn)
+            reference = x[:error_rows].float() @ w.float().T
+            row["rel_error_vs_fp32"] = {name: relative_error(out[:error_rows], reference)
+                                        for name, out in outputs.items()}
+            row["same_bits_as_baseline"] = {name: torch.equal(out, outputs["cuBLAS"]) for name, out in outputs.items()}
+            rows.append(_finish(row, candidates, 2 * m * k * n, rounds, inner))
+            del x, w, outputs, candidates
+            torch.cuda.empty_cache()
     return rows
 
 
