@@ -164,5 +164,6 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())

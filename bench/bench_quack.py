@@ -43,6 +43,7 @@ from bench.bench_flashinfer import add_common_args, chosen_sections, interleaved
 from bench.bench_kernels import MODELS, gemm_shapes  # noqa: E402
 from bench.e2e import run_header  # noqa: E402
 from kernels import norms  # noqa: E402
+from kernels.graphs import capture  # noqa: E402
 
 SECTIONS = ("mlp_in", "residual", "plain")
 ROWS = {"Nano": 88320, "Edge": 24180}  # 2 branches x (720p/189f: 44160 | 480p/121f: 12090) gen tokens
@@ -104,20 +105,22 @@ def _first_calls(row: dict, candidates: dict, outputs: dict) -> None:
 def _captures(fn) -> bool:
     """Whether one call records into a CUDA graph and replays (the engine captures its whole step)."""
     try:
-        graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(graph):
-            fn()
+        graph, _ = capture(fn)
         graph.replay()
         torch.cuda.synchronize()
         return True
     except Exception as err:  # noqa: BLE001 - reported, not fatal: the bench still times it eagerly
         print(json.dumps({"capture_failed": f"{type(err).__name__}: {err}"[:300]}), flush=True)
         return False
+
+
+def _operands(m: int, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Generator]:
+    """Seeded bf16 x [m, k] and weight [n, k] (scaled as a trained projection's output stays O(1)), and the
+    generator, for whatever else a row draws."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=g)
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda", generator=g) / k ** 0.5
+    return x, w, g
 
 
 def _finish(row: dict, candidates: dict, flops: int, rounds: int, inner: int) -> dict:
@@ -136,9 +139,7 @@ def mlp_in_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int) 
         m = ROWS[model]
         k, n = gemm_shapes(cfg)["mlp_in"]
         activation = "swiglu" if cfg["flavour"] == "diffusers" else "relu_sq"
-        g = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=g)
-        w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda", generator=g) / k ** 0.5
+        x, w, _ = _operands(m, k, n)
         outputs = {}
 
         def cublas_then_pass():
@@ -178,9 +179,7 @@ def residual_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int
         m = ROWS[model]
         for proj in ("out", "down"):
             k, n = gemm_shapes(cfg)[proj]
-            g = torch.Generator(device="cuda").manual_seed(0)
-            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=g)
-            w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda", generator=g) / k ** 0.5
+            x, w, g = _operands(m, k, n)
             hidden0 = torch.randn(m, n, dtype=torch.bfloat16, device="cuda", generator=g)
             norm_weight = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(torch.bfloat16)
             outputs = {}
@@ -229,9 +228,7 @@ def plain_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int) -
     for model, cfg in MODELS.items():
         m = ROWS[model]
         for proj, (k, n) in gemm_shapes(cfg).items():
-            g = torch.Generator(device="cuda").manual_seed(0)
-            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=g)
-            w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda", generator=g) / k ** 0.5
+            x, w, _ = _operands(m, k, n)
             outputs = {"cuBLAS": torch.empty(m, n, dtype=torch.bfloat16, device="cuda")}
             candidates = {"cuBLAS": lambda: torch.matmul(x, w.T, out=outputs["cuBLAS"])}
             for label, config in configs.items():
