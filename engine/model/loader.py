@@ -280,8 +280,10 @@ def _fp8_only_fits(info, root: Path, device, need: int, budget: int | None, weig
                    fp8_loader) -> bool:
     """Whether to build the FP8-only model: FP8 asked for (`fp8_loader`, its `policy_for` sizing it), the bf16
     weights over the budget, the FP8 ones under it. Otherwise refuse what does not fit (naming the FP8 option on one GPU) or return False."""
-    fp8_need = (fp8_weight_bytes(root, dtype.itemsize, fp8_loader.policy_for(info.family, device) if fp8_loader else None)
-                if weight_shards == 1 and not fits(need, budget) else None)
+    fp8_need = None
+    if weight_shards == 1 and not fits(need, budget):  # only then does the FP8 size matter (and the policy's lookup)
+        policy = fp8_loader.policy_for(info.family, device) if fp8_loader else None
+        fp8_need = fp8_weight_bytes(root, dtype.itemsize, policy)
     if fp8_loader is not None and fp8_need is not None and fits(fp8_need, budget):
         return True
     _check_fits(info, device, need, budget, weight_shards, fp8_need)

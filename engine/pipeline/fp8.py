@@ -50,9 +50,9 @@ ROLES = GEMMS + ("attn",)
 # fused Triton row kernel, one, through torchao's `KernelPreference.MSLK` (optional: `mslk-cuda`). One rounding
 # differs: torchao takes amax / 448 in the activation's dtype (bf16) before widening it, MSLK in fp32, so an
 # element can land one e4m3 step apart (tests/test_gpu_fp8.py; the gate holds either way, docs/PERFORMANCE.md).
+# Only MSLK's Triton quantiser is used, so its native library stays unloaded (`engine/__init__.py` says why).
 QUANTISERS = ("torch", "mslk")
 MSLK_DISTRIBUTION = "mslk-cuda"
-# Only MSLK's Triton quantiser is used, so its native library stays unloaded (`engine/__init__.py` says why).
 
 # Below this many gen tokens per branch the FP8 attention is not offered: measured only at 12090 (1.12x bf16's
 # flash-attn-4, both branches, quantisation included) and 44160 (1.19-1.22x) on one H200 (bench/bench_attention_fp8.py;
@@ -144,8 +144,8 @@ class FP8Policy:
 # (313 ms against 255), with MSLK's level (258 against 262, one timed step each; by our reading the
 # quantisation of its 9216-wide input was the cost); its FP8 attention alone passes (1.18x) but timed 222.9
 # against 230.3 ms in one gate run and 247.9 against 233.9 in another (one timed step each), too close to call,
-# so Edge keeps row:down. Where MSLK is
-# installed every default takes its quantiser ("/mslk", `policy_from_env`): the gate moved by at most 0.03x.
+# so Edge keeps row:down. Where MSLK is installed every default takes its quantiser ("/mslk", `policy_from_env`):
+# the gate moved by at most 0.03x.
 # Super shares Nano's architecture (SwiGLU) and takes its GEMM policy (an fp32 Super forward fits no GPU, so
 # its gate cannot be measured); built FP8-only, its GEMM weights are fixed at load.
 DEFAULT_POLICIES = {"nano": "row:in+attn", "super": "row:in", "edge": "row:down"}
