@@ -32,7 +32,7 @@ from typing import Callable, Hashable
 
 import torch
 
-from kernels import norms, prefix_attention as attn, qk_norm_rope as qk
+from kernels import norms, prefix_attention as attn, qk_norm_rope as qk, shared_gen_attention as sga
 from kernels.packed_kv import PackedKVLayout, kv_len_bucket
 from kernels.timing import time_ms
 
@@ -65,6 +65,19 @@ class Decision:
     torch_ms: float | None = None
     config: attn.AttentionConfig | None = None
     flash4_ms: float | None = None
+    flash4_config: attn.Flash4Config | None = None
+
+
+@dataclass(frozen=True)
+class SharingDecision:
+    """Whether the first layer's attention computes its gen block once for all branches
+    (``kernels.shared_gen_attention``), and on what: ``path`` FLASH4 (flash-attn-4's parts, the Triton combine),
+    TORCH (the PyTorch reference: the CPU), or None (not shared: ``prefix_attention`` as at every other layer)."""
+
+    path: Path | None
+    reason: str
+    shared_ms: float | None = None
+    regular_ms: float | None = None
     flash4_config: attn.Flash4Config | None = None
 
 
@@ -137,6 +150,7 @@ class KernelDispatcher:
         self.flash4_configs = tuple(flash4_configs)
         self.timing = timing
         self._decisions: dict[Hashable, Decision] = {}
+        self._sharing: dict[Hashable, SharingDecision] = {}
 
     @classmethod
     def from_env(cls, **kwargs) -> "KernelDispatcher":
@@ -145,12 +159,13 @@ class KernelDispatcher:
         kwargs.setdefault("timing", timing_from_env())
         return cls(os.environ.get(ENV_VAR, "auto"), **kwargs)
 
-    def decisions(self) -> dict[Hashable, Decision]:
+    def decisions(self) -> dict[Hashable, Decision | SharingDecision]:
         """A copy of the measured (cached) decisions, keyed by op and shape."""
-        return dict(self._decisions)
+        return {**self._decisions, **self._sharing}
 
     def clear(self) -> None:
         self._decisions.clear()
+        self._sharing.clear()
 
     # ---------------------------------------------------------------------------------------------
     # The rule chain shared by every op
@@ -367,6 +382,71 @@ class KernelDispatcher:
             raise ValueError(f"prefix attention with the lengths on the device needs a kernel that reads them (Triton "
                              f"or flash-attn-4); dispatch chose the PyTorch path ({decision.reason})")
         return attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=out)
+
+    # ---------------------------------------------------------------------------------------------
+    # The first layer's attention, its gen block shared by the branches
+    # ---------------------------------------------------------------------------------------------
+    def choose_shared_gen_attention(
+        self, q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, *, scale: float | None = None
+    ) -> SharingDecision:
+        """Rules: not while compiling, nor where the shared form does not apply (`sga.check_shared_inputs`); on
+        the CPU the PyTorch reference (tests: the model is tiny there); on CUDA only in "auto" mode with
+        flash-attn-4, the one kernel here that returns the log-sum-exp the combine needs, and only where it is
+        measured faster than this shape's `prefix_attention` (timed through its own decision)."""
+        if torch.compiler.is_compiling():
+            return SharingDecision(None, "compiling")
+        try:
+            sga.check_shared_inputs(q, kv_buffer, layout)
+        except ValueError as err:
+            return SharingDecision(None, f"unsupported: {err}")
+        if q.device.type != "cuda":
+            return SharingDecision(Path.TORCH, "cpu: the reference")
+        if self.mode != "auto":
+            return SharingDecision(None, f"mode {self.mode}: forced paths run the attention of every other layer")
+        why = sga.shared_unsupported(q)
+        if why is not None:
+            return SharingDecision(None, f"unsupported: {why}")
+        key = ("shared_gen_attention", _device_key(q), q.dtype, tuple(q.shape), kv_buffer.shape[2],
+               kv_len_bucket(layout.kv_len_limit))
+        cached = self._sharing.get(key)
+        if cached is not None:
+            return cached
+        if torch.cuda.is_current_stream_capturing():
+            return SharingDecision(None, "capturing: not measured; call once before capture")
+        scratch = torch.empty_like(q)
+        self.prefix_attention(q, kv_buffer, layout, scale=scale, out=scratch)  # its own decision, measured first
+        regular_ms = self._time(lambda: self.prefix_attention(q, kv_buffer, layout, scale=scale, out=scratch))
+        shared = {
+            cfg: (lambda cfg=cfg: sga.shared_gen_attention_flash4(q, kv_buffer, layout, scale=scale, out=scratch,
+                                                                  config=cfg))
+            for cfg in attn.flash4_configs_for(q, self.flash4_configs)
+        }
+        cfg, shared_ms = self._fastest(shared, skip_failures=True)
+        faster = shared_ms is not None and shared_ms < regular_ms
+        decision = SharingDecision(Path.FLASH4 if faster else None, "measured", shared_ms=shared_ms,
+                                   regular_ms=regular_ms, flash4_config=cfg if faster else None)
+        self._sharing[key] = decision
+        return decision
+
+    def shared_gen_attention(
+        self,
+        q: torch.Tensor,
+        kv_buffer: torch.Tensor,
+        layout: PackedKVLayout,
+        *,
+        scale: float | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The first layer's attention, q [B, N, Hq, D] over each branch's rows, with the gen block of branch 0
+        for every branch (``kernels.shared_gen_attention``: only where every branch's gen tokens are the same
+        and their positions shifted alike) where `choose_shared_gen_attention` says so, else `prefix_attention`."""
+        decision = self.choose_shared_gen_attention(q, kv_buffer, layout, scale=scale)
+        if decision.path is Path.FLASH4:
+            return sga.shared_gen_attention_flash4(q, kv_buffer, layout, scale=scale, out=out,
+                                                   config=decision.flash4_config)
+        if decision.path is Path.TORCH:
+            return sga.shared_gen_attention_reference(q, kv_buffer, layout, scale=scale, out=out)
+        return self.prefix_attention(q, kv_buffer, layout, scale=scale, out=out)
 
     # ---------------------------------------------------------------------------------------------
     # Residual add + RMSNorm, activations

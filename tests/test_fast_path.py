@@ -134,3 +134,91 @@ def test_each_request_runs_the_qk_norm_rounding_its_frames_call_for(model, mode,
         model.fast_path = None
     assert seen and set(seen) == {rounded}
     assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1
+
+
+VIDEO = dict(mode="t2v", prompt="waves on rocks at dawn", negative_prompt="blurry", seed=2, steps=2, num_frames=9,
+             guidance_scale=6.0, guidance_interval=None)
+
+
+def _spy_towers(monkeypatch) -> list:
+    import engine.pipeline.prefill as pipeline
+
+    made = []
+    original = pipeline.make_gen_tower
+    monkeypatch.setattr(pipeline, "make_gen_tower", lambda *a: made.append((a, original(*a))) or made[-1][1])
+    return made
+
+
+def test_first_layer_shares_its_gen_block_and_agrees_with_every_branch_on_its_own(model, monkeypatch):
+    # The real M-RoPE positions of a video request (two prompts of different lengths): the first layer's gen
+    # block computed once must give each branch's own attention, so both towers agree to fp32 rounding; and the
+    # shared op must have run once per step (a pass that silently never applies fails here).
+    from engine.pipeline import fast_path
+    from kernels import shared_gen_attention as sga
+
+    monkeypatch.setattr(fast_path, "SHARE_MIN_GEN_TOKENS", 1)
+    calls = []
+    fn = sga.shared_gen_attention_reference
+    monkeypatch.setattr(sga, "shared_gen_attention_reference", lambda *a, **k: calls.append(1) or fn(*a, **k))
+    made = _spy_towers(monkeypatch)
+    model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
+    try:
+        shared = generate(model, VIDEO)
+        (args, tower), = made
+        assert tower.shares_gen_block and len(calls) == VIDEO["steps"]
+        model_, cache, branches = args[:3]
+        assert len(branches) == 2 and len(branches[0].token_ids) != len(branches[1].token_ids)
+        own = FastGenTower(model_, cache, branches, FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch",
+                                                                   share_first_attention=False),
+                           round_qk_norm=tower.round_qk_norm)
+        assert not own.shares_gen_block
+        width = model.transformer.config.hidden_size
+        tokens = torch.randn(cache.layout.gen_len, width, generator=torch.Generator().manual_seed(0))
+        before = len(calls)
+        for a, b in zip(tower(tokens, 2), own(tokens, 2)):
+            assert ((a - b).norm() / b.norm()).item() < 1e-5
+        assert len(calls) == before + 1
+        model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch", share_first_attention=False)
+        separate = generate(model, VIDEO)
+    finally:
+        model.fast_path = None
+    assert len(calls) == before + 1  # the switch turns it off
+    assert np.abs(shared.frames.astype(int) - separate.frames.astype(int)).max() <= 1
+
+
+def test_gen_block_is_not_shared_when_positions_do_not_shift_alike(model, monkeypatch):
+    from engine.pipeline import fast_path
+
+    monkeypatch.setattr(fast_path, "SHARE_MIN_GEN_TOKENS", 1)
+    made = _spy_towers(monkeypatch)
+    model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
+    try:
+        generate(model, dict(VIDEO, steps=1))
+    finally:
+        model.fast_path = None
+    (args, tower), = made
+    branches = args[2]
+    assert fast_path.gen_positions_shift_alike(branches)
+    skewed = branches[1].position_ids.clone()
+    text = len(branches[1].token_ids)
+    skewed[1, text + 1:] += 1  # one axis shifted for all but the first gen token: no longer one shift per axis
+    assert not fast_path.gen_positions_shift_alike([branches[0], type(branches[1])(1, branches[1].token_ids, skewed)])
+    assert not fast_path.gen_positions_shift_alike(branches[:1])
+    default = FastPathOptions.from_env(torch.device("cpu"))
+    assert default.share_first_attention
+    monkeypatch.setenv("COSMOS3_SHARE_FIRST_ATTENTION", "0")
+    assert not FastPathOptions.from_env(torch.device("cpu")).share_first_attention
+
+
+def test_gen_block_is_shared_only_from_a_videos_gen_length(model, monkeypatch):
+    from kernels import shared_gen_attention as sga
+
+    calls = []
+    fn = sga.shared_gen_attention_reference
+    monkeypatch.setattr(sga, "shared_gen_attention_reference", lambda *a, **k: calls.append(1) or fn(*a, **k))
+    model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
+    try:
+        generate(model, dict(VIDEO, steps=1))  # the tiny model's video has far fewer gen tokens than the bound
+    finally:
+        model.fast_path = None
+    assert not calls

@@ -53,3 +53,38 @@ def test_fast_step_matches_diffusers(model, shape, video_qk_fp32):
         print(f"{model.info.family} {shape} video_qk_fp32={video_qk_fp32}: fast rel. error {fast_error:.2e}, exact tower {eager_error:.2e}")
         assert fast_error <= BF16_REL_ERROR
         assert eager_error <= BF16_REL_ERROR
+
+
+def test_shared_first_layer_attention_keeps_the_step_as_close_to_diffusers(model, monkeypatch):
+    # The first layer's gen block computed once (kernels.shared_gen_attention) on flash-attn-4, forced at a short
+    # video (the engine shares from SHARE_MIN_GEN_TOKENS, where dispatch also measures it): the step's velocity
+    # against diffusers' must stay within the bf16 bound, and near the unshared step's error.
+    from bench.models import step_inputs
+    from engine.pipeline import fast_path
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.prefill import make_gen_tower
+    from kernels import dispatch, prefix_attention as pa, shared_gen_attention as sga
+
+    probe = torch.empty(1, 1, 1, 128, device="cuda", dtype=torch.bfloat16)
+    if sga.shared_unsupported(probe) is not None:
+        pytest.skip(sga.shared_unsupported(probe))
+    monkeypatch.setattr(fast_path, "SHARE_MIN_GEN_TOKENS", 1)
+    forced = dispatch.SharingDecision(dispatch.Path.FLASH4, "forced by the test", flash4_config=pa.DEFAULT_FLASH4_CONFIGS[-1])
+    monkeypatch.setattr(dispatch.KernelDispatcher, "choose_shared_gen_attention", lambda self, *a, **k: forced)
+    calls = []
+    parts = sga.partials_flash4
+    monkeypatch.setattr(sga, "partials_flash4", lambda *a, **k: calls.append(1) or parts(*a, **k))
+    inputs = step_inputs(model, width=832, height=480, frames=17, prefix_lens=(301, 517))
+    errors = {}
+    with torch.no_grad():
+        reference = inputs.diffusers_step()
+        for share in (True, False):
+            options = FastPathOptions(enabled=True, cuda_graphs=False, share_first_attention=share)
+            tower = make_gen_tower(model, inputs.cache, inputs.branches, options, inputs.layout)
+            assert tower.shares_gen_block is share
+            fast = inputs.engine_step(tower)
+            errors[share] = [float((ours - theirs).norm() / theirs.norm()) for ours, theirs in zip(fast, reference)]
+    print(f"{model.info.family} 832x480x17: rel. error against diffusers, shared {errors[True]}, not shared {errors[False]}")
+    assert len(calls) == 1  # one step, one first layer
+    for shared, separate in zip(errors[True], errors[False]):
+        assert shared <= BF16_REL_ERROR and shared <= 1.25 * separate

@@ -225,3 +225,23 @@ def test_gpu_rounding_needs_head_dim_128():
     d = dsp.KernelDispatcher("triton")
     decision = d.choose_qk_norm_rope(*_qk_args(d=64), eps=1e-6, round_norm_before_rope=True)
     assert decision.path is dsp.Path.TORCH and "head_dim 128" in decision.reason
+
+
+def test_shared_first_layer_attention_rules_off_the_gpu():
+    # On the CPU the shared op is the reference in every mode (the tiny towers' tests run it); where it does not
+    # apply, the attention of every other layer runs, and the result says so.
+    layout = PackedKVLayout((3, 5), 8)
+    q = torch.randn(2, 8, 4, 16).expand(2, 8, 4, 16).contiguous()
+    buf = layout.allocate(2, 16, dtype=torch.float32, device="cpu").normal_()
+    for mode in dsp.MODES:
+        decision = dsp.KernelDispatcher(mode).choose_shared_gen_attention(q, buf, layout)
+        assert decision.path is dsp.Path.TORCH and decision.reason == "cpu: the reference"
+    one = PackedKVLayout((3,), 8)
+    declined = dsp.KernelDispatcher("auto").choose_shared_gen_attention(q[:1], buf[:, : one.total_rows], one)
+    assert declined.path is None and "two or more branches" in declined.reason
+    d = dsp.KernelDispatcher("torch")
+    out = d.shared_gen_attention(q[:1], buf[:, : one.total_rows], one)
+    torch.testing.assert_close(out, pa.prefix_attention_reference(q[:1], buf[:, : one.total_rows], one))
+    from kernels import shared_gen_attention as sga
+
+    torch.testing.assert_close(d.shared_gen_attention(q, buf, layout), sga.shared_gen_attention_reference(q, buf, layout))

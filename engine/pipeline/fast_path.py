@@ -22,6 +22,11 @@
 - **whole step** (`engine.pipeline.whole_step`): the gen tokens, tower, velocity, CFG combine and the sampler
   update (`engine.pipeline.scheduler_tables`) run from static device buffers, captured as one graph where CUDA
   graphs apply, and kept across requests of the same shape;
+- **first-layer gen attention shared** (`kernels.shared_gen_attention`): every branch feeds the tower the same gen
+  tokens, so the first layer's gen-to-gen attention block is the same in every branch; it is computed once and
+  joined with each branch's prefix block by their log-sum-exps. From `SHARE_MIN_GEN_TOKENS` gen tokens a branch,
+  where dispatch measures it faster (flash-attn-4), and only where the branches' gen positions are shifted alike
+  (`gen_positions_shift_alike`); at Nano 720p it halves one of 36 layers' attention;
 - **lengths on the device** (with the whole step): the K/V buffers get a capacity of rows and the attention
   reads each branch's start and length from device tensors, so a kept step graph serves any prompt length
   that fits, instead of a capture per new length; attention then runs our Triton kernel or flash-attn-4,
@@ -31,7 +36,7 @@ Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.Eage
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_VIDEO_QK_FP32=0`, `COSMOS3_FUSED_PROJECTIONS=0`,
 `COSMOS3_VAE_CHANNELS_LAST=0`, `COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`,
-`COSMOS3_LENGTHS_ON_DEVICE=0`, and the one pass that is off by default and approximate, `COSMOS3_FP8=1`
+`COSMOS3_LENGTHS_ON_DEVICE=0`, `COSMOS3_SHARE_FIRST_ATTENTION=0`, and the one pass that is off by default and approximate, `COSMOS3_FP8=1`
 (`engine.pipeline.fp8`: FP8 GEMMs, and FP8 attention where its policy names "attn"); `bench/bench_engine.py`
 ablates them.
 """
@@ -60,6 +65,14 @@ CAPTURE_EMPTY_CACHE_BELOW = 0.2
 # branch). For long videos a step is seconds of attention and a graph only adds a second memory pool.
 GRAPH_MAX_GEN_TOKENS = 16384
 
+# The first layer's gen block is shared by the branches from this many gen tokens a branch (videos). Why a bound:
+# below it a step is an image's, launch-bound and captured, where the gen block is a small share of the keys
+# (Nano T2I: 1024 gen tokens beside a 1.6k-token caption) and the measurement would cost the first request.
+SHARE_MIN_GEN_TOKENS = 8192
+# How far (in positions) a branch's gen positions may stray from branch 0's plus one shift per axis: float
+# positions (fps modulation) round differently at different offsets, by ~1e-4 at the lengths of real captions.
+POSITION_SHIFT_TOLERANCE = 1e-3
+
 
 def _env_on(name: str) -> bool:
     return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
@@ -78,6 +91,7 @@ class FastPathOptions:
     uint8_frames: bool = True
     vae_fast_decode: bool = True  # a step of the uint8 decode: uint8_frames off (COSMOS3_UINT8_FRAMES=0) turns it off too
     lengths_on_device: bool = True  # whole-step graphs kept for any prompt length (engine.pipeline.whole_step)
+    share_first_attention: bool = True  # the first layer's gen block once for all branches (kernels.shared_gen_attention)
     fp8: bool = False  # approximate: off unless asked for (engine.pipeline.fp8)
     fp8_policy: str = ""  # which GEMMs and how (engine.pipeline.fp8.FP8Policy); "": COSMOS3_FP8_POLICY or the default
 
@@ -95,6 +109,7 @@ class FastPathOptions:
             uint8_frames=_env_on("COSMOS3_UINT8_FRAMES"),
             vae_fast_decode=_env_on("COSMOS3_VAE_FAST_DECODE"),
             lengths_on_device=_env_on("COSMOS3_LENGTHS_ON_DEVICE"),
+            share_first_attention=_env_on("COSMOS3_SHARE_FIRST_ATTENTION"),
             fp8=fp8_from_env(),
             fp8_policy=os.environ.get("COSMOS3_FP8_POLICY", "").strip(),
         )
@@ -117,6 +132,22 @@ def rounds_qk_norm(options: FastPathOptions, latent_frames: int | None) -> bool:
     flash-attn-4's where installed). `latent_frames=None` (not known): rounded.
     """
     return not options.video_qk_fp32 or latent_frames is None or latent_frames <= 1
+
+
+def gen_positions_shift_alike(branches) -> bool:
+    """Whether each branch's gen positions are branch 0's plus one shift per M-RoPE axis (within
+    `POSITION_SHIFT_TOLERANCE`), so that every gen-to-gen rotary score is the same in all branches: what sharing
+    the first layer's gen block rests on. Branches without positions (a GPU group's) do not share. One host read."""
+    if len(branches) < 2 or any(getattr(b, "position_ids", None) is None for b in branches):
+        return False
+    gens = [b.position_ids[:, len(b.token_ids):].double() for b in branches]
+    for gen in gens[1:]:
+        if gen.shape != gens[0].shape:
+            return False
+        shift = gen - gens[0]
+        if not bool(((shift - shift[:, :1]).abs() <= POSITION_SHIFT_TOLERANCE).all()):
+            return False
+    return True
 
 
 def capture_graph(run: Callable[[], T], pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
@@ -216,6 +247,9 @@ class FastGenTower:
             self.fused = self.fp8
         else:
             self.fused = fused_projections(model) if options.fused_projections else None
+        # Every branch gets the same gen tokens (`run`), so the first layer's gen block is shared where the
+        # positions allow it.
+        self.shares_gen_block = options.share_first_attention and gen_positions_shift_alike(branches)
         self.use_graphs = (options.cuda_graphs and tr.device.type == "cuda"
                            and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS)
         self._graphs: dict[tuple[int, int], tuple] = {}
@@ -266,6 +300,8 @@ class FastGenTower:
             )
             if self.fp8 is not None and self.fp8.attends_in_fp8(index, len(layers), layout):
                 out = self.fp8.attention(q, buffers[index], layout)
+            elif index == 0 and self._shares_first_attention(layout, count):
+                out = d.shared_gen_attention(q, buffers[index], layout)
             else:
                 out = d.prefix_attention(q, buffers[index], layout)
             out = self._linear(index, "to_add_out", attn.to_add_out, out.reshape(count * n, heads * head_dim))
@@ -284,6 +320,12 @@ class FastGenTower:
             following = layers[index + 1].input_layernorm_moe_gen if index + 1 < len(layers) else tr.norm_moe_gen
             normed, hidden = d.add_rms_norm(out, hidden, following.weight, eps=following.eps, flavour=flavour)
         return normed.view(count, n, width)
+
+    def _shares_first_attention(self, layout: PackedKVLayout, count: int) -> bool:
+        """Whether this run's first layer may share its gen block (dispatch still measures whether it pays):
+        two or more branches from branch 0 on, their positions shifted alike, host lengths, a video's gen length."""
+        return (self.shares_gen_block and count >= 2 and layout.lengths is None
+                and layout.gen_len >= SHARE_MIN_GEN_TOKENS)
 
     def _linear(self, index: int, name: str, module, x: torch.Tensor) -> torch.Tensor:
         """Layer `index`'s GEMM, or its FP8 twin when the FP8 pass is on (the module keeps its bf16 weight)."""
