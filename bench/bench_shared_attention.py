@@ -11,12 +11,19 @@ branch's own rows, on the first --rows queries of every branch (`bench_attention
 
 Timing: interleaved rounds, as in bench_flashinfer.py. A step shares one layer, so `saved_ms_per_step` is the
 fastest one-call time less the fastest shared time.
+
+`step`: one whole denoising step of the engine's fast tower (both CFG branches, prefixes 1606/59, the real M-RoPE
+positions) with the pass on and off (`FastPathOptions.share_first_attention`), in one process on one machine,
+interleaved: full-size random Nano at 1280x720/189f and Edge at 832x480/121f (--step-shapes). Also the two
+velocities' relative difference. ~3 min on an H200.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -30,7 +37,8 @@ from bench.e2e import run_header  # noqa: E402
 from kernels import prefix_attention as pa, shared_gen_attention as sga  # noqa: E402
 from kernels.packed_kv import PackedKVLayout  # noqa: E402
 
-SECTIONS = ("first_layer",)
+SECTIONS = ("first_layer", "step")
+STEP_SHAPES = "nano:1280x720x189,edge:832x480x121"
 
 
 def first_layer_operands(layout: PackedKVLayout, hq: int, hkv: int, seed: int = 0, device: str = "cuda"):
@@ -87,18 +95,67 @@ def first_layer_rows(rounds: int, inner: int, error_rows: int) -> list[dict]:
     return rows
 
 
+def step_rows(shapes: str, rounds: int) -> list[dict]:
+    """`step` (module docstring): one row per family and shape."""
+    import gc
+
+    from bench.models import as_loaded_model, build_transformer, step_inputs
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.prefill import make_gen_tower
+    from kernels.timing import time_ms
+
+    rows = []
+    for spec in shapes.split(","):
+        family, _, size = spec.partition(":")
+        width, height, frames = (int(x) for x in size.split("x"))
+        model = as_loaded_model(build_transformer(family), family)
+        inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=PREFIXES)
+        towers, velocities = {}, {}
+        with torch.no_grad():
+            for label, share in (("shared", True), ("one call", False)):
+                options = FastPathOptions(enabled=True, share_first_attention=share)
+                towers[label] = make_gen_tower(model, inputs.cache, inputs.branches, options, inputs.layout)
+                began = time.perf_counter()
+                velocities[label] = inputs.engine_step(towers[label])  # dispatch measures, kernels compile
+                torch.cuda.synchronize()
+                print(json.dumps({"family": family, "tower": label, "first_step_s": time.perf_counter() - began}), flush=True)
+            samples = {label: [] for label in towers}
+            for _ in range(rounds):
+                for label, tower in towers.items():
+                    samples[label].append(time_ms(lambda: inputs.engine_step(tower), warmup=0, iters=1).median_ms)
+        diff = [float((a - b).norm() / b.norm()) for a, b in zip(velocities["shared"], velocities["one call"])]
+        dispatch = model.dispatchers.get("auto")
+        sharing = [dict(key=str(k), path=None if d.path is None else d.path.value, reason=d.reason, shared_ms=d.shared_ms,
+                        regular_ms=d.regular_ms, config=None if d.flash4_config is None else d.flash4_config.label)
+                   for k, d in (dispatch.decisions().items() if dispatch else ()) if k[0] == "shared_gen_attention"]
+        ms = {label: statistics.median(v) for label, v in samples.items()}
+        row = {"family": family, "shape": size, "prefixes": list(PREFIXES), "gen_tokens": inputs.layout.gen_len,
+               "rounds": rounds, "samples_ms": samples, "ms": ms, "speedup": ms["one call"] / ms["shared"],
+               "saved_ms": ms["one call"] - ms["shared"], "velocity_rel_diff": diff, "dispatch": sharing}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del towers, inputs, model, velocities
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser, SECTIONS)
     parser.add_argument("--rows", type=int, default=256, help="queries per branch checked against fp32")
+    parser.add_argument("--step-shapes", default=STEP_SHAPES, help="`step`: family:WxHxF, comma-separated")
+    parser.add_argument("--step-rounds", type=int, default=3)
     args = parser.parse_args(argv)
     sections = chosen_sections(parser, args.sections, SECTIONS)
     if not torch.cuda.is_available():
         parser.error("the shared attention's kernels need a CUDA GPU with flash-attn-4; this machine has none")
     results = {"header": run_header(torch.cuda.get_device_name())}
     print(json.dumps(results["header"]), flush=True)
+    runs = {"first_layer": lambda: first_layer_rows(args.rounds, args.inner, args.rows),
+            "step": lambda: step_rows(args.step_shapes, args.step_rounds)}
     for section in sections:
-        results[section] = {"first_layer": first_layer_rows}[section](args.rounds, args.inner, args.rows)
+        results[section] = runs[section]()
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0
