@@ -102,7 +102,7 @@ def _measure(model, options, inputs, refs, timed, iters) -> tuple[dict, float]:
 
 def gate_family(family, policies, device, log, *, into: list, deadline=float("inf"), shapes=None, timing=TIMING,
                 prefixes=GATE_PREFIXES, timing_prefixes=TIMING_PREFIXES, iters=1, attention_e4m3=False,
-                uncentred_too=False) -> dict:
+                uncentred_too=False, shared_first_layer=False) -> dict:
     """Every policy on one family, each on its own (a failure is logged and the next runs); policies
     not started by `deadline` (perf_counter) are listed as skipped. The result goes into `into` first,
     so that what `log` writes holds the policies measured so far."""
@@ -122,6 +122,8 @@ def gate_family(family, policies, device, log, *, into: list, deadline=float("in
         variants = [("engine bf16", bf16, contextlib.nullcontext)]
         if attention_e4m3:
             variants.append((ATTENTION_E4M3, bf16, AttentionInputsE4M3))
+        if shared_first_layer:
+            variants.append((SHARED_FIRST_LAYER, bf16, SharedFirstLayerEverywhere))
         for p in policies:
             options = FastPathOptions(enabled=True, cuda_graphs=False, fp8=True, fp8_policy=p)
             variants.append((p, options, contextlib.nullcontext))
@@ -148,6 +150,7 @@ def gate_family(family, policies, device, log, *, into: list, deadline=float("in
 
 
 ATTENTION_E4M3 = "attention q,k,v e4m3 (lower bound)"
+SHARED_FIRST_LAYER = "engine bf16, first layer's gen block shared"
 UNCENTRED = "(v not centred)"
 
 
@@ -169,6 +172,30 @@ def e4m3_round_trip(x: torch.Tensor) -> torch.Tensor:
     wide = x.float()
     scale = 448.0 / wide.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12)
     return ((wide * scale).to(torch.float8_e4m3fn).float() / scale).to(x.dtype)
+
+
+@contextlib.contextmanager
+def SharedFirstLayerEverywhere():
+    """While active, the bf16 tower shares its first layer's gen block (kernels.shared_gen_attention) at every size and
+    on flash-attn-4, not only from SHARE_MIN_GEN_TOKENS up where dispatch measures it faster: the gate's shapes are
+    shorter than that, and its error is what is measured here."""
+    from engine.pipeline import fast_path
+    from kernels import dispatch, prefix_attention as pa, shared_gen_attention as sga
+
+    probe = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16, device="cuda" if torch.cuda.is_available() else "cpu")
+    why = sga.shared_unsupported(probe)
+    if why is not None:
+        raise RuntimeError(f"the shared first layer runs on flash-attn-4 only: {why}")
+    forced = dispatch.SharingDecision(dispatch.Path.FLASH4, "forced: the gate measures its error",
+                                      flash4_config=pa.DEFAULT_FLASH4_CONFIGS[-1])
+    minimum, choose = fast_path.SHARE_MIN_GEN_TOKENS, dispatch.KernelDispatcher.choose_shared_gen_attention
+    fast_path.SHARE_MIN_GEN_TOKENS = 0
+    dispatch.KernelDispatcher.choose_shared_gen_attention = lambda self, *a, **k: forced
+    try:
+        yield
+    finally:
+        fast_path.SHARE_MIN_GEN_TOKENS = minimum
+        dispatch.KernelDispatcher.choose_shared_gen_attention = choose
 
 
 class AttentionInputsE4M3:
@@ -307,6 +334,8 @@ def main(argv=None) -> int:
     parser.add_argument("--attention-everywhere", action="store_true",
                         help="--gate: FP8 attention (policies naming 'attn') at every size, not only from "
                         "FP8_ATTENTION_MIN_GEN_TOKENS gen tokens up, so the gate's shapes measure its error")
+    parser.add_argument("--shared-first-layer", action="store_true",
+                        help="--gate: also the bf16 tower with its first layer's gen block shared, forced at every size")
     parser.add_argument("--uncentred-too", action="store_true",
                         help="--gate: each policy naming 'attn' also with the FP8 attention's v not centred")
     parser.add_argument("--families", default="edge,nano")
@@ -353,6 +382,7 @@ def main(argv=None) -> int:
             try:
                 gate_family(family, policies, device, log, into=results["gate"], deadline=deadline,
                             attention_e4m3=args.attention_e4m3 or args.smoke, uncentred_too=args.uncentred_too,
+                            shared_first_layer=args.shared_first_layer,
                             **kwargs)
             except Exception as error:  # noqa: BLE001 - the other family still runs
                 log({"gate_failed": family, "error": f"{type(error).__name__}: {error}"[:500]})
