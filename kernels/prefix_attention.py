@@ -360,6 +360,13 @@ def _flash4_entry() -> tuple[Callable | None, bool, str | None]:
     return _flash_attn_fwd, True, None
 
 
+def flash4_forward() -> Callable | None:
+    """flash-attn-4's `_flash_attn_fwd` (launch knobs, and a caller's `out` and `lse` buffers), or None where the
+    library is missing, refused, or has only its public function (`_flash4_entry`)."""
+    fn, takes_knobs, _ = _flash4_entry()
+    return fn if takes_knobs else None
+
+
 FLASH4_DISTRIBUTION = "flash-attn-4"
 
 

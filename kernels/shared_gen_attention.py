@@ -194,7 +194,7 @@ def shared_unsupported(q: torch.Tensor) -> str | None:
         return why
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"dtype {q.dtype} (flash-attn-4 takes bf16 or fp16)"
-    if not pa._flash4_entry()[1]:
+    if pa.flash4_forward() is None:
         return "this flash-attn-4 has no _flash_attn_fwd, which returns the log-sum-exp into a caller's buffer"
     return None
 
@@ -208,7 +208,7 @@ def partials_flash4(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLa
     why = shared_unsupported(q)
     if why is not None:
         raise ValueError(f"flash-attn-4 cannot compute the shared attention's parts: {why}")
-    fn = pa._flash4_entry()[0]
+    fn = pa.flash4_forward()
     branches, n, hq, d = q.shape
     o_parts = torch.empty((1 + branches, n, hq, d), dtype=q.dtype, device=q.device)
     lse_parts = torch.empty((1 + branches, hq, n), dtype=torch.float32, device=q.device)

@@ -146,3 +146,16 @@ def test_flash4_shared_attention_is_as_close_to_fp32_as_one_call_per_branch(pref
     shared_err, regular_err = _rel_err(shared[:, :512], ref), _rel_err(regular[:, :512], ref)
     assert shared_err <= 1.5 * regular_err, (shared_err, regular_err)
     assert math.isfinite(shared_err)
+
+
+def test_parts_need_the_library_entry_that_takes_an_lse_buffer(monkeypatch):
+    # Only `_flash_attn_fwd` writes the log-sum-exp into our buffer; with the public function alone the shared op
+    # must say so rather than call it.
+    monkeypatch.setattr(pa, "_flash4_entry", lambda: (lambda *a, **k: None, False, None))
+    assert pa.flash4_forward() is None
+    monkeypatch.setattr(pa, "flash4_unsupported", lambda q: None)
+    probe = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16)
+    assert "_flash_attn_fwd" in sga.shared_unsupported(probe)
+    monkeypatch.setattr(pa, "_flash4_entry", lambda: (print, True, None))
+    assert pa.flash4_forward() is print and sga.shared_unsupported(probe) is None
+    assert "dtype torch.float32" in sga.shared_unsupported(probe.float())

@@ -248,8 +248,9 @@ class FastGenTower:
         else:
             self.fused = fused_projections(model) if options.fused_projections else None
         # Every branch gets the same gen tokens (`run`), so the first layer's gen block is shared where the
-        # positions allow it.
-        self.shares_gen_block = options.share_first_attention and gen_positions_shift_alike(branches)
+        # positions allow it (checked only where the pass could apply: the check reads the device once).
+        self.shares_gen_block = (options.share_first_attention and cache.layout.gen_len >= SHARE_MIN_GEN_TOKENS
+                                 and gen_positions_shift_alike(branches))
         self.use_graphs = (options.cuda_graphs and tr.device.type == "cuda"
                            and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS)
         self._graphs: dict[tuple[int, int], tuple] = {}
@@ -322,10 +323,10 @@ class FastGenTower:
         return normed.view(count, n, width)
 
     def _shares_first_attention(self, layout: PackedKVLayout, count: int) -> bool:
-        """Whether this run's first layer may share its gen block (dispatch still measures whether it pays):
-        two or more branches from branch 0 on, their positions shifted alike, host lengths, a video's gen length."""
-        return (self.shares_gen_block and count >= 2 and layout.lengths is None
-                and layout.gen_len >= SHARE_MIN_GEN_TOKENS)
+        """Whether this run's first layer may share its gen block (dispatch still measures whether it pays): a
+        tower that may (`shares_gen_block`: a video's gen length, positions shifted alike), two or more branches,
+        host lengths."""
+        return self.shares_gen_block and count >= 2 and layout.lengths is None
 
     def _linear(self, index: int, name: str, module, x: torch.Tensor) -> torch.Tensor:
         """Layer `index`'s GEMM, or its FP8 twin when the FP8 pass is on (the module keeps its bf16 weight)."""
