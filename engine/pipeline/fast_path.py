@@ -36,9 +36,9 @@ Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.Eage
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_VIDEO_QK_FP32=0`, `COSMOS3_FUSED_PROJECTIONS=0`,
 `COSMOS3_VAE_CHANNELS_LAST=0`, `COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`,
-`COSMOS3_LENGTHS_ON_DEVICE=0`, `COSMOS3_SHARE_FIRST_ATTENTION=0`, and the one pass that is off by default and approximate, `COSMOS3_FP8=1`
-(`engine.pipeline.fp8`: FP8 GEMMs, and FP8 attention where its policy names "attn"); `bench/bench_engine.py`
-ablates them.
+`COSMOS3_LENGTHS_ON_DEVICE=0`, `COSMOS3_SHARE_FIRST_ATTENTION=0`, and the one pass that is off by default and
+approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`: FP8 GEMMs, and FP8 attention where its policy names "attn");
+`bench/bench_engine.py` ablates them.
 """
 from __future__ import annotations
 
