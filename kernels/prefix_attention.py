@@ -197,8 +197,9 @@ class AttentionConfig:
     warp_specialize: bool = False
 
 
-def check_prefix_attention_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout) -> None:
-    """Raise ValueError on shapes the kernel does not handle (shared by wrapper and dispatch)."""
+def check_packed_attention_shapes(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout) -> None:
+    """Raise ValueError where q [B, N, Hq, D] and the packed buffer do not fit the layout or each other (any dtype:
+    what every attention over the packed buffer needs, whatever runs it)."""
     if q.dim() != 4:
         raise ValueError(f"q must be [branches, gen_tokens, q_heads, head_dim], got {tuple(q.shape)}")
     batch, n_gen, hq, head_dim = q.shape
@@ -208,6 +209,12 @@ def check_prefix_attention_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, layo
     hkv = kv_buffer.shape[2]
     if kv_buffer.shape[3] != head_dim or hq % hkv:
         raise ValueError(f"q heads {hq} must be a multiple of kv heads {hkv}, head_dim {head_dim} == {kv_buffer.shape[3]}")
+
+
+def check_prefix_attention_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout) -> None:
+    """Raise ValueError on shapes the kernel does not handle (shared by wrapper and dispatch)."""
+    check_packed_attention_shapes(q, kv_buffer, layout)
+    head_dim = q.shape[-1]
     if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
         raise ValueError(f"head_dim must be a power of two in [16, 256], got {head_dim}")
     if q.dtype != kv_buffer.dtype or q.dtype not in (torch.bfloat16, torch.float16):

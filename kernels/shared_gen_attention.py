@@ -38,14 +38,7 @@ def check_shared_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, layout: Packed
     """Raise ValueError where the shared form does not apply: shapes that match the layout, two or more branches,
     host lengths (the blocks are sliced by host integers), and a source branch that exists. (Any float dtype: the
     reference runs the CPU's fp32 towers; flash-attn-4 says what it takes.)"""
-    if q.dim() != 4:
-        raise ValueError(f"q must be [branches, gen_tokens, q_heads, head_dim], got {tuple(q.shape)}")
-    layout.check_buffer(kv_buffer)
-    if layout.num_branches != q.shape[0] or layout.gen_len != q.shape[1]:
-        raise ValueError(f"layout {layout} does not match q {tuple(q.shape)}")
-    if kv_buffer.shape[3] != q.shape[3] or q.shape[2] % kv_buffer.shape[2]:
-        raise ValueError(f"q heads {q.shape[2]} must be a multiple of kv heads {kv_buffer.shape[2]}, head_dim "
-                         f"{q.shape[3]} == {kv_buffer.shape[3]}")
+    pa.check_packed_attention_shapes(q, kv_buffer, layout)
     if layout.num_branches < 2:
         raise ValueError(f"sharing the gen block needs two or more branches, got {layout.num_branches}")
     if layout.lengths is not None:
@@ -54,20 +47,16 @@ def check_shared_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, layout: Packed
         raise ValueError(f"source must be a branch in [0, {layout.num_branches}), got {source}")
 
 
-def _blocks(kv_buffer: torch.Tensor, layout: PackedKVLayout, source: int):
-    """(K, V) rows of the shared gen block, then of each branch's prefix: [(k [L, Hkv, D], v), ...]."""
+def _parts(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, source: int):
+    """Each part's (queries [N, Hq, D], keys [L, Hkv, D], values): the shared gen block with the source branch's
+    queries and rows, then each branch's prefix rows with its own queries."""
     gen = layout.gen_offset(source)
-    blocks = [(kv_buffer[0, gen:gen + layout.gen_len], kv_buffer[1, gen:gen + layout.gen_len])]
+    parts = [(q[source], kv_buffer[0, gen:gen + layout.gen_len], kv_buffer[1, gen:gen + layout.gen_len])]
     for b in range(layout.num_branches):
         start = layout.branch_start(b)
         stop = start + layout.prefix_lens[b]
-        blocks.append((kv_buffer[0, start:stop], kv_buffer[1, start:stop]))
-    return blocks
-
-
-def _queries(q: torch.Tensor, source: int) -> list[torch.Tensor]:
-    """Each part's queries [N, Hq, D]: the source branch's for the gen block, each branch's own for its prefix."""
-    return [q[source]] + [q[b] for b in range(q.shape[0])]
+        parts.append((q[b], kv_buffer[0, start:stop], kv_buffer[1, start:stop]))
+    return parts
 
 
 # --------------------------------------------------------------------------------------------------
@@ -95,8 +84,7 @@ def partials_reference(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedK
     """The parts flash-attn-4 computes, in fp32 and rounded to q's dtype as it rounds them: (o_parts, lse_parts)."""
     check_shared_inputs(q, kv_buffer, layout, source)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    parts = [attention_with_lse_reference(qp, k, v, scale)
-             for qp, (k, v) in zip(_queries(q, source), _blocks(kv_buffer, layout, source))]
+    parts = [attention_with_lse_reference(qp, k, v, scale) for qp, k, v in _parts(q, kv_buffer, layout, source)]
     return torch.stack([o for o, _ in parts]), torch.stack([lse for _, lse in parts])
 
 
@@ -214,7 +202,7 @@ def partials_flash4(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLa
     lse_parts = torch.empty((1 + branches, hq, n), dtype=torch.float32, device=q.device)
     kwargs = pa.flash4_call_kwargs(config)
     softmax_scale = scale if scale is not None else 1.0 / math.sqrt(d)
-    for part, (qp, (k, v)) in enumerate(zip(_queries(q, source), _blocks(kv_buffer, layout, source))):
+    for part, (qp, k, v) in enumerate(_parts(q, kv_buffer, layout, source)):
         if k.shape[0] == 0:  # an empty prefix takes no weight
             o_parts[part].zero_()
             lse_parts[part].fill_(float("-inf"))

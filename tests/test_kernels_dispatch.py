@@ -245,3 +245,11 @@ def test_shared_first_layer_attention_rules_off_the_gpu():
     from kernels import shared_gen_attention as sga
 
     torch.testing.assert_close(d.shared_gen_attention(q, buf, layout), sga.shared_gen_attention_reference(q, buf, layout))
+
+
+def test_a_decision_reports_the_time_of_the_path_it_chose():
+    # The shared first layer's measurement takes its bar from here instead of timing the one-call attention again.
+    measured = dict(triton_ms=2.0, torch_ms=3.0, flash4_ms=1.0)
+    for path, ms in ((dsp.Path.TRITON, 2.0), (dsp.Path.TORCH, 3.0), (dsp.Path.FLASH4, 1.0)):
+        assert dsp.Decision(path, "measured", **measured).chosen_ms == ms
+    assert dsp.Decision(dsp.Path.TORCH, "forced").chosen_ms is None

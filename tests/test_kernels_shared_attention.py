@@ -4,8 +4,6 @@ On the CPU: the reference against one fp32 attention per branch over the same ke
 interpreter against its reference, and what the op must refuse. On a GPU with flash-attn-4: its parts and the
 whole op against fp32 attention at a video's shape.
 """
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -145,7 +143,6 @@ def test_flash4_shared_attention_is_as_close_to_fp32_as_one_call_per_branch(pref
     regular = pa.prefix_attention_flash4(q, buf, layout, config=pa.DEFAULT_FLASH4_CONFIGS[-1])
     shared_err, regular_err = _rel_err(shared[:, :512], ref), _rel_err(regular[:, :512], ref)
     assert shared_err <= 1.5 * regular_err, (shared_err, regular_err)
-    assert math.isfinite(shared_err)
 
 
 def test_parts_need_the_library_entry_that_takes_an_lse_buffer(monkeypatch):
