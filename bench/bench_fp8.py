@@ -102,7 +102,7 @@ def _measure(model, options, inputs, refs, timed, iters) -> tuple[dict, float]:
 
 def gate_family(family, policies, device, log, *, into: list, deadline=float("inf"), shapes=None, timing=TIMING,
                 prefixes=GATE_PREFIXES, timing_prefixes=TIMING_PREFIXES, iters=1, attention_e4m3=False,
-                uncentred_too=False, shared_first_layer=False) -> dict:
+                uncentred_too=False, shared_first_layer=False, mlp_epilogue=False) -> dict:
     """Every policy on one family, each on its own (a failure is logged and the next runs); policies
     not started by `deadline` (perf_counter) are listed as skipped. The result goes into `into` first,
     so that what `log` writes holds the policies measured so far."""
@@ -124,6 +124,10 @@ def gate_family(family, policies, device, log, *, into: list, deadline=float("in
             variants.append((ATTENTION_E4M3, bf16, AttentionInputsE4M3))
         if shared_first_layer:
             variants.append((SHARED_FIRST_LAYER, bf16, SharedFirstLayerEverywhere))
+        if mlp_epilogue:
+            variants.append((SPLIT_MLP, FastPathOptions(enabled=True, cuda_graphs=False, mlp_epilogue=False),
+                             contextlib.nullcontext))
+            variants.append((MLP_EPILOGUE, bf16, MLPEpilogueEverywhere))
         for p in policies:
             options = FastPathOptions(enabled=True, cuda_graphs=False, fp8=True, fp8_policy=p)
             variants.append((p, options, contextlib.nullcontext))
@@ -152,6 +156,8 @@ def gate_family(family, policies, device, log, *, into: list, deadline=float("in
 ATTENTION_E4M3 = "attention q,k,v e4m3 (lower bound)"
 SHARED_FIRST_LAYER = "engine bf16, first layer's gen block shared"
 UNCENTRED = "(v not centred)"
+SPLIT_MLP = "engine bf16, MLP activation as its own pass"
+MLP_EPILOGUE = "engine bf16, MLP activation in the GEMM's epilogue (forced)"
 
 
 @contextlib.contextmanager
@@ -196,6 +202,27 @@ def SharedFirstLayerEverywhere():
     finally:
         fast_path.SHARE_MIN_GEN_TOKENS = minimum
         dispatch.KernelDispatcher.choose_shared_gen_attention = choose
+
+
+@contextlib.contextmanager
+def MLPEpilogueEverywhere():
+    """While active, a tower allowed one rounding in its MLP (`fast_path.fuses_mlp_activation`: videos) runs the
+    activation in QuACK's GEMM epilogue (kernels.gemm.mlp_in_quack) at every layer, not only where dispatch measures
+    it faster and no less accurate: its error is what is measured here."""
+    from kernels import dispatch, gemm
+
+    probe = torch.empty(16, 128, dtype=torch.bfloat16, device="cuda" if torch.cuda.is_available() else "cpu")
+    why = gemm.mlp_in_unsupported(probe, probe, "relu_sq")
+    if why is not None:
+        raise RuntimeError(f"the MLP epilogue runs on QuACK only: {why}")
+    forced = dispatch.Decision(dispatch.Path.QUACK, "forced: the gate measures its error",
+                               quack_config=gemm.DEFAULT_QUACK_CONFIGS[0])
+    choose = dispatch.KernelDispatcher.choose_mlp_in
+    dispatch.KernelDispatcher.choose_mlp_in = lambda self, *a, **k: forced
+    try:
+        yield
+    finally:
+        dispatch.KernelDispatcher.choose_mlp_in = choose
 
 
 class AttentionInputsE4M3:
@@ -336,6 +363,9 @@ def main(argv=None) -> int:
                         "FP8_ATTENTION_MIN_GEN_TOKENS gen tokens up, so the gate's shapes measure its error")
     parser.add_argument("--shared-first-layer", action="store_true",
                         help="--gate: also the bf16 tower with its first layer's gen block shared, forced at every size")
+    parser.add_argument("--mlp-epilogue", action="store_true",
+                        help="--gate: also the bf16 tower with the MLP's activation as its own pass, and forced into "
+                        "QuACK's GEMM epilogue at every layer of a video")
     parser.add_argument("--uncentred-too", action="store_true",
                         help="--gate: each policy naming 'attn' also with the FP8 attention's v not centred")
     parser.add_argument("--families", default="edge,nano")
@@ -382,7 +412,7 @@ def main(argv=None) -> int:
             try:
                 gate_family(family, policies, device, log, into=results["gate"], deadline=deadline,
                             attention_e4m3=args.attention_e4m3 or args.smoke, uncentred_too=args.uncentred_too,
-                            shared_first_layer=args.shared_first_layer,
+                            shared_first_layer=args.shared_first_layer, mlp_epilogue=args.mlp_epilogue,
                             **kwargs)
             except Exception as error:  # noqa: BLE001 - the other family still runs
                 log({"gate_failed": family, "error": f"{type(error).__name__}: {error}"[:500]})

@@ -12,11 +12,16 @@ only pays where QuACK's GEMM keeps up with cuBLAS's.
 Sections (rows = both CFG branches' gen tokens: Nano at 720p/189f, 88320; Edge at 480p/121f, 24180):
 - `mlp_in`: x @ [gate; up]^T then SwiGLU (Nano), or x @ up^T then ReLU^2 (Edge): cuBLAS then kernels.norms'
   pass, against QuACK's `gemm_act` on the engine's fused [gate; up] weight (`concat_layout=("B",)`), the
-  pre-activation not stored. With QuACK 0.6.5 over nvidia-cutlass-dsl 4.8.1 every `gemm_act` call fails before
-  a kernel runs; the row reports it under "failed" (docs/PERFORMANCE.md, "GEMMs: QuACK").
+  pre-activation not stored (the engine's `kernels.gemm.mlp_in_quack`). QuACK must be installed under a
+  `site-packages` folder: installed elsewhere, every `gemm_act` call fails before a kernel runs, and the row
+  reports it under "failed" (`kernels.gemm`'s docstring says why; docs/PERFORMANCE.md, "GEMMs: QuACK").
 - `residual`: the attention-out and down projections, then RMSNorm of the residual stream: cuBLAS then the
   fused add + RMSNorm, against QuACK's GEMM adding into the residual in place, then RMSNorm alone.
 - `plain`: every projection (q|k|v, attention-out, MLP input, down), cuBLAS against QuACK's GEMM.
+- `step`: one whole step of the engine's fast tower, three ways interleaved in one process (`bench.step_ab`):
+  cuBLAS only (a dispatcher offered no QuACK config), QuACK's plain GEMMs where dispatch takes them (same bytes),
+  and those plus the MLP's activation in QuACK's epilogue (`FastPathOptions.mlp_epilogue`), at Nano 1280x720/189f
+  and Edge 832x480/121f (--step-shapes). ~4 min on an H200.
 
 Every QuACK candidate runs at each of --configs, explicit tile configs (its autotuner would compile ~40 configs
 a kernel); the first call's compile time is reported. Errors: relative L2 against the fp32 computation on the
@@ -42,10 +47,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_flashinfer import add_common_args, chosen_sections, interleaved  # noqa: E402
 from bench.bench_kernels import MODELS, gemm_shapes  # noqa: E402
 from bench.e2e import run_header  # noqa: E402
-from kernels import norms  # noqa: E402
+from bench.step_ab import step_ab_rows  # noqa: E402
+from kernels import gemm, norms  # noqa: E402
 from kernels.graphs import capture  # noqa: E402
 
-SECTIONS = ("mlp_in", "residual", "plain")
+SECTIONS = ("mlp_in", "residual", "plain", "step")
 ROWS = {"Nano": 88320, "Edge": 24180}  # 2 branches x (720p/189f: 44160 | 480p/121f: 12090) gen tokens
 EPS = 1e-6
 # tile_m x tile_n, p(ingpong) or c(ooperative), cluster_m x cluster_n. 128x192p2x1 is QuACK's SM90 default.
@@ -63,17 +69,6 @@ def parse_config(spelling: str) -> dict:
                 cluster_n=int(cluster_n), is_dynamic_persistent=False, device_capacity=9)
 
 
-def mlp_in_reference(x: torch.Tensor, w: torch.Tensor, activation: str) -> torch.Tensor:
-    """fp32 SwiGLU over [gate; up] (the engine's fused weight: gate's rows first), or ReLU^2."""
-    y = x.float() @ w.float().T
-    if activation == "swiglu":
-        gate, up = y.chunk(2, dim=-1)
-        return F.silu(gate) * up
-    if activation == "relu_sq":
-        return torch.relu(y).square()
-    raise ValueError(f"activation must be 'swiglu' or 'relu_sq', got {activation!r}")
-
-
 def residual_reference(x: torch.Tensor, w: torch.Tensor, hidden: torch.Tensor, norm_weight: torch.Tensor,
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 (RMSNorm(hidden + x @ w^T), hidden + x @ w^T)."""
@@ -87,7 +82,7 @@ def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
 
 def _first_calls(row: dict, candidates: dict, outputs: dict) -> None:
     """Each candidate's first call (its compile, for QuACK) into row["first_call_s"]; one that raises is reported
-    in row["failed"] and dropped (QuACK's fused-activation GEMMs do not build over nvidia-cutlass-dsl 4.8.1)."""
+    in row["failed"] and dropped (QuACK's fused-activation GEMMs do not build from outside a site-packages folder)."""
     row["first_call_s"], row["failed"] = {}, {}
     for name, fn in list(candidates.items()):
         began = time.perf_counter()
@@ -164,7 +159,7 @@ def mlp_in_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int) 
         _first_calls(row, candidates, outputs)
         for name, fn in candidates.items():
             row["captures"][name] = _captures(fn)
-        reference = mlp_in_reference(x[:error_rows], w, activation)
+        reference = gemm.mlp_in_reference(x[:error_rows], w, activation, out_dtype=torch.float32)
         row["rel_error_vs_fp32"] = {name: relative_error(out[:error_rows], reference) for name, out in outputs.items()}
         rows.append(_finish(row, candidates, 2 * m * k * n, rounds, inner))
         del x, w, outputs, candidates
@@ -249,11 +244,41 @@ def plain_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int) -
     return rows
 
 
+def step_rows(shapes: str, rounds: int) -> list[dict]:
+    """`step` (module docstring). Each tower keeps its own dispatcher, so that its measured choices are its own."""
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.prefill import make_gen_tower
+    from kernels.dispatch import KernelDispatcher
+
+    dispatchers = {}
+
+    def tower(label: str, quack: bool, epilogue: bool):
+        def make(model, inputs):
+            options = FastPathOptions(enabled=True, mlp_epilogue=epilogue)
+            made = make_gen_tower(model, inputs.cache, inputs.branches, options, inputs.layout)
+            made.dispatch = dispatchers[label] = KernelDispatcher(**({} if quack else {"quack_configs": ()}))
+            return made
+        return make
+
+    def describe(model) -> dict:
+        return {"gemm_paths": {label: [
+            dict(op=key[0], x=key[3], w=key[4], path=d.path.value, reason=d.reason, torch_ms=d.torch_ms,
+                 quack_ms=d.quack_ms) for key, d in dispatcher.decisions().items() if key[0] in ("linear", "mlp_in")]
+            for label, dispatcher in dispatchers.items()}}
+
+    variants = {"cuBLAS": tower("cuBLAS", False, False), "QuACK GEMMs": tower("QuACK GEMMs", True, False),
+                "QuACK GEMMs + MLP epilogue": tower("QuACK GEMMs + MLP epilogue", True, True)}
+    return step_ab_rows(shapes, rounds, variants, describe=describe)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser, SECTIONS)
     parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="QuACK tile configs, comma-separated")
     parser.add_argument("--rows", type=int, default=256, help="rows checked against fp32")
+    parser.add_argument("--step-shapes", default="nano:1280x720x189,edge:832x480x121",
+                        help="`step`: family:WxHxF, comma-separated")
+    parser.add_argument("--step-rounds", type=int, default=3)
     args = parser.parse_args(argv)
     sections = chosen_sections(parser, args.sections, SECTIONS)
     try:
@@ -273,7 +298,10 @@ def main(argv=None) -> int:
     print(json.dumps(results["header"]), flush=True)
     section_rows = {"mlp_in": mlp_in_rows, "residual": residual_rows, "plain": plain_rows}
     for section in sections:
-        results[section] = section_rows[section](quack, configs, args.rounds, args.inner, args.rows)
+        if section == "step":
+            results[section] = step_rows(args.step_shapes, args.step_rounds)
+        else:
+            results[section] = section_rows[section](quack, configs, args.rounds, args.inner, args.rows)
         if args.json:  # after each section, so a run cut short keeps what it measured
             Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0

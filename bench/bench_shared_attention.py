@@ -12,18 +12,16 @@ branch's own rows, on the first --rows queries of every branch (`bench_attention
 Timing: interleaved rounds, as in bench_flashinfer.py. A step shares one layer, so `saved_ms_per_step` is the
 fastest one-call time less the fastest shared time.
 
-`step`: one whole denoising step of the engine's fast tower (both CFG branches, prefixes 1606/59, the real M-RoPE
-positions) with the pass on and off (`FastPathOptions.share_first_attention`), in one process on one machine,
-interleaved: full-size random Nano at 1280x720/189f and Edge at 832x480/121f (--step-shapes). Also the two
-velocities' relative difference. ~3 min on an H200.
+`step`: one whole denoising step of the engine's fast tower with the pass off and on
+(`FastPathOptions.share_first_attention`), interleaved in one process (`bench.step_ab`): full-size random Nano at
+1280x720/189f and Edge at 832x480/121f (--step-shapes). Also the two velocities' relative difference. ~3 min on an
+H200.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -34,6 +32,7 @@ from bench.bench_attention_fp8 import error_vs_fp32  # noqa: E402
 from bench.bench_flashinfer import (HEAD_DIM, HEADS, PREFIXES, SHAPES, add_common_args, attention_flops,  # noqa: E402
                                     chosen_sections, interleaved)
 from bench.e2e import run_header  # noqa: E402
+from bench.step_ab import step_ab_rows  # noqa: E402
 from kernels import prefix_attention as pa, shared_gen_attention as sga  # noqa: E402
 from kernels.packed_kv import PackedKVLayout  # noqa: E402
 
@@ -96,48 +95,23 @@ def first_layer_rows(rounds: int, inner: int, error_rows: int) -> list[dict]:
 
 
 def step_rows(shapes: str, rounds: int) -> list[dict]:
-    """`step` (module docstring): one row per family and shape."""
-    import gc
-
-    from bench.models import as_loaded_model, build_transformer, step_inputs
+    """`step` (module docstring): one row per family and shape, the pass off first (the baseline)."""
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.prefill import make_gen_tower
-    from kernels.timing import time_ms
 
-    rows = []
-    for spec in shapes.split(","):
-        family, _, size = spec.partition(":")
-        width, height, frames = (int(x) for x in size.split("x"))
-        model = as_loaded_model(build_transformer(family), family)
-        inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=PREFIXES)
-        towers, velocities = {}, {}
-        with torch.no_grad():
-            for label, share in (("shared", True), ("one call", False)):
-                options = FastPathOptions(enabled=True, share_first_attention=share)
-                towers[label] = make_gen_tower(model, inputs.cache, inputs.branches, options, inputs.layout)
-                began = time.perf_counter()
-                velocities[label] = inputs.engine_step(towers[label])  # dispatch measures, kernels compile
-                torch.cuda.synchronize()
-                print(json.dumps({"family": family, "tower": label, "first_step_s": time.perf_counter() - began}), flush=True)
-            samples = {label: [] for label in towers}
-            for _ in range(rounds):
-                for label, tower in towers.items():
-                    samples[label].append(time_ms(lambda: inputs.engine_step(tower), warmup=0, iters=1).median_ms)
-        diff = [float((a - b).norm() / b.norm()) for a, b in zip(velocities["shared"], velocities["one call"])]
+    def tower(share: bool):
+        return lambda model, inputs: make_gen_tower(model, inputs.cache, inputs.branches,
+                                                    FastPathOptions(enabled=True, share_first_attention=share),
+                                                    inputs.layout)
+
+    def describe(model) -> dict:
         dispatch = model.dispatchers.get("auto")
-        sharing = [dict(key=str(k), path=None if d.path is None else d.path.value, reason=d.reason, shared_ms=d.shared_ms,
-                        regular_ms=d.regular_ms, config=None if d.flash4_config is None else d.flash4_config.label)
-                   for k, d in (dispatch.decisions().items() if dispatch else ()) if k[0] == "shared_gen_attention"]
-        ms = {label: statistics.median(v) for label, v in samples.items()}
-        row = {"family": family, "shape": size, "prefixes": list(PREFIXES), "gen_tokens": inputs.layout.gen_len,
-               "rounds": rounds, "samples_ms": samples, "ms": ms, "speedup": ms["one call"] / ms["shared"],
-               "saved_ms": ms["one call"] - ms["shared"], "velocity_rel_diff": diff, "dispatch": sharing}
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-        del towers, inputs, model, velocities
-        gc.collect()
-        torch.cuda.empty_cache()
-    return rows
+        return {"dispatch": [
+            dict(key=str(k), path=None if d.path is None else d.path.value, reason=d.reason, shared_ms=d.shared_ms,
+                 regular_ms=d.regular_ms, config=None if d.flash4_config is None else d.flash4_config.label)
+            for k, d in (dispatch.decisions().items() if dispatch else ()) if k[0] == "shared_gen_attention"]}
+
+    return step_ab_rows(shapes, rounds, {"one call": tower(False), "shared": tower(True)}, describe=describe)
 
 
 def main(argv=None) -> int:

@@ -54,6 +54,22 @@ def test_uncentred_patch_gives_attention_policies_the_plain_op_and_is_removed():
     assert original(fp8.FP8Policy.parse("row:attn")).centred is True
 
 
+def test_mlp_epilogue_patch_forces_quack_where_it_can_run_and_refuses_where_it_cannot(monkeypatch):
+    from bench.bench_fp8 import MLPEpilogueEverywhere
+    from kernels import dispatch, gemm
+
+    original = dispatch.KernelDispatcher.choose_mlp_in
+    with pytest.raises(RuntimeError, match="the MLP epilogue runs on QuACK only: device cpu"):
+        with MLPEpilogueEverywhere():
+            pass
+    assert dispatch.KernelDispatcher.choose_mlp_in is original
+    monkeypatch.setattr(gemm, "mlp_in_unsupported", lambda *a: None)  # as on a Hopper GPU with QuACK
+    with MLPEpilogueEverywhere():
+        decision = dispatch.KernelDispatcher().choose_mlp_in(None, None, "swiglu")
+        assert decision.path is dispatch.Path.QUACK and decision.quack_config == gemm.DEFAULT_QUACK_CONFIGS[0]
+    assert dispatch.KernelDispatcher.choose_mlp_in is original
+
+
 def test_tower_inputs_bench_captures_every_layer_and_measures_both_ways(monkeypatch, tmp_path):
     import json
 

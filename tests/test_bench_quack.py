@@ -1,5 +1,6 @@
-"""bench/bench_quack.py's pieces that run without a GPU: the fp32 references its error columns rest on, its tile
-config spelling, and the refusals of its command line."""
+"""bench/bench_quack.py's pieces that run without a GPU: the fp32 references its error columns rest on (the MLP
+input's is kernels.gemm's, tested in test_kernels_gemm.py), its tile config spelling, its step shapes, and the
+refusals of its command line."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,23 +8,6 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from bench import bench_quack as bench  # noqa: E402
-
-
-def test_swiglu_reference_takes_gate_from_the_first_half_of_the_fused_weight():
-    # The engine's fused [gate; up] weight puts gate's rows first (fast_path: gate_up[:, :half] is the gate).
-    g = torch.Generator().manual_seed(0)
-    x, gate_w, up_w = (torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((5, 8), (6, 8), (6, 8)))
-    expected = F.silu(x @ gate_w.T) * (x @ up_w.T)
-    assert torch.allclose(bench.mlp_in_reference(x, torch.cat([gate_w, up_w]), "swiglu"), expected.float())
-    assert not torch.allclose(bench.mlp_in_reference(x, torch.cat([up_w, gate_w]), "swiglu"), expected.float())
-
-
-def test_relu_sq_reference_squares_the_positive_part_only():
-    x = torch.tensor([[1.0, 0.0]])
-    w = torch.tensor([[2.0, 0.0], [-3.0, 0.0]])
-    assert bench.mlp_in_reference(x, w, "relu_sq").tolist() == [[4.0, 0.0]]
-    with pytest.raises(ValueError, match="got 'gelu'"):
-        bench.mlp_in_reference(x, w, "gelu")
 
 
 def test_residual_reference_norms_the_sum_and_returns_it():
@@ -57,7 +41,15 @@ def test_a_bad_config_and_an_unknown_section_are_refused_with_what_is_allowed(ca
     with pytest.raises(SystemExit):
         bench.main(["--sections", "mlp_in,attention"])
     err = capsys.readouterr().err
-    assert "unknown ['attention']" in err and "'residual'" in err
+    assert "unknown ['attention']" in err and "'residual'" in err and "'step'" in err
+
+
+def test_step_shapes_parse_and_a_bad_one_is_refused_with_the_form():
+    from bench.step_ab import parse_shapes
+
+    assert parse_shapes("nano:1280x720x189,edge:832x480x121") == [("nano", 1280, 720, 189), ("edge", 832, 480, 121)]
+    with pytest.raises(ValueError, match="'nano:1280x720' is not FAMILY:WIDTHxHEIGHTxFRAMES"):
+        parse_shapes("nano:1280x720")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")

@@ -136,6 +136,53 @@ def test_each_request_runs_the_qk_norm_rounding_its_frames_call_for(model, mode,
     assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1
 
 
+@pytest.mark.parametrize("mlp_epilogue,frames,fused", [
+    (True, None, False), (True, 1, False), (True, 2, True), (True, 48, True), (False, 48, False),
+])
+def test_fuses_mlp_activation_for_videos_only(mlp_epilogue, frames, fused):
+    from engine.pipeline.fast_path import fuses_mlp_activation
+
+    assert fuses_mlp_activation(FastPathOptions(enabled=True, mlp_epilogue=mlp_epilogue), frames) is fused
+
+
+def test_mlp_epilogue_switch_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("COSMOS3_MLP_EPILOGUE", "0")
+    assert FastPathOptions.from_env(torch.device("cpu")).mlp_epilogue is False
+    monkeypatch.delenv("COSMOS3_MLP_EPILOGUE")
+    assert FastPathOptions.from_env(torch.device("cpu")).mlp_epilogue is True
+
+
+@pytest.mark.parametrize("mode,mlp_epilogue,one_rounding", [
+    ("t2i", True, False), ("t2v", True, True), ("t2v", False, False),
+])
+def test_each_request_lets_its_mlp_round_once_only_as_its_frames_allow(model, mode, mlp_epilogue, one_rounding,
+                                                                       monkeypatch):
+    # Through the real prefill stage, for both MLPs (Nano's SwiGLU over the fused [gate; up], Edge's ReLU^2): every
+    # layer's MLP input goes through dispatch's `mlp_in`, allowed one rounding only for a video with the switch on.
+    # On the CPU dispatch then runs the split path, so the fast video stays within a level of the exact one.
+    from kernels.dispatch import KernelDispatcher
+
+    seen = []
+    fn = KernelDispatcher.mlp_in
+    monkeypatch.setattr(KernelDispatcher, "mlp_in",
+                        lambda self, x, w, activation, *, one_rounding: seen.append((activation, one_rounding))
+                        or fn(self, x, w, activation, one_rounding=one_rounding))
+    request = dict(REQUEST, mode=mode, steps=2)
+    if mode == "t2v":
+        request["num_frames"] = 9
+    model.fast_path = None
+    exact = generate(model, request)
+    model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="triton", mlp_epilogue=mlp_epilogue)
+    try:
+        fast = generate(model, request)
+    finally:
+        model.fast_path = None
+    activation = "swiglu" if model.transformer.config.hidden_act == "silu" else "relu_sq"
+    layers = len(model.transformer.layers)
+    assert len(seen) >= 2 * layers and set(seen) == {(activation, one_rounding)}
+    assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1
+
+
 VIDEO = dict(mode="t2v", prompt="waves on rocks at dawn", negative_prompt="blurry", seed=2, steps=2, num_frames=9,
              guidance_scale=6.0, guidance_interval=None)
 

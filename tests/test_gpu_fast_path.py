@@ -88,3 +88,39 @@ def test_shared_first_layer_attention_keeps_the_step_as_close_to_diffusers(model
     assert len(calls) == 1  # one step, one first layer
     for shared, separate in zip(errors[True], errors[False]):
         assert shared <= BF16_REL_ERROR and shared <= 1.25 * separate
+
+
+def test_mlp_activation_in_the_gemm_keeps_the_step_as_close_to_diffusers(model, monkeypatch):
+    # QuACK's GEMM with the MLP's activation in its epilogue (kernels.gemm.mlp_in_quack), forced at a short video
+    # (dispatch otherwise measures it): the step's velocity against diffusers' must stay within the bf16 bound and
+    # no further than the split path's; with the switch off it must not run at all.
+    from bench.models import step_inputs
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.prefill import make_gen_tower
+    from kernels import dispatch, gemm
+
+    activation = "relu_sq" if model.transformer.config.hidden_act == "relu2" else "swiglu"
+    probe = torch.empty(16, 128, device="cuda", dtype=torch.bfloat16)
+    why = gemm.mlp_in_unsupported(probe, probe, activation)
+    if why is not None:
+        pytest.skip(why)
+    forced = dispatch.Decision(dispatch.Path.QUACK, "forced by the test", quack_config=gemm.DEFAULT_QUACK_CONFIGS[0])
+    monkeypatch.setattr(dispatch.KernelDispatcher, "choose_mlp_in", lambda self, *a: forced)
+    calls = []
+    fused = gemm.mlp_in_quack
+    monkeypatch.setattr(gemm, "mlp_in_quack", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    inputs = step_inputs(model, width=832, height=480, frames=17, prefix_lens=(301, 517))
+    errors = {}
+    with torch.no_grad():
+        reference = inputs.diffusers_step()
+        for on in (True, False):
+            options = FastPathOptions(enabled=True, cuda_graphs=False, mlp_epilogue=on)
+            tower = make_gen_tower(model, inputs.cache, inputs.branches, options, inputs.layout)
+            assert tower.fuse_mlp_activation is on
+            before = len(calls)
+            fast = inputs.engine_step(tower)
+            assert len(calls) - before == (len(model.transformer.layers) if on else 0)
+            errors[on] = [float((ours - theirs).norm() / theirs.norm()) for ours, theirs in zip(fast, reference)]
+    print(f"{model.info.family} 832x480x17: rel. error against diffusers, MLP epilogue {errors[True]}, split {errors[False]}")
+    for fused_error, split_error in zip(errors[True], errors[False]):
+        assert fused_error <= BF16_REL_ERROR and fused_error <= 1.1 * split_error

@@ -92,6 +92,7 @@ class FastPathOptions:
     vae_fast_decode: bool = True  # a step of the uint8 decode: uint8_frames off (COSMOS3_UINT8_FRAMES=0) turns it off too
     lengths_on_device: bool = True  # whole-step graphs kept for any prompt length (engine.pipeline.whole_step)
     share_first_attention: bool = True  # the first layer's gen block once for all branches (kernels.shared_gen_attention)
+    mlp_epilogue: bool = True  # a video's MLP activation in its input GEMM's epilogue (`fuses_mlp_activation`)
     fp8: bool = False  # approximate: off unless asked for (engine.pipeline.fp8)
     fp8_policy: str = ""  # which GEMMs and how (engine.pipeline.fp8.FP8Policy); "": COSMOS3_FP8_POLICY or the default
 
@@ -110,6 +111,7 @@ class FastPathOptions:
             vae_fast_decode=_env_on("COSMOS3_VAE_FAST_DECODE"),
             lengths_on_device=_env_on("COSMOS3_LENGTHS_ON_DEVICE"),
             share_first_attention=_env_on("COSMOS3_SHARE_FIRST_ATTENTION"),
+            mlp_epilogue=_env_on("COSMOS3_MLP_EPILOGUE"),
             fp8=fp8_from_env(),
             fp8_policy=os.environ.get("COSMOS3_FP8_POLICY", "").strip(),
         )
@@ -132,6 +134,18 @@ def rounds_qk_norm(options: FastPathOptions, latent_frames: int | None) -> bool:
     flash-attn-4's where installed). `latent_frames=None` (not known): rounded.
     """
     return not options.video_qk_fp32 or latent_frames is None or latent_frames <= 1
+
+
+def fuses_mlp_activation(options: FastPathOptions, latent_frames: int | None) -> bool:
+    """Whether the tower may run the MLP's activation on its input GEMM's fp32 accumulator and round once
+    (`kernels.gemm.mlp_in_quack`), where dispatch measures that faster and no less accurate than the split path.
+
+    Why: the split path writes the GEMM's output and reads it back for the activation, a memory-bound pass of
+    ~58 ms a Nano 720p step (docs/PERFORMANCE.md, "The MLP's activation in its GEMM"). Why videos only: as with
+    the QK-norm (`rounds_qk_norm`), an image keeps diffusers' roundings and a seed's image stays what it was; a
+    video's fast step is held to a tolerance against diffusers, and one rounding is the closer to fp32.
+    `COSMOS3_MLP_EPILOGUE=0` turns it off. `latent_frames=None` (not known): off."""
+    return options.mlp_epilogue and latent_frames is not None and latent_frames > 1
 
 
 def gen_positions_shift_alike(branches) -> bool:
@@ -229,7 +243,8 @@ def dispatcher_for(model, mode: str) -> KernelDispatcher:
 class FastGenTower:
     """Gen tower over the packed cache with batched CFG, dispatched kernels and optional CUDA graphs."""
 
-    def __init__(self, model, cache: KVCache, branches, options: FastPathOptions, *, round_qk_norm: bool):
+    def __init__(self, model, cache: KVCache, branches, options: FastPathOptions, *, round_qk_norm: bool,
+                 fuse_mlp_activation: bool = False):
         tr = model.transformer
         self.transformer = tr
         self.cache = cache
@@ -237,6 +252,7 @@ class FastGenTower:
         self.dispatch = dispatcher_for(model, options.kernels)
         self.flavour = "nemotron" if tr.config.hidden_act == "relu2" else "diffusers"
         self.round_qk_norm = round_qk_norm  # `rounds_qk_norm`: diffusers' roundings, or fp32 and one rounding
+        self.fuse_mlp_activation = fuse_mlp_activation  # `fuses_mlp_activation`: the MLP's may round once
         # Per-branch rotary tables [B, N, D]: positions differ between branches by their text lengths.
         self.cos = torch.stack([b.rotary.cos.squeeze(1) for b in branches])
         self.sin = torch.stack([b.rotary.sin.squeeze(1) for b in branches])
@@ -286,7 +302,7 @@ class FastGenTower:
             attn = layer.self_attn
             heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
             if self.fused is not None:
-                qkv = torch.nn.functional.linear(normed, self.fused.qkv[index])
+                qkv = self._gemm(normed, self.fused.qkv[index])
                 q_width, kv_width = heads * head_dim, kv_heads * head_dim
                 q = qkv[:, :q_width].view(count, n, heads, head_dim)
                 k = qkv[:, q_width:q_width + kv_width].view(count, n, kv_heads, head_dim)
@@ -310,14 +326,14 @@ class FastGenTower:
             normed, hidden = d.add_rms_norm(out, hidden, post.weight, eps=post.eps, flavour=flavour)
             mlp = layer.mlp_moe_gen
             if mlp.hidden_act == "silu" and self.fused is not None:
-                gate_up = torch.nn.functional.linear(normed, self.fused.gate_up[index])
-                half = gate_up.shape[-1] // 2
-                out = self._linear(index, "down_proj", mlp.down_proj, d.swiglu(gate_up[:, :half], gate_up[:, half:]))
+                act = d.mlp_in(normed, self.fused.gate_up[index], "swiglu", one_rounding=self.fuse_mlp_activation)
             elif mlp.hidden_act == "silu":
-                out = mlp.down_proj(d.swiglu(mlp.gate_proj(normed), mlp.up_proj(normed)))
+                act = d.swiglu(mlp.gate_proj(normed), mlp.up_proj(normed))
+            elif self.fp8 is None and mlp.up_proj.bias is None:
+                act = d.mlp_in(normed, mlp.up_proj.weight, "relu_sq", one_rounding=self.fuse_mlp_activation)
             else:
-                up = self._linear(index, "up_proj", mlp.up_proj, normed)
-                out = self._linear(index, "down_proj", mlp.down_proj, d.relu2(up))
+                act = d.relu2(self._linear(index, "up_proj", mlp.up_proj, normed))
+            out = self._linear(index, "down_proj", mlp.down_proj, act)
             following = layers[index + 1].input_layernorm_moe_gen if index + 1 < len(layers) else tr.norm_moe_gen
             normed, hidden = d.add_rms_norm(out, hidden, following.weight, eps=following.eps, flavour=flavour)
         return normed.view(count, n, width)
@@ -328,11 +344,17 @@ class FastGenTower:
         host lengths."""
         return self.shares_gen_block and count >= 2 and layout.lengths is None
 
+    def _gemm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x @ weight^T through dispatch: a bf16 weight on cuBLAS or QuACK (same bytes), an FP8 twin on torchao."""
+        return self.dispatch.linear(x, weight)
+
     def _linear(self, index: int, name: str, module, x: torch.Tensor) -> torch.Tensor:
         """Layer `index`'s GEMM, or its FP8 twin when the FP8 pass is on (the module keeps its bf16 weight)."""
         if self.fp8 is not None:
-            return torch.nn.functional.linear(x, self.fp8.per_layer[index][name])
-        return module(x)
+            return self._gemm(x, self.fp8.per_layer[index][name])
+        if module.bias is not None:
+            return module(x)
+        return self._gemm(x, module.weight)
 
     # -- CUDA graphs ---------------------------------------------------------------------------
 

@@ -1,0 +1,317 @@
+"""The projections' and the MLP input's dispatch (kernels.gemm; KernelDispatcher.linear and .mlp_in): cuBLAS, or
+QuACK's GEMM only where it gives cuBLAS's bytes; the split MLP input, or QuACK's GEMM with the activation in its
+epilogue only where the caller allows one rounding and it is no further from fp32. The CPU tests cover the rules
+and the references; the GPU ones run QuACK where installed."""
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import dispatch as dsp
+from kernels import gemm
+
+cuda = torch.cuda.is_available()
+hopper_with_quack = pytest.mark.skipif(
+    not (cuda and torch.cuda.get_device_capability()[0] == 9 and importlib.util.find_spec("quack") is not None),
+    reason="needs an SM90 GPU with quack-kernels")
+
+
+def _xw(m=64, k=32, n=48, dtype=torch.bfloat16, device="cpu", seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(m, k, dtype=dtype, device=device, generator=g)
+    w = torch.randn(n, k, dtype=dtype, device=device, generator=g) / k ** 0.5
+    return x, w
+
+
+def test_config_label_spells_tile_kind_and_cluster():
+    assert gemm.QuackConfig().label == "128x192p2x1"
+    assert gemm.QuackConfig(256, 128, False, 1, 2).label == "256x128c1x2"
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("switched_off", "COSMOS3_QUACK=0"),
+    ("float32", "dtypes torch.float32"),
+    ("subclass", "tensor subclass"),
+    ("transposed", "contiguous rows"),
+    ("k_not_multiple_of_8", "K 30"),
+    ("mismatched", "x [M, K] and w [N, K]"),
+    ("cpu", "device cpu"),
+])
+def test_quack_is_refused_with_the_reason(case, expected, monkeypatch):
+    x, w = _xw()
+    if case == "switched_off":
+        monkeypatch.setenv(gemm.QUACK_ENV_VAR, "0")
+    elif case == "float32":
+        x, w = x.float(), w.float()
+    elif case == "subclass":
+        class Twin(torch.Tensor):
+            pass
+        w = w.as_subclass(Twin)
+    elif case == "transposed":
+        x = x.T.contiguous().T
+    elif case == "k_not_multiple_of_8":
+        x, w = _xw(k=30)
+    elif case == "mismatched":
+        w = w[:, :16].contiguous()
+    assert expected in gemm.quack_unsupported(x, w)
+
+
+def test_bit_equal_candidates_keep_only_the_reference_bytes_and_say_why_others_left():
+    ref = torch.arange(6.0).view(2, 3)
+
+    def raises():
+        raise RuntimeError("no such tile on this GPU")
+
+    kept, left_out = dsp.bit_equal_candidates(
+        {gemm.QuackConfig(): lambda: ref.clone(),
+         gemm.QuackConfig(256, 128, False, 2, 1): lambda: ref + 2 ** -20,
+         "broken": raises},
+        lambda: ref)
+    assert list(kept) == [gemm.QuackConfig()]
+    assert left_out[0] == "256x128c2x1: bytes differ from the PyTorch path"
+    assert left_out[1].startswith("broken: RuntimeError: no such tile")
+
+
+def test_measured_choice_takes_a_bit_equal_library_config_only_when_faster():
+    ref = torch.ones(3)
+    fast, different = gemm.QuackConfig(), gemm.QuackConfig(256, 128, False, 2, 1)
+    reference = lambda: ref  # noqa: E731
+    candidates = {fast: lambda: ref.clone(), different: lambda: ref * 3}
+    d = dsp.KernelDispatcher()
+    timings = {reference: 2.0, candidates[fast]: 1.5, candidates[different]: 0.1}
+    d._time = lambda fn: timings[fn]
+    decision = d._measure_library(*dsp.bit_equal_candidates(candidates, reference), reference)
+    # The fastest candidate of all (0.1 ms) gives other bytes, so it is never timed against the rest.
+    assert (decision.path, decision.quack_config, decision.quack_ms, decision.torch_ms) == (
+        dsp.Path.QUACK, fast, 1.5, 2.0)
+    assert decision.chosen_ms == 1.5
+    assert "256x128c2x1: bytes differ" in decision.reason
+    timings[candidates[fast]] = 2.0  # a tie keeps cuBLAS
+    assert d._measure_library(*dsp.bit_equal_candidates(candidates, reference), reference).path is dsp.Path.TORCH
+
+
+def test_on_the_cpu_the_projections_are_cublas_free_torch_ones():
+    d = dsp.KernelDispatcher()
+    x, w = _xw()
+    assert torch.equal(d.linear(x, w), F.linear(x, w))
+    decision = d.choose_linear(x, w)
+    assert decision.path is dsp.Path.TORCH and "device cpu" in decision.reason
+
+
+def test_forced_modes_keep_cublas_for_the_projections():
+    x, w = _xw()
+    for mode in ("torch", "triton"):
+        assert dsp.KernelDispatcher(mode).choose_linear(x, w).path is dsp.Path.TORCH
+
+
+# ------------------------------------------------------------------------------------------------------
+# The MLP's input GEMM with its activation
+# ------------------------------------------------------------------------------------------------------
+def test_mlp_in_reference_takes_the_gate_from_the_first_half_of_rows_and_rounds_once():
+    x, w = _xw(m=16, k=32, n=48)
+    y = x.float() @ w.float().T
+    once = gemm.mlp_in_reference(x, w, "swiglu")
+    assert once.dtype == torch.bfloat16 and once.shape == (16, 24)
+    assert torch.equal(once, (F.silu(y[:, :24]) * y[:, 24:]).bfloat16())
+    assert torch.equal(gemm.mlp_in_reference(x, w, "relu_sq", out_dtype=torch.float32), torch.relu(y).square())
+    with pytest.raises(ValueError, match="activation must be one of .*'swiglu'.*got 'gelu'"):
+        gemm.mlp_in_reference(x, w, "gelu")
+
+
+def test_relu_sq_reference_squares_the_positive_part_only():
+    x = torch.tensor([[1.0, 0.0]])
+    w = torch.tensor([[2.0, 0.0], [-3.0, 0.0]])
+    assert gemm.mlp_in_reference(x, w, "relu_sq").tolist() == [[4.0, 0.0]]
+
+
+@pytest.mark.parametrize("activation", gemm.MLP_ACTIVATIONS)
+def test_one_rounding_is_closer_to_fp64_than_the_split_path(activation):
+    # What the fast tower's MLP epilogue rests on: rounding once (the fused op's reference) is no less accurate
+    # than rounding the GEMM's output and then the activation's steps, as diffusers and the split path do.
+    x, w = _xw(m=256, k=512, n=384)
+    exact = gemm.mlp_in_reference(x.double(), w.double(), activation, out_dtype=torch.float64)
+    y = F.linear(x, w)
+    split = (F.silu(y[:, :192]) * y[:, 192:]) if activation == "swiglu" else torch.relu(y).square()
+    once = gemm.mlp_in_reference(x, w, activation)
+    assert not torch.equal(once, split)  # a deliberate difference: other bytes
+
+    def error(out):
+        return ((out.double() - exact).norm() / exact.norm()).item()
+
+    assert error(once) < error(split)
+
+
+@pytest.mark.parametrize("activation, w_rows, expected", [
+    ("gelu", 48, "activation 'gelu'"),
+    ("swiglu", 40, "N 40: [gate; up] halves"),
+    ("relu_sq", 48, "device cpu"),
+])
+def test_mlp_in_epilogue_is_refused_with_the_reason(activation, w_rows, expected):
+    x, w = _xw(n=w_rows)
+    assert expected in gemm.mlp_in_unsupported(x, w, activation)
+
+
+def test_an_epilogue_library_that_does_not_import_is_the_reason_given(monkeypatch):
+    # QuACK installed outside a site-packages folder imports, but its epilogue library fails to fingerprint.
+    monkeypatch.setattr(gemm, "quack_unsupported", lambda x, w: None)
+    monkeypatch.setattr(gemm, "_epilogue_entry", lambda: (None, "QuACK's epilogue GEMMs not importable (TypeError: x)"))
+    x, w = _xw()
+    assert gemm.mlp_in_unsupported(x, w, "swiglu").startswith("QuACK's epilogue GEMMs not importable (TypeError")
+    with pytest.raises(RuntimeError, match="not importable"):
+        gemm.mlp_in_quack(x, w, "swiglu")
+
+
+def test_closer_candidates_keep_only_those_no_further_from_fp32_than_the_split_path():
+    exact = torch.linspace(1, 2, 12).view(4, 3)
+    split = exact + 0.01
+    closer, further = gemm.QuackConfig(), gemm.QuackConfig(256, 128, False, 2, 1)
+
+    def raises():
+        raise RuntimeError("no such tile on this GPU")
+
+    kept, left_out = dsp.closer_candidates(
+        {closer: lambda: exact + 0.001, further: lambda: exact - 0.02, "broken": raises},
+        lambda: split, lambda: exact[:2], rows=2)
+    assert list(kept) == [closer]
+    assert left_out[0].startswith("256x128c2x1: further from fp32 than the split path (")
+    assert left_out[1].startswith("broken: RuntimeError: no such tile")
+    # As accurate as the split path is enough: one rounding is never required to be strictly better.
+    kept, _ = dsp.closer_candidates({closer: lambda: split.clone()}, lambda: split, lambda: exact[:2], rows=2)
+    assert list(kept) == [closer]
+
+
+@pytest.mark.parametrize("one_rounding", [True, False])
+@pytest.mark.parametrize("activation", gemm.MLP_ACTIVATIONS)
+def test_on_the_cpu_the_mlp_input_is_the_split_path(activation, one_rounding):
+    d = dsp.KernelDispatcher()
+    x, w = _xw()
+    y = F.linear(x, w)
+    split = (F.silu(y[:, :24]) * y[:, 24:]) if activation == "swiglu" else torch.relu(y).square()
+    assert torch.equal(d.mlp_in(x, w, activation, one_rounding=one_rounding), split)
+    decision = d.choose_mlp_in(x, w, activation)
+    assert decision.path is dsp.Path.TORCH and "device cpu" in decision.reason
+    with pytest.raises(ValueError, match="activation must be one of .* got 'gelu'"):
+        d.mlp_in(x, w, "gelu", one_rounding=one_rounding)
+
+
+def test_without_one_rounding_dispatch_never_considers_the_epilogue(monkeypatch):
+    d = dsp.KernelDispatcher()
+    asked = []
+    monkeypatch.setattr(dsp.KernelDispatcher, "choose_mlp_in",
+                        lambda self, *a: asked.append(a) or dsp.Decision(dsp.Path.TORCH, "stand-in"))
+    x, w = _xw()
+    d.mlp_in(x, w, "swiglu", one_rounding=False)
+    assert asked == []
+    d.mlp_in(x, w, "swiglu", one_rounding=True)
+    assert len(asked) == 1
+
+
+# ------------------------------------------------------------------------------------------------------
+# On an SM90 GPU with QuACK
+# ------------------------------------------------------------------------------------------------------
+TOWER_SHAPES = [  # (rows, K, N): q|k|v, attention-out, gate|up, down of Nano and Edge at 2048 rows, and one ragged
+    (2048, 4096, 6144), (2048, 4096, 4096), (2048, 4096, 24576), (2048, 12288, 4096),
+    (2048, 2048, 4096), (2048, 2048, 2048), (2048, 2048, 9216), (2048, 9216, 2048), (1000, 2048, 2048),
+]
+
+
+@pytest.mark.gpu
+@hopper_with_quack
+@pytest.mark.parametrize("m, k, n", TOWER_SHAPES)
+def test_quack_gives_cublas_bytes_at_the_tower_shapes(m, k, n):
+    # What lets dispatch take QuACK on the exact path: F.linear's bytes. Three seeds a shape.
+    for seed in range(3):
+        x, w = _xw(m, k, n, device="cuda", seed=seed)
+        assert torch.equal(gemm.linear_quack(x, w), F.linear(x, w))
+
+
+@pytest.mark.gpu
+@hopper_with_quack
+def test_quack_with_the_residual_in_its_epilogue_rounds_once_so_the_tower_does_not_use_it():
+    # Why kernels.gemm leaves QuACK's epilogue add out: it adds the fp32 accumulator to the residual and rounds
+    # once, where the tower (as diffusers) rounds the GEMM's output, then the sum. Same shapes as the bench's
+    # attention-out row, fewer rows.
+    from quack.gemm_interface import gemm_tuned
+
+    x, w = _xw(2048, 4096, 4096, device="cuda")
+    residual = torch.randn(2048, 4096, dtype=torch.bfloat16, device="cuda")
+    fused = torch.empty_like(residual)
+    gemm_tuned.fn(x, w.T, fused, residual, config=gemm._library_config(gemm.QuackConfig()))
+    single = (x.float() @ w.float().T + residual.float())
+    split = F.linear(x, w) + residual
+    assert not torch.equal(fused, split)
+    # Closer to the fp32 sum than the split path, as one rounding is.
+    assert (fused.float() - single).abs().mean() < (split.float() - single).abs().mean()
+
+
+@pytest.mark.gpu
+@hopper_with_quack
+def test_dispatch_takes_quack_only_with_cublas_bytes_and_replays_it_in_a_graph():
+    d = dsp.KernelDispatcher()
+    x, w = _xw(8192, 4096, 24576, device="cuda")
+    assert torch.equal(d.linear(x, w), F.linear(x, w))
+    (decision,) = [dec for key, dec in d.decisions().items() if key[0] == "linear"]
+    print((decision.path.value, decision.torch_ms, decision.quack_ms, decision.reason))
+    assert decision.reason == "measured" and decision.quack_ms is not None  # QuACK ran and gave cuBLAS's bytes
+    assert decision.path is (dsp.Path.QUACK if decision.quack_ms < decision.torch_ms else dsp.Path.TORCH)
+    # Inside a CUDA graph (the whole step is one): the measured choice replays with the same bytes.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        d.linear(x, w)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = d.linear(x, w)
+    x.copy_(_xw(8192, 4096, 24576, device="cuda", seed=7)[0])
+    graph.replay()
+    assert torch.equal(captured, F.linear(x, w))
+
+
+@pytest.mark.gpu
+@hopper_with_quack
+@pytest.mark.parametrize("activation, k, n", [("swiglu", 4096, 24576), ("relu_sq", 2048, 9216), ("swiglu", 2048, 4096)])
+def test_quack_mlp_epilogue_rounds_once_and_is_closer_to_fp32_than_the_split_path(activation, k, n):
+    # Nano's gate|up, Edge's up, and a narrower gated shape, 2048 rows (one ragged tile of 1000 in the last case's
+    # second seed): the fused op is its reference's math (one rounding) and at least as accurate as the split path.
+    for seed, m in ((0, 2048), (1, 1000)):
+        x, w = _xw(m, k, n, device="cuda", seed=seed)
+        fused = gemm.mlp_in_quack(x, w, activation)
+        exact = gemm.mlp_in_reference(x, w, activation, out_dtype=torch.float32)
+        y = F.linear(x, w)
+        split = (F.silu(y[:, :n // 2]) * y[:, n // 2:]) if activation == "swiglu" else torch.relu(y).square()
+
+        def error(out):
+            return ((out.float() - exact).norm() / exact.norm()).item()
+
+        print(f"{activation} {m}x{k}x{n}: fused {error(fused):.3e}, split {error(split):.3e}, "
+              f"one rounding in PyTorch {error(gemm.mlp_in_reference(x, w, activation)):.3e}")
+        assert fused.shape == split.shape and not torch.equal(fused, split)
+        assert error(fused) <= error(split)
+        assert error(fused) <= 1.01 * error(gemm.mlp_in_reference(x, w, activation))
+
+
+@pytest.mark.gpu
+@hopper_with_quack
+@pytest.mark.parametrize("activation", gemm.MLP_ACTIVATIONS)
+def test_dispatch_measures_the_mlp_epilogue_and_replays_its_choice_in_a_graph(activation):
+    d = dsp.KernelDispatcher()
+    k, n = (4096, 24576) if activation == "swiglu" else (2048, 9216)
+    x, w = _xw(8192, k, n, device="cuda")
+    first = d.mlp_in(x, w, activation, one_rounding=True)
+    (decision,) = [dec for key, dec in d.decisions().items() if key[0] == "mlp_in"]
+    print((activation, decision.path.value, decision.torch_ms, decision.quack_ms, decision.reason))
+    assert decision.reason == "measured" and decision.quack_ms is not None  # it built, and was no less accurate
+    assert decision.path is (dsp.Path.QUACK if decision.quack_ms < decision.torch_ms else dsp.Path.TORCH)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        d.mlp_in(x, w, activation, one_rounding=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = d.mlp_in(x, w, activation, one_rounding=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, first)
