@@ -335,13 +335,12 @@ def main_e2e(args) -> int:
                 for key, d in dispatcher.decisions().items() if key[0] == "prefix_attention"
             ]
             log({"attention_paths": results["attention_paths"][family]})
-            # Which GEMM each projection shape got (cuBLAS, or QuACK where its bytes equal cuBLAS's and it is
-            # faster), and each MLP input (the split path, or QuACK with the activation in its epilogue).
+            # What each MLP input shape got: the split path (torch), or QuACK with the activation in its epilogue.
             results.setdefault("gemm_paths", {})[family] = [
-                dict(op=key[0], x=key[3], w=key[4], activation=key[5] if key[0] == "mlp_in" else None,
-                     path=d.path.value, reason=d.reason, torch_ms=d.torch_ms, quack_ms=d.quack_ms,
+                dict(op=key[0], x=key[3], w=key[4], activation=key[5], path=d.path.value, reason=d.reason,
+                     torch_ms=d.torch_ms, quack_ms=d.quack_ms,
                      quack_config=None if d.quack_config is None else d.quack_config.label)
-                for key, d in dispatcher.decisions().items() if key[0] in ("linear", "mlp_in")
+                for key, d in dispatcher.decisions().items() if key[0] == "mlp_in"
             ]
             log({"gemm_paths": results["gemm_paths"][family]})
         del model

@@ -18,10 +18,10 @@ Sections (rows = both CFG branches' gen tokens: Nano at 720p/189f, 88320; Edge a
 - `residual`: the attention-out and down projections, then RMSNorm of the residual stream: cuBLAS then the
   fused add + RMSNorm, against QuACK's GEMM adding into the residual in place, then RMSNorm alone.
 - `plain`: every projection (q|k|v, attention-out, MLP input, down), cuBLAS against QuACK's GEMM.
-- `step`: one whole step of the engine's fast tower, three ways interleaved in one process (`bench.step_ab`):
-  cuBLAS only (a dispatcher offered no QuACK config), QuACK's plain GEMMs where dispatch takes them (same bytes),
-  and those plus the MLP's activation in QuACK's epilogue (`FastPathOptions.mlp_epilogue`), at Nano 1280x720/189f
-  and Edge 832x480/121f (--step-shapes). ~4 min on an H200.
+- `step`: one whole step of the engine's fast tower, the MLP's activation as its own pass and in QuACK's epilogue
+  (`FastPathOptions.mlp_epilogue`), interleaved in one process (`bench.step_ab`), at Nano 1280x720/189f and Edge
+  832x480/121f (--step-shapes). ~3 min on an H200. (Its run at 34b0776 had a third tower, QuACK's plain GEMMs for
+  the projections where dispatch took them; the engine has not used them since, docs/PERFORMANCE.md.)
 
 Every QuACK candidate runs at each of --configs, explicit tile configs (its autotuner would compile ~40 configs
 a kernel); the first call's compile time is reported. Errors: relative L2 against the fp32 computation on the
@@ -245,30 +245,21 @@ def plain_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int) -
 
 
 def step_rows(shapes: str, rounds: int) -> list[dict]:
-    """`step` (module docstring). Each tower keeps its own dispatcher, so that its measured choices are its own."""
+    """`step` (module docstring): the MLP's activation as its own pass (the baseline), then in QuACK's epilogue."""
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.prefill import make_gen_tower
-    from kernels.dispatch import KernelDispatcher
 
-    dispatchers = {}
-
-    def tower(label: str, quack: bool, epilogue: bool):
-        def make(model, inputs):
-            options = FastPathOptions(enabled=True, mlp_epilogue=epilogue)
-            made = make_gen_tower(model, inputs.cache, inputs.branches, options, inputs.layout)
-            made.dispatch = dispatchers[label] = KernelDispatcher(**({} if quack else {"quack_configs": ()}))
-            return made
-        return make
+    def tower(epilogue: bool):
+        return lambda model, inputs: make_gen_tower(model, inputs.cache, inputs.branches,
+                                                    FastPathOptions(enabled=True, mlp_epilogue=epilogue), inputs.layout)
 
     def describe(model) -> dict:
-        return {"gemm_paths": {label: [
-            dict(op=key[0], x=key[3], w=key[4], path=d.path.value, reason=d.reason, torch_ms=d.torch_ms,
-                 quack_ms=d.quack_ms) for key, d in dispatcher.decisions().items() if key[0] in ("linear", "mlp_in")]
-            for label, dispatcher in dispatchers.items()}}
+        dispatcher = model.dispatchers.get("auto")
+        return {"mlp_in": [dict(x=key[3], w=key[4], path=d.path.value, reason=d.reason, split_ms=d.torch_ms,
+                                quack_ms=d.quack_ms)
+                           for key, d in (dispatcher.decisions().items() if dispatcher else ()) if key[0] == "mlp_in"]}
 
-    variants = {"cuBLAS": tower("cuBLAS", False, False), "QuACK GEMMs": tower("QuACK GEMMs", True, False),
-                "QuACK GEMMs + MLP epilogue": tower("QuACK GEMMs + MLP epilogue", True, True)}
-    return step_ab_rows(shapes, rounds, variants, describe=describe)
+    return step_ab_rows(shapes, rounds, {"split": tower(False), "MLP epilogue": tower(True)}, describe=describe)
 
 
 def main(argv=None) -> int:

@@ -12,13 +12,11 @@ cached in the dispatcher instance. Rules, in order:
 4. mode "triton" (forced): the kernel (on a CPU only under ``TRITON_INTERPRET=1``, for tests);
 5. "auto" on a CPU: the PyTorch path; "auto" on CUDA: the measured winner, cached per shape. For
    attention the candidates also include flash-attn-4's kernel where it is installed and the GPU is
-   SM90+ (``prefix_attention.flash4_unsupported``; ``COSMOS3_FLASH4=0`` leaves it out). The projections
-   (``linear``) have no Triton kernel: cuBLAS against QuACK's GEMM where it is installed on an SM90 GPU
-   (``gemm.quack_unsupported``; ``COSMOS3_QUACK=0`` leaves it out), and a QuACK config is a candidate only
-   where its output has cuBLAS's bytes (``bit_equal_candidates``). The MLP's input GEMM with its activation
-   (``mlp_in``) is cuBLAS then the activation's own pass, or, where the caller allows one rounding, QuACK's
-   GEMM with the activation in its epilogue, a candidate only where it is no further from the fp32 result than
-   the split path on that call (``closer_candidates``).
+   SM90+ (``prefix_attention.flash4_unsupported``; ``COSMOS3_FLASH4=0`` leaves it out). The MLP's input GEMM
+   with its activation (``mlp_in``) is cuBLAS then the activation's own pass, or, where the caller allows one
+   rounding, QuACK's GEMM with the activation in its epilogue where it is installed on an SM90 GPU
+   (``gemm.mlp_in_unsupported``; ``COSMOS3_QUACK=0`` leaves it out), a candidate only where it is no further
+   from the fp32 result than the split path on that call (``closer_candidates``); it is never forced.
 
 How a candidate is timed (``TIMINGS``, ``COSMOS3_DISPATCH_TIMING``): "graph", the default, replays a CUDA
 graph of its calls, since the step runs inside one and pays no Python launch; "eager" times back-to-back
@@ -59,7 +57,7 @@ class Path(str, enum.Enum):
     TRITON = "triton"
     TORCH = "torch"
     FLASH4 = "flash4"  # flash-attn-4's kernel: attention only, never forced
-    QUACK = "quack"  # QuACK's GEMM: the projections and the MLP's input only, never forced
+    QUACK = "quack"  # QuACK's GEMM with the MLP's activation in its epilogue: the MLP's input only, never forced
 
 
 @dataclass(frozen=True)
@@ -133,13 +131,6 @@ def _rounding_refused(head_dim: int, device: torch.device) -> str | None:
     return None
 
 
-def bit_equal_candidates(candidates: dict, reference: Callable[[], torch.Tensor]) -> tuple[dict, list[str]]:
-    """The candidates whose output equals ``reference()``'s bit for bit on this call, and why each other one was
-    left out; a candidate that raises is left out too (a library config this GPU cannot build is not fatal)."""
-    expected = reference()
-    return _kept_where(candidates, lambda got: torch.equal(got, expected), "bytes differ from the PyTorch path")
-
-
 def closer_candidates(candidates: dict, split: Callable[[], torch.Tensor], exact: Callable[[], torch.Tensor],
                       rows: int) -> tuple[dict, list[str]]:
     """The candidates whose first ``rows`` output rows are no further from ``exact()`` (fp32, those rows) than the
@@ -151,23 +142,18 @@ def closer_candidates(candidates: dict, split: Callable[[], torch.Tensor], exact
         return ((out[:rows].float() - reference).norm() / reference.norm()).item()
 
     bar = error(split())
-    return _kept_where(candidates, lambda got: error(got) <= bar,
-                       f"further from fp32 than the split path ({bar:.3e})")
-
-
-def _kept_where(candidates: dict, accept: Callable[[torch.Tensor], bool], why_not: str) -> tuple[dict, list[str]]:
     kept, left_out = {}, []
     for key, fn in candidates.items():
         label = getattr(key, "label", str(key))
         try:
             got = fn()
-        except Exception as err:  # noqa: BLE001 - reported in the decision's reason
+        except Exception as err:  # noqa: BLE001 - a library config this GPU cannot build is not fatal
             left_out.append(f"{label}: {type(err).__name__}: {err}"[:200])
             continue
-        if accept(got):
+        if error(got) <= bar:
             kept[key] = fn
         else:
-            left_out.append(f"{label}: {why_not}")
+            left_out.append(f"{label}: further from fp32 than the split path ({bar:.3e})")
     return kept, left_out
 
 
@@ -550,44 +536,11 @@ class KernelDispatcher:
         return self._elementwise("relu2", lambda: norms.relu2(x), lambda: norms.relu2_reference(x), x, ok)
 
     # ---------------------------------------------------------------------------------------------
-    # Projections, and the MLP's input GEMM with its activation: cuBLAS or QuACK
+    # The MLP's input GEMM with its activation: cuBLAS then the activation's pass, or QuACK's epilogue
     # ---------------------------------------------------------------------------------------------
-    def _library_gemm(self, key: tuple, probe: torch.Tensor, unsupported: str | None,
-                      measure: Callable[[], Decision]) -> Decision:
-        """The rule chain for an op whose only fast kernels are a library's: forced modes keep the PyTorch path."""
-        if unsupported is None and self.mode == "triton":
-            unsupported = "no Triton kernel for a GEMM (mode triton forces the kernels that exist)"
-        return self._decide(key, probe, unsupported, measure)
-
-    def _measure_library(self, kept: dict, left_out: list[str], reference: Callable[[], object]) -> Decision:
-        """The library configs that passed their check, each timed against the reference; the fastest is kept,
-        and a tie keeps the reference."""
-        torch_ms = self._time(reference)
-        best, best_ms = self._fastest(kept, skip_failures=True)
-        path = Path.QUACK if best_ms is not None and best_ms < torch_ms else Path.TORCH
-        reason = "measured" + (f"; left out: {'; '.join(left_out)}" if left_out else "")
-        return Decision(path, reason, torch_ms=torch_ms, quack_ms=best_ms, quack_config=best)
-
-    def choose_linear(self, x: torch.Tensor, w: torch.Tensor) -> Decision:
-        key = ("linear", _device_key(x), x.dtype, tuple(x.shape), tuple(w.shape))
-
-        def measure() -> Decision:
-            candidates = {cfg: (lambda cfg=cfg: gemm.linear_quack(x, w, config=cfg)) for cfg in self.quack_configs}
-            reference = lambda: gemm.linear_reference(x, w)  # noqa: E731
-            return self._measure_library(*bit_equal_candidates(candidates, reference), reference)
-
-        return self._library_gemm(key, x, gemm.quack_unsupported(x, w), measure)
-
-    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``x @ w^T`` for x [M, K] and a weight [N, K] without bias (an FP8 twin runs through its own library)."""
-        decision = self.choose_linear(x, w)
-        if decision.path is Path.QUACK:
-            return gemm.linear_quack(x, w, config=decision.quack_config)
-        return gemm.linear_reference(x, w)
-
     def _mlp_in_split(self, x: torch.Tensor, w: torch.Tensor, activation: str) -> torch.Tensor:
-        """The GEMM, rounded, then the activation's own pass (which rounds as diffusers' ops do)."""
-        y = self.linear(x, w)
+        """cuBLAS's GEMM, rounded, then the activation's own pass (which rounds as diffusers' ops do)."""
+        y = torch.nn.functional.linear(x, w)
         if activation == "swiglu":
             half = y.shape[-1] // 2
             return self.swiglu(y[:, :half], y[:, half:])
@@ -595,26 +548,39 @@ class KernelDispatcher:
 
     def choose_mlp_in(self, x: torch.Tensor, w: torch.Tensor, activation: str) -> Decision:
         """The split path (TORCH) or QuACK's GEMM with the activation in its epilogue (QUACK), for a caller that
-        allows one rounding; `mlp_in` without ``one_rounding`` never asks."""
+        allows one rounding (`mlp_in` without ``one_rounding`` never asks). Forced modes keep the split path: the
+        epilogue is a library's kernel, not one of ours."""
         key = ("mlp_in", _device_key(x), x.dtype, tuple(x.shape), tuple(w.shape), activation)
+        unsupported = gemm.mlp_in_unsupported(x, w, activation)
+        if unsupported is None and self.mode == "triton":
+            unsupported = "no Triton kernel for a GEMM (mode triton forces the kernels that exist)"
 
         def measure() -> Decision:
-            candidates = {cfg: (lambda cfg=cfg: gemm.mlp_in_quack(x, w, activation, config=cfg))
-                          for cfg in self.quack_configs}
             rows = min(x.shape[0], gemm.ERROR_ROWS)
-            split = lambda: self._mlp_in_split(x, w, activation)  # noqa: E731
-            kept, left_out = closer_candidates(
-                candidates, split, lambda: gemm.mlp_in_reference(x[:rows], w, activation, out_dtype=torch.float32),
-                rows)
-            return self._measure_library(kept, left_out, split)
+            return self._measure_closer(
+                {cfg: (lambda cfg=cfg: gemm.mlp_in_quack(x, w, activation, config=cfg)) for cfg in self.quack_configs},
+                lambda: self._mlp_in_split(x, w, activation),
+                lambda: gemm.mlp_in_reference(x[:rows], w, activation, out_dtype=torch.float32), rows)
 
-        return self._library_gemm(key, x, gemm.mlp_in_unsupported(x, w, activation), measure)
+        return self._decide(key, x, unsupported, measure)
+
+    def _measure_closer(self, candidates: dict, split: Callable[[], torch.Tensor], exact: Callable[[], torch.Tensor],
+                        rows: int) -> Decision:
+        """The library configs no further from fp32 than the split path (`closer_candidates`), each timed against
+        it; the fastest is kept, and a tie keeps the split path."""
+        kept, left_out = closer_candidates(candidates, split, exact, rows)
+        split_ms = self._time(split)
+        best, best_ms = self._fastest(kept, skip_failures=True)
+        path = Path.QUACK if best_ms is not None and best_ms < split_ms else Path.TORCH
+        reason = "measured" + (f"; left out: {'; '.join(left_out)}" if left_out else "")
+        return Decision(path, reason, torch_ms=split_ms, quack_ms=best_ms, quack_config=best)
 
     def mlp_in(self, x: torch.Tensor, w: torch.Tensor, activation: str, *, one_rounding: bool) -> torch.Tensor:
         """The MLP's activation of ``x @ w^T`` (x [M, K]; w [N, K], for "swiglu" the fused [gate; up] weight, gate's
         rows first): ``silu(gate) * up`` [M, N/2], or ``relu(y)^2`` [M, N] for "relu_sq". With ``one_rounding`` the
         caller accepts the activation on the fp32 accumulator, rounded once (`gemm.mlp_in_reference`), where dispatch
-        measures it faster and no less accurate; else the GEMM's output is rounded first, as in diffusers."""
+        measures it faster and no less accurate; else the GEMM's output is rounded first, as in diffusers. An FP8
+        twin of w runs the split path through its own library."""
         if activation not in gemm.MLP_ACTIVATIONS:
             raise ValueError(f"activation must be one of {gemm.MLP_ACTIVATIONS}, got {activation!r}")
         if one_rounding:

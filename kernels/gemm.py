@@ -1,25 +1,25 @@
-"""QuACK's Hopper GEMMs for the gen tower, each beside its PyTorch reference.
+"""QuACK's Hopper GEMM with the MLP's activation in its epilogue, beside its PyTorch reference.
 
-QuACK (`quack-kernels`, Dao-AILab's CuTe DSL kernels; flash-attn-4 installs it) serves two ops here:
-- the bf16 projections (`linear_quack`, reference `linear_reference`: cuBLAS via `F.linear`). QuACK gives cuBLAS's
-  bytes at every tower shape tested on an H200 and is faster at some: dispatch (`KernelDispatcher.linear`) times
-  both per shape and offers a QuACK config only where, on that first call, its output equals `F.linear`'s bit for
-  bit, so an exact path stays exact;
-- the MLP's input GEMM with its activation in the epilogue (`mlp_in_quack`, reference `mlp_in_reference`):
-  SwiGLU over the fused [gate; up] weight (Nano), ReLU^2 (Edge). The activation reads the fp32 accumulator and
-  the result is rounded once, where the split path (cuBLAS, then `norms.swiglu`/`norms.relu2`) rounds the GEMM's
-  output first, as diffusers does. It saves the split path's write and read-back of the GEMM's output (SwiGLU:
-  twice the activation's size). Other bytes, more accurate: dispatch (`KernelDispatcher.mlp_in`) offers it only
-  to a caller that allows one rounding (the fast tower, for videos: `engine.pipeline.fast_path.fuses_mlp_activation`)
-  and only where its output is no further from the fp32 result than the split path's on that call.
+QuACK (`quack-kernels`, Dao-AILab's CuTe DSL kernels; flash-attn-4 installs it) runs the MLP's input GEMM and its
+activation in one kernel (`mlp_in_quack`, reference `mlp_in_reference`): SwiGLU over the fused [gate; up] weight
+(Nano), ReLU^2 (Edge). The activation reads the fp32 accumulator and the result is rounded once, where the split
+path (cuBLAS, then `norms.swiglu`/`norms.relu2`) rounds the GEMM's output first, as diffusers does. It saves the
+split path's write and read-back of the GEMM's output (for SwiGLU twice the activation's size): ~40 ms of a Nano
+720p step, ~8 ms of an Edge 480p step on the H200. Other bytes, and more accurate: dispatch
+(`KernelDispatcher.mlp_in`) offers it only to a caller that allows one rounding (the fast tower, for videos:
+`engine.pipeline.fast_path.fuses_mlp_activation`) and only where its output is no further from the fp32 result
+than the split path's on that call.
 
-The residual add in QuACK's epilogue is not used: it adds the fp32 accumulator to the residual and rounds once,
-where the tower rounds the GEMM's output first; the add + RMSNorm after it reads the stream anyway
-(docs/PERFORMANCE.md, "GEMMs: QuACK").
+What QuACK offers that is not used, for measured reasons (docs/PERFORMANCE.md, "GEMMs: QuACK"):
+- its plain GEMM for the projections: cuBLAS's bytes at every tower shape, and faster than cuBLAS at some shapes
+  when timed alone, but a whole step with it, where dispatch took it, was slower (Nano 720p +9.7 ms, Edge 480p
+  +5.8 ms, interleaved in one process);
+- the residual add in its epilogue: it adds the fp32 accumulator to the residual and rounds once, where the tower
+  rounds the GEMM's output first, and the add + RMSNorm after it reads the stream anyway.
 
 QuACK fingerprints an epilogue's Python code, and takes only code under a `site-packages` (or `dist-packages`)
 folder as installed library code. Installed elsewhere (`pip install --target /some/dir`), the fingerprint walks
-into the CuTe DSL's internals and its epilogue GEMMs fail to build (`mlp_in_unsupported` then says so).
+into the CuTe DSL's internals and its epilogue GEMMs fail to build; `mlp_in_unsupported` then says so.
 """
 from __future__ import annotations
 
@@ -56,25 +56,8 @@ class QuackConfig:
 DEFAULT_QUACK_CONFIGS = (QuackConfig(),)
 
 
-def linear_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, w)
-
-
-@functools.lru_cache(maxsize=1)
-def _quack_entry():
-    """(QuACK's untuned GEMM entry, its GemmConfig class, why not): imported once, on first use."""
-    try:
-        from quack.gemm_config import GemmConfig
-        from quack.gemm_interface import gemm_tuned
-    except Exception as err:  # ImportError, or the CuTe DSL failing to load its compiler libraries
-        return None, None, f"QuACK not importable ({type(err).__name__}: {err})"
-    # `gemm_tuned` is QuACK's autotuned GEMM; `.fn` is the function under the autotuner, which takes an explicit
-    # config (its autotuner would compile ~40 configs a kernel on the user's request).
-    return gemm_tuned.fn, GemmConfig, None
-
-
 def quack_unsupported(x: torch.Tensor, w: torch.Tensor) -> str | None:
-    """Why QuACK cannot run ``x @ w^T`` (None when it can)."""
+    """Why QuACK's GEMM cannot take ``x @ w^T`` (None when it can, QuACK being importable)."""
     if os.environ.get(QUACK_ENV_VAR, "1") == "0":
         return f"{QUACK_ENV_VAR}=0"
     if type(w) not in (torch.Tensor, torch.nn.Parameter):
@@ -92,7 +75,7 @@ def quack_unsupported(x: torch.Tensor, w: torch.Tensor) -> str | None:
     major, minor = torch.cuda.get_device_capability(x.device)
     if major != 9:
         return f"compute capability {major}.{minor} (these configs are QuACK's Hopper kernels, measured on SM90)"
-    return _quack_entry()[2]
+    return None
 
 
 MLP_ACTIVATIONS = ("swiglu", "relu_sq")  # QuACK's names: SwiGLU over [gate; up], and ReLU^2
@@ -141,20 +124,11 @@ def mlp_in_unsupported(x: torch.Tensor, w: torch.Tensor, activation: str) -> str
 
 
 def _library_config(config: QuackConfig):
-    _, gemm_config, _ = _quack_entry()
-    return gemm_config(tile_m=config.tile_m, tile_n=config.tile_n, pingpong=config.pingpong,
-                       cluster_m=config.cluster_m, cluster_n=config.cluster_n,
-                       is_dynamic_persistent=False, device_capacity=9)
+    from quack.gemm_config import GemmConfig
 
-
-def linear_quack(x: torch.Tensor, w: torch.Tensor, *, config: QuackConfig = DEFAULT_QUACK_CONFIGS[0]) -> torch.Tensor:
-    """``x @ w^T`` ([M, K] x [N, K] -> [M, N]) on QuACK's Hopper GEMM."""
-    gemm, _, why = _quack_entry()
-    if gemm is None:
-        raise RuntimeError(why)
-    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
-    gemm(x, w.T, out, None, config=_library_config(config))
-    return out
+    return GemmConfig(tile_m=config.tile_m, tile_n=config.tile_n, pingpong=config.pingpong,
+                      cluster_m=config.cluster_m, cluster_n=config.cluster_n,
+                      is_dynamic_persistent=False, device_capacity=9)
 
 
 def mlp_in_quack(x: torch.Tensor, w: torch.Tensor, activation: str, *,

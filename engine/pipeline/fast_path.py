@@ -302,7 +302,7 @@ class FastGenTower:
             attn = layer.self_attn
             heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
             if self.fused is not None:
-                qkv = self._gemm(normed, self.fused.qkv[index])
+                qkv = torch.nn.functional.linear(normed, self.fused.qkv[index])
                 q_width, kv_width = heads * head_dim, kv_heads * head_dim
                 q = qkv[:, :q_width].view(count, n, heads, head_dim)
                 k = qkv[:, q_width:q_width + kv_width].view(count, n, kv_heads, head_dim)
@@ -344,17 +344,11 @@ class FastGenTower:
         host lengths."""
         return self.shares_gen_block and count >= 2 and layout.lengths is None
 
-    def _gemm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x @ weight^T through dispatch: a bf16 weight on cuBLAS or QuACK (same bytes), an FP8 twin on torchao."""
-        return self.dispatch.linear(x, weight)
-
     def _linear(self, index: int, name: str, module, x: torch.Tensor) -> torch.Tensor:
         """Layer `index`'s GEMM, or its FP8 twin when the FP8 pass is on (the module keeps its bf16 weight)."""
         if self.fp8 is not None:
-            return self._gemm(x, self.fp8.per_layer[index][name])
-        if module.bias is not None:
-            return module(x)
-        return self._gemm(x, module.weight)
+            return torch.nn.functional.linear(x, self.fp8.per_layer[index][name])
+        return module(x)
 
     # -- CUDA graphs ---------------------------------------------------------------------------
 
