@@ -151,6 +151,26 @@ def test_measured_choice_takes_a_closer_library_config_only_when_faster():
     assert d._measure_closer(candidates, split, lambda: exact, rows=4).path is dsp.Path.TORCH
 
 
+def test_candidates_are_timed_in_alternating_order_and_a_failing_one_is_left_out():
+    # Under the power cap the first candidate after a pause is timed at a higher clock: every round times each in
+    # turn, reversing the order every other round, and the median of its rounds is its time.
+    order = []
+    split, good, bad = (lambda: None), (lambda: None), (lambda: None)
+    ms = {split: iter([3.0, 1.0, 2.0]), good: iter([2.5, 0.5, 1.5])}
+
+    def fake_time(fn):
+        order.append({split: "split", good: "good", bad: "bad"}[fn])
+        if fn is bad:
+            raise RuntimeError("cannot capture")
+        return next(ms[fn])
+
+    d = dsp.KernelDispatcher()
+    d._time = fake_time
+    times = d._time_alternating({dsp.SPLIT: split, "good": good, "bad": bad}, rounds=3)
+    assert times == {dsp.SPLIT: 2.0, "good": 1.5}
+    assert order == ["split", "good", "bad", "good", "split", "split", "good"]
+
+
 def test_forced_modes_keep_the_split_mlp_input(monkeypatch):
     monkeypatch.setattr(gemm, "mlp_in_unsupported", lambda *a: None)  # as on a Hopper GPU with QuACK
     x, w = _xw()
