@@ -10,6 +10,9 @@
   norm and the rotary in fp32 and rounds once, instead of reproducing every bf16 rounding of diffusers'
   ops (`rounds_qk_norm`): closer to an fp32 forward, and the kernel 1.9x faster at 720p. An image keeps
   the roundings;
+- **video MLP activation in the GEMM's epilogue** (`kernels.gemm`): for a video, the SwiGLU (Nano) or ReLU^2
+  (Edge) runs on the MLP input GEMM's fp32 accumulator in QuACK's Hopper GEMM and rounds once, where dispatch
+  measures that faster than the GEMM then the activation's pass and no further from fp32 (`fuses_mlp_activation`);
 - **fused projections**: one GEMM for q|k|v and one for gate|up per layer; the original Linear
   weights become views of the fused tensors, so no weight is stored twice;
 - **VAE channels-last-3d**: the decoder's 3-D convolutions in cuDNN's channels-last layout;
@@ -36,7 +39,8 @@ Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.Eage
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_VIDEO_QK_FP32=0`, `COSMOS3_FUSED_PROJECTIONS=0`,
 `COSMOS3_VAE_CHANNELS_LAST=0`, `COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`,
-`COSMOS3_LENGTHS_ON_DEVICE=0`, `COSMOS3_SHARE_FIRST_ATTENTION=0`, and the one pass that is off by default and
+`COSMOS3_LENGTHS_ON_DEVICE=0`, `COSMOS3_SHARE_FIRST_ATTENTION=0`, `COSMOS3_MLP_EPILOGUE=0` (and `COSMOS3_QUACK=0`,
+QuACK left out wherever dispatch would offer it), and the one pass that is off by default and
 approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`: FP8 GEMMs, and FP8 attention where its policy names "attn");
 `bench/bench_engine.py` ablates them.
 """
