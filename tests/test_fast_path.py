@@ -103,11 +103,28 @@ def test_rounds_qk_norm_keeps_diffusers_roundings_for_images_only(video_qk_fp32,
     assert rounds_qk_norm(options, frames) is rounded
 
 
-def test_video_qk_fp32_switch_reads_the_environment(monkeypatch):
-    monkeypatch.setenv("COSMOS3_VIDEO_QK_FP32", "0")
-    assert FastPathOptions.from_env(torch.device("cpu")).video_qk_fp32 is False
-    monkeypatch.delenv("COSMOS3_VIDEO_QK_FP32")
-    assert FastPathOptions.from_env(torch.device("cpu")).video_qk_fp32 is True
+@pytest.mark.parametrize("variable,field", [("COSMOS3_VIDEO_QK_FP32", "video_qk_fp32"),
+                                            ("COSMOS3_MLP_EPILOGUE", "mlp_epilogue")])
+def test_rounding_switches_read_the_environment(variable, field, monkeypatch):
+    monkeypatch.setenv(variable, "0")
+    assert getattr(FastPathOptions.from_env(torch.device("cpu")), field) is False
+    monkeypatch.delenv(variable)
+    assert getattr(FastPathOptions.from_env(torch.device("cpu")), field) is True
+
+
+def _exact_and_fast(model, mode: str, **options):
+    """One short request on the exact path, then on the fast path with ``options`` (Triton kernels, no graphs)."""
+    request = dict(REQUEST, mode=mode, steps=2)
+    if mode == "t2v":
+        request["num_frames"] = 9  # three latent frames
+    model.fast_path = None
+    exact = generate(model, request)
+    model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="triton", **options)
+    try:
+        fast = generate(model, request)
+    finally:
+        model.fast_path = None
+    return exact, fast
 
 
 @pytest.mark.parametrize("mode,video_qk_fp32,rounded", [
@@ -122,16 +139,7 @@ def test_each_request_runs_the_qk_norm_rounding_its_frames_call_for(model, mode,
     fn = qk_norm_rope.qk_norm_rope_pack
     monkeypatch.setattr(qk_norm_rope, "qk_norm_rope_pack",
                         lambda *a, **k: seen.append(k["round_norm_before_rope"]) or fn(*a, **k))
-    request = dict(REQUEST, mode=mode, steps=2)
-    if mode == "t2v":
-        request["num_frames"] = 9  # three latent frames
-    model.fast_path = None
-    exact = generate(model, request)
-    model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="triton", video_qk_fp32=video_qk_fp32)
-    try:
-        fast = generate(model, request)
-    finally:
-        model.fast_path = None
+    exact, fast = _exact_and_fast(model, mode, video_qk_fp32=video_qk_fp32)
     assert seen and set(seen) == {rounded}
     assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1
 
@@ -143,13 +151,6 @@ def test_fuses_mlp_activation_for_videos_only(mlp_epilogue, frames, fused):
     from engine.pipeline.fast_path import fuses_mlp_activation
 
     assert fuses_mlp_activation(FastPathOptions(enabled=True, mlp_epilogue=mlp_epilogue), frames) is fused
-
-
-def test_mlp_epilogue_switch_reads_the_environment(monkeypatch):
-    monkeypatch.setenv("COSMOS3_MLP_EPILOGUE", "0")
-    assert FastPathOptions.from_env(torch.device("cpu")).mlp_epilogue is False
-    monkeypatch.delenv("COSMOS3_MLP_EPILOGUE")
-    assert FastPathOptions.from_env(torch.device("cpu")).mlp_epilogue is True
 
 
 @pytest.mark.parametrize("mode,mlp_epilogue,one_rounding", [
@@ -167,16 +168,7 @@ def test_each_request_lets_its_mlp_round_once_only_as_its_frames_allow(model, mo
     monkeypatch.setattr(KernelDispatcher, "mlp_in",
                         lambda self, x, w, activation, *, one_rounding: seen.append((activation, one_rounding))
                         or fn(self, x, w, activation, one_rounding=one_rounding))
-    request = dict(REQUEST, mode=mode, steps=2)
-    if mode == "t2v":
-        request["num_frames"] = 9
-    model.fast_path = None
-    exact = generate(model, request)
-    model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="triton", mlp_epilogue=mlp_epilogue)
-    try:
-        fast = generate(model, request)
-    finally:
-        model.fast_path = None
+    exact, fast = _exact_and_fast(model, mode, mlp_epilogue=mlp_epilogue)
     activation = "swiglu" if model.transformer.config.hidden_act == "silu" else "relu_sq"
     layers = len(model.transformer.layers)
     assert len(seen) >= 2 * layers and set(seen) == {(activation, one_rounding)}
