@@ -5,7 +5,7 @@ activation in one kernel (`mlp_in_quack`, reference `mlp_in_reference`): SwiGLU 
 (Nano), ReLU^2 (Edge). The activation reads the fp32 accumulator and the result is rounded once, where the split
 path (cuBLAS, then `norms.swiglu`/`norms.relu2`) rounds the GEMM's output first, as diffusers does. It saves the
 split path's write and read-back of the GEMM's output (for SwiGLU twice the activation's size): ~40 ms of a Nano
-720p step, ~8 ms of an Edge 480p step on the H200. Other bytes, and more accurate: dispatch
+720p step on the H200; at Edge 480p the op is 1.24x faster alone, but the step's gain (0-8 ms) is within its spread. Other bytes, and more accurate: dispatch
 (`KernelDispatcher.mlp_in`) offers it only to a caller that allows one rounding (the fast tower, for videos:
 `engine.pipeline.fast_path.fuses_mlp_activation`) and only where its output is no further from the fp32 result
 than the split path's on that call.
