@@ -3,11 +3,11 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kernels import prefix_attention as pa
 from kernels.dispatch import DEFAULT_ATTENTION_CONFIGS
 from kernels.packed_kv import PackedKVLayout
+from attention_fp32 import sdpa_per_branch_fp32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -28,18 +28,6 @@ def _inputs(prefixes, n, hq, hkv, d, dtype):
     return layout, q, buf
 
 
-def _sdpa_per_branch_fp32(q, buf, layout):
-    """Independent fp32 reference: K/V expanded for GQA, one SDPA per branch, no enable_gqa."""
-    outs = []
-    group = q.shape[2] // buf.shape[2]
-    for b in range(layout.num_branches):
-        k_b, v_b = layout.branch_kv(buf, b)
-        k_b = k_b.float().repeat_interleave(group, dim=1).transpose(0, 1)
-        v_b = v_b.float().repeat_interleave(group, dim=1).transpose(0, 1)
-        outs.append(F.scaled_dot_product_attention(q[b].float().transpose(0, 1), k_b, v_b).transpose(0, 1))
-    return torch.stack(outs)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("use_tma", [False, True])
 @pytest.mark.parametrize(
@@ -54,7 +42,7 @@ def test_matches_sdpa_per_branch(dtype, use_tma, prefixes, n, hq, hkv, d):
     layout, q, buf = _inputs(prefixes, n, hq, hkv, d, dtype)
     out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
     pa.prefix_attention(q, buf, layout, out=out, config=pa.AttentionConfig(16, 16, 4, 2, use_tma))
-    ref = _sdpa_per_branch_fp32(q, buf, layout)
+    ref = sdpa_per_branch_fp32(q, buf, layout)
     assert not out.isnan().any()
     assert _rel_err(out, ref) <= REL_TOL[dtype]
 
@@ -63,7 +51,7 @@ def test_reference_path_matches_independent_sdpa():
     for prefixes in ((3, 9), (6, 6)):  # per-branch calls, and the one batched call of equal prefixes
         layout, q, buf = _inputs(prefixes, 5, 4, 2, 16, torch.float32)
         ref = pa.prefix_attention_reference(q, buf, layout)
-        torch.testing.assert_close(ref, _sdpa_per_branch_fp32(q, buf, layout), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ref, sdpa_per_branch_fp32(q, buf, layout), atol=1e-5, rtol=1e-5)
 
 
 def test_branch_rows_do_not_leak_into_each_other():
@@ -73,7 +61,7 @@ def test_branch_rows_do_not_leak_into_each_other():
     buf[0, start1:] *= 60.0
     for tma in (False, True):
         out = pa.prefix_attention(q, buf, layout, config=pa.AttentionConfig(16, 16, 4, 2, tma))
-        assert _rel_err(out, _sdpa_per_branch_fp32(q, buf, layout)) <= REL_TOL[torch.bfloat16]
+        assert _rel_err(out, sdpa_per_branch_fp32(q, buf, layout)) <= REL_TOL[torch.bfloat16]
 
 
 def test_rejects_bad_inputs():
@@ -102,7 +90,7 @@ def test_gpu_t2i_cfg_shape_bf16(hq, config):
     layout, q, buf = _inputs((1615, 2866), 1024, hq, 8, 128, torch.bfloat16)
     out = torch.full_like(q, float("nan"))
     pa.prefix_attention(q, buf, layout, out=out, config=config)
-    ref = _sdpa_per_branch_fp32(q, buf, layout)
+    ref = sdpa_per_branch_fp32(q, buf, layout)
     assert not out.isnan().any()
     assert _rel_err(out, ref) <= 1e-2
 
@@ -272,6 +260,6 @@ def test_gpu_flash4_matches_fp32_per_branch(hq, prefixes, n, config):
     layout, q, buf = _inputs(prefixes, n, hq, 8, 128, torch.bfloat16)
     out = torch.full_like(q, float("nan"))
     assert pa.prefix_attention_flash4(q, buf, layout, out=out, config=config) is out
-    ref = _sdpa_per_branch_fp32(q, buf, layout) if n <= 4096 else pa.prefix_attention_reference(q.float(), buf.float(), layout)
+    ref = sdpa_per_branch_fp32(q, buf, layout) if n <= 4096 else pa.prefix_attention_reference(q.float(), buf.float(), layout)
     assert not out.isnan().any()
     assert _rel_err(out, ref) <= 1e-2

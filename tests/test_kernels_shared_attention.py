@@ -6,10 +6,10 @@ whole op against fp32 attention at a video's shape.
 """
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kernels import prefix_attention as pa, shared_gen_attention as sga
 from kernels.packed_kv import DeviceLengths, PackedKVLayout
+from attention_fp32 import sdpa_per_branch_fp32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -35,23 +35,11 @@ def _shared_inputs(prefixes, n, hq, hkv, d, dtype, *, seed=0, gen_differs=False)
     return layout, q.to(DEVICE, dtype), buf.to(DEVICE, dtype)
 
 
-def _attention_fp32(q, buf, layout):
-    """Independent fp32 reference: one SDPA per branch over its own [prefix | gen] rows, K/V expanded for GQA."""
-    group = q.shape[2] // buf.shape[2]
-    outs = []
-    for b in range(layout.num_branches):
-        k, v = layout.branch_kv(buf, b)
-        k = k.float().repeat_interleave(group, dim=1).transpose(0, 1)
-        v = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
-        outs.append(F.scaled_dot_product_attention(q[b].float().transpose(0, 1), k, v).transpose(0, 1))
-    return torch.stack(outs)
-
-
 @pytest.mark.parametrize("prefixes,n,hq,hkv", [((7, 3), 12, 4, 2), ((0, 5), 9, 2, 1), ((4, 11, 2), 6, 4, 4)])
 def test_reference_equals_attention_over_each_branch_when_the_gen_block_is_shared(prefixes, n, hq, hkv):
     layout, q, buf = _shared_inputs(prefixes, n, hq, hkv, 16, torch.float32)
     out = sga.shared_gen_attention_reference(q.cpu(), buf.cpu(), layout)
-    torch.testing.assert_close(out, _attention_fp32(q.cpu(), buf.cpu(), layout), atol=2e-6, rtol=2e-5)
+    torch.testing.assert_close(out, sdpa_per_branch_fp32(q.cpu(), buf.cpu(), layout), atol=2e-6, rtol=2e-5)
 
 
 def test_reference_reads_the_gen_block_of_the_source_branch_only():
@@ -60,13 +48,13 @@ def test_reference_reads_the_gen_block_of_the_source_branch_only():
     layout, q, buf = _shared_inputs((5, 3), 10, 2, 1, 16, torch.float32, gen_differs=True)
     q, buf = q.cpu(), buf.cpu()
     shared = sga.shared_gen_attention_reference(q, buf, layout)
-    own = _attention_fp32(q, buf, layout)
+    own = sdpa_per_branch_fp32(q, buf, layout)
     torch.testing.assert_close(shared[0], own[0], atol=2e-6, rtol=2e-5)
     assert _rel_err(shared[1], own[1]) > 1e-2
     fixed = buf.clone()
     g0, g1 = layout.gen_offset(0), layout.gen_offset(1)
     fixed[:, g1:g1 + 10] = buf[:, g0:g0 + 10]
-    torch.testing.assert_close(shared[1], _attention_fp32(q, fixed, layout)[1], atol=2e-6, rtol=2e-5)
+    torch.testing.assert_close(shared[1], sdpa_per_branch_fp32(q, fixed, layout)[1], atol=2e-6, rtol=2e-5)
 
 
 def test_empty_prefix_takes_no_weight():
@@ -138,7 +126,7 @@ def test_flash4_shared_attention_is_as_close_to_fp32_as_one_call_per_branch(pref
     # the attention the engine runs at every other layer (its one extra rounding is of the partial outputs).
     _flash4_or_skip()
     layout, q, buf = _shared_inputs(prefixes, 8192, 16, 8, 128, torch.bfloat16, seed=1)
-    ref = _attention_fp32(q[:, :512], buf, PackedKVLayout(prefixes, 8192))  # the first 512 queries: fp32 fits
+    ref = sdpa_per_branch_fp32(q[:, :512], buf, PackedKVLayout(prefixes, 8192))  # the first 512 queries: fp32 fits
     shared = sga.shared_gen_attention_flash4(q, buf, layout)
     regular = pa.prefix_attention_flash4(q, buf, layout, config=pa.DEFAULT_FLASH4_CONFIGS[-1])
     shared_err, regular_err = _rel_err(shared[:, :512], ref), _rel_err(regular[:, :512], ref)
