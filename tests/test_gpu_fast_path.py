@@ -55,37 +55,46 @@ def test_fast_step_matches_diffusers(model, shape, video_qk_fp32):
         assert eager_error <= BF16_REL_ERROR
 
 
+def step_errors_on_and_off(model, field: str, attribute: str, calls: list) -> tuple[dict, dict]:
+    """One fast step at 832x480x17 with ``FastPathOptions.<field>`` on, then off: each velocity's relative error
+    against diffusers' bf16 step, and how many entries each step appended to ``calls`` (the caller's spy on the
+    pass's kernel). Each tower's ``attribute`` must say whether the pass may apply."""
+    from bench.models import step_inputs
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.prefill import make_gen_tower
+
+    inputs = step_inputs(model, width=832, height=480, frames=17, prefix_lens=(301, 517))
+    errors, counts = {}, {}
+    with torch.no_grad():
+        reference = inputs.diffusers_step()
+        for on in (True, False):
+            options = FastPathOptions(enabled=True, cuda_graphs=False, **{field: on})
+            tower = make_gen_tower(model, inputs.cache, inputs.branches, options, inputs.layout)
+            assert getattr(tower, attribute) is on
+            before = len(calls)
+            fast = inputs.engine_step(tower)
+            counts[on] = len(calls) - before
+            errors[on] = [float((ours - theirs).norm() / theirs.norm()) for ours, theirs in zip(fast, reference)]
+    return errors, counts
+
+
 def test_shared_first_layer_attention_keeps_the_step_as_close_to_diffusers(model, monkeypatch):
     # The first layer's gen block computed once (kernels.shared_gen_attention) on flash-attn-4, forced at a short
     # video (the engine shares from SHARE_MIN_GEN_TOKENS, where dispatch also measures it): the step's velocity
     # against diffusers' must stay within the bf16 bound, and near the unshared step's error.
-    from bench.models import step_inputs
-    from engine.pipeline import fast_path
-    from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.prefill import make_gen_tower
-    from kernels import dispatch, prefix_attention as pa, shared_gen_attention as sga
+    from bench.bench_fp8 import SharedFirstLayerEverywhere
+    from kernels import shared_gen_attention as sga
 
     probe = torch.empty(1, 1, 1, 128, device="cuda", dtype=torch.bfloat16)
     if sga.shared_unsupported(probe) is not None:
         pytest.skip(sga.shared_unsupported(probe))
-    monkeypatch.setattr(fast_path, "SHARE_MIN_GEN_TOKENS", 1)
-    forced = dispatch.SharingDecision(dispatch.Path.FLASH4, "forced by the test", flash4_config=pa.DEFAULT_FLASH4_CONFIGS[-1])
-    monkeypatch.setattr(dispatch.KernelDispatcher, "choose_shared_gen_attention", lambda self, *a, **k: forced)
     calls = []
     parts = sga.partials_flash4
     monkeypatch.setattr(sga, "partials_flash4", lambda *a, **k: calls.append(1) or parts(*a, **k))
-    inputs = step_inputs(model, width=832, height=480, frames=17, prefix_lens=(301, 517))
-    errors = {}
-    with torch.no_grad():
-        reference = inputs.diffusers_step()
-        for share in (True, False):
-            options = FastPathOptions(enabled=True, cuda_graphs=False, share_first_attention=share)
-            tower = make_gen_tower(model, inputs.cache, inputs.branches, options, inputs.layout)
-            assert tower.shares_gen_block is share
-            fast = inputs.engine_step(tower)
-            errors[share] = [float((ours - theirs).norm() / theirs.norm()) for ours, theirs in zip(fast, reference)]
+    with SharedFirstLayerEverywhere():
+        errors, counts = step_errors_on_and_off(model, "share_first_attention", "shares_gen_block", calls)
     print(f"{model.info.family} 832x480x17: rel. error against diffusers, shared {errors[True]}, not shared {errors[False]}")
-    assert len(calls) == 1  # one step, one first layer
+    assert counts == {True: 1, False: 0}  # one step, one first layer
     for shared, separate in zip(errors[True], errors[False]):
         assert shared <= BF16_REL_ERROR and shared <= 1.25 * separate
 
@@ -94,33 +103,20 @@ def test_mlp_activation_in_the_gemm_keeps_the_step_as_close_to_diffusers(model, 
     # QuACK's GEMM with the MLP's activation in its epilogue (kernels.gemm.mlp_in_quack), forced at a short video
     # (dispatch otherwise measures it): the step's velocity against diffusers' must stay within the bf16 bound and
     # no further than the split path's; with the switch off it must not run at all.
-    from bench.models import step_inputs
-    from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.prefill import make_gen_tower
-    from kernels import dispatch, gemm
+    from bench.bench_fp8 import MLPEpilogueEverywhere
+    from kernels import gemm
 
     activation = "relu_sq" if model.transformer.config.hidden_act == "relu2" else "swiglu"
     probe = torch.empty(16, 128, device="cuda", dtype=torch.bfloat16)
     why = gemm.mlp_in_unsupported(probe, probe, activation)
     if why is not None:
         pytest.skip(why)
-    forced = dispatch.Decision(dispatch.Path.QUACK, "forced by the test", quack_config=gemm.DEFAULT_QUACK_CONFIGS[0])
-    monkeypatch.setattr(dispatch.KernelDispatcher, "choose_mlp_in", lambda self, *a: forced)
     calls = []
     fused = gemm.mlp_in_quack
     monkeypatch.setattr(gemm, "mlp_in_quack", lambda *a, **k: calls.append(1) or fused(*a, **k))
-    inputs = step_inputs(model, width=832, height=480, frames=17, prefix_lens=(301, 517))
-    errors = {}
-    with torch.no_grad():
-        reference = inputs.diffusers_step()
-        for on in (True, False):
-            options = FastPathOptions(enabled=True, cuda_graphs=False, mlp_epilogue=on)
-            tower = make_gen_tower(model, inputs.cache, inputs.branches, options, inputs.layout)
-            assert tower.fuse_mlp_activation is on
-            before = len(calls)
-            fast = inputs.engine_step(tower)
-            assert len(calls) - before == (len(model.transformer.layers) if on else 0)
-            errors[on] = [float((ours - theirs).norm() / theirs.norm()) for ours, theirs in zip(fast, reference)]
+    with MLPEpilogueEverywhere():
+        errors, counts = step_errors_on_and_off(model, "mlp_epilogue", "fuse_mlp_activation", calls)
     print(f"{model.info.family} 832x480x17: rel. error against diffusers, MLP epilogue {errors[True]}, split {errors[False]}")
+    assert counts == {True: len(model.transformer.layers), False: 0}
     for fused_error, split_error in zip(errors[True], errors[False]):
         assert fused_error <= BF16_REL_ERROR and fused_error <= 1.1 * split_error
