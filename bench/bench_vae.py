@@ -24,6 +24,7 @@ with the fast decode on (the measured rule's plan) and off, first call and warm,
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -46,6 +47,7 @@ TINY = dict(base_dim=8, decoder_base_dim=8)  # --tiny: the full layout with narr
 VARIANTS = (
     ("channels_last", True, None, False),
     ("triton+fold", True, DecodePlan(elementwise="triton", fold_bias=True), False),
+    ("triton+fold+subpixel", True, DecodePlan(elementwise="triton", fold_bias=True, upsample="subpixel"), False),
     ("triton+chunk4", True, DecodePlan(chunk=4, elementwise="triton"), False),
     ("triton", True, DecodePlan(elementwise="triton"), False),
     ("chunk4", True, DecodePlan(chunk=4), False),
@@ -167,8 +169,9 @@ def _compare(frames, reference_u8: torch.Tensor | None, device: str) -> dict:
             "pixels_off": float((diff > 0).float().mean())}
 
 
-def _warm(vae, z, plan, reference_float, compiles: bool) -> dict:
-    """First and second call on the short clip: compile time, and the [-1, 1] difference vs plain."""
+def _warm(vae, z, plan, reference_float, compiles: bool, reference_fp32: torch.Tensor | None = None) -> dict:
+    """First and second call on the short clip: compile time, and the [-1, 1] difference vs plain (and, with
+    `reference_fp32`, the error against an fp32 decode: RMS and max)."""
     _sync()
     began = time.perf_counter()
     out = float_frames(vae, z, plan)
@@ -183,6 +186,10 @@ def _warm(vae, z, plan, reference_float, compiles: bool) -> dict:
         result["compile_s"] = max(0.0, first - result["second_call_s"])
     if reference_float is not None:
         result["max_abs_diff_vs_plain"] = float((out.float() - reference_float.float()).abs().max())
+    if reference_fp32 is not None:
+        error = out.float() - reference_fp32
+        result["rms_vs_fp32"] = float(error.pow(2).mean().sqrt())
+        result["max_abs_vs_fp32"] = float(error.abs().max())
     return result
 
 
@@ -199,6 +206,11 @@ def stage_case(vae, label: str, frames: int, height: int, width: int, args,
     shorts = {short_length(latent_t, plan.chunk if plan else 1) for _, _, plan, _ in plans}
     _set_format(vae, False)
     reference_float = {n: float_frames(vae, latent[:, :, :n], None) for n in sorted(shorts)}
+    reference_fp32 = {}
+    if args.fp32_reference:  # the yardstick: every variant's error, and the plain bf16 decode's own
+        vae32 = copy.deepcopy(vae).float()
+        reference_fp32 = {n: float_frames(vae32, latent[:, :, :n].float(), None).float() for n in sorted(shorts)}
+        del vae32
     rows, reference_u8, today_u8 = [], None, None
     for name, channels_last, plan, benchmark in plans:
         row = {"case": label, "variant": name, "plan": None if plan is None else plan.__dict__,
@@ -213,7 +225,7 @@ def stage_case(vae, label: str, frames: int, height: int, width: int, args,
         try:
             short = short_length(latent_t, plan.chunk if plan else 1)
             compiles = benchmark or (plan is not None and plan.elementwise != "eager")
-            row["warm"] = _warm(vae, z[:, :, :short], plan, reference_float[short], compiles)
+            row["warm"] = _warm(vae, z[:, :, :short], plan, reference_float[short], compiles, reference_fp32.get(short))
             timing = time_ms(lambda: row.__setitem__("frames", decode_uint8(vae, z, plan)), warmup=0, iters=args.iters)
             row["ms"] = timing.median_ms
             row["samples_ms"] = list(timing.samples_ms)
@@ -266,23 +278,27 @@ def _line(row: dict) -> str:
         return f"{row['case']} {row['variant']}: {row.get('error') or row.get('skipped')}"
     warm, today = row.get("warm", {}), row.get("vs_today", {})
     return (f"{row['case']} {row['variant']}: {row['ms']:.0f} ms, compile {warm.get('compile_s', 0):.1f} s, "
-            f"max diff vs plain {warm.get('max_abs_diff_vs_plain', float('nan')):.1e}, bytes = today "
+            f"max diff vs plain {warm.get('max_abs_diff_vs_plain', float('nan')):.1e}, vs fp32 rms "
+            f"{warm.get('rms_vs_fp32', float('nan')):.2e} max {warm.get('max_abs_vs_fp32', float('nan')):.1e}, "
+            f"bytes = today "
             f"{today.get('bytes_equal')} (max {today.get('max_u8_diff')}), peak {row.get('peak_gib', 0):.1f} GiB")
 
 
 def summary(rows: list[dict]) -> str:
-    lines = ["| case | variant | stage ms | vs today | compile s | max abs diff vs plain | bytes = plain | bytes = today | max uint8 diff vs today |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| case | variant | stage ms | vs today | compile s | max abs diff vs plain | RMS / max error vs fp32 | "
+             "bytes = plain | bytes = today | max uint8 diff vs today |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     today = {r["case"]: r["ms"] for r in rows if r.get("variant") == "channels_last" and "ms" in r}
     for r in rows:
         if "ms" not in r:
             if "profile" not in r and "profile_error" not in r:
-                lines.append(f"| {r['case']} | {r['variant']} | {r.get('error') or r.get('skipped')} | | | | | | |")
+                lines.append(f"| {r['case']} | {r['variant']} | {r.get('error') or r.get('skipped')} | | | | | | | |")
             continue
         warm, plain, now = r.get("warm", {}), r.get("vs_plain", {}), r.get("vs_today", {})
         ratio = f"{today[r['case']] / r['ms']:.3f}x" if r["case"] in today else ""
+        fp32 = (f"{warm['rms_vs_fp32']:.2e} / {warm['max_abs_vs_fp32']:.1e}" if "rms_vs_fp32" in warm else "")
         lines.append(f"| {r['case']} | {r['variant']} | {r['ms']:.0f} | {ratio} | {warm.get('compile_s', 0):.1f} | "
-                     f"{warm.get('max_abs_diff_vs_plain', 0):.1e} | {plain.get('bytes_equal', '')} | "
+                     f"{warm.get('max_abs_diff_vs_plain', 0):.1e} | {fp32} | {plain.get('bytes_equal', '')} | "
                      f"{now.get('bytes_equal', '')} | {now.get('max_u8_diff', '')} |")
     return "\n".join(lines)
 
@@ -372,6 +388,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--profile-slack-s", type=float, default=30.0, help="profile only if the cases ended by budget + this")
     parser.add_argument("--tiny", action="store_true", help="narrow VAE and a few latent pixels (CPU check)")
+    parser.add_argument("--fp32-reference", action="store_true",
+                        help="stage: each variant's error against an fp32 decode of the short clip")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     args.cases = [c for c in args.cases.split(",") if c]

@@ -11,6 +11,10 @@ directly (no cat, no pad). Rounding follows diffusers' steps (normalised value, 
 product and the SiLU output are each rounded to the activation dtype), with IEEE division and square
 root; the channel sum and exp run in Triton's order, so results agree to a rounding step, not bit for
 bit (tests/test_kernels_wan_norm.py).
+
+Beside it, the adds that end a residual block and an up block, each one pass with the conv's bias folded
+in (`add_bias_residual_`, `add_bias_dup_up_`), and the up block's end read from the four sub-pixel phases
+of an upsampling conv (`add_bias_dup_up_phases`, which interleaves them as it reads: no pass of its own).
 """
 from __future__ import annotations
 
@@ -175,15 +179,22 @@ def add_bias_dup_up_reference(x: torch.Tensor, bias: torch.Tensor | None, skip: 
 
 @triton.jit(do_not_specialize=SIZE_ARGS + ["skip_t"])
 def _add_bias_dup_up_kernel(
-    x_ptr, bias_ptr, s_ptr,
+    x_ptr, bias_ptr, s_ptr, out_ptr,
     n_pos, n_ch, T, H, W,
-    sxb, sxc, sxt, sxh, sxw, ssb, ssc, sst, ssh, ssw,
+    sxb, sxc, sxt, sxh, sxw, ssb, ssc, sst, ssh, ssw, sob, soc, sot, soh, sow,
     skip_t, FT: tl.constexpr, FS: tl.constexpr, REPEATS: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, PHASES: tl.constexpr,
 ):
-    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     b, t, h, w, ch, mask = _positions(n_pos, n_ch, T, H, W, BLOCK_P, BLOCK_C)
-    x_off = (b * sxb + t * sxt + h * sxh + w * sxw)[:, None] + (ch * sxc)[None, :]
+    out_off = (b * sob + t * sot + h * soh + w * sow)[:, None] + (ch * soc)[None, :]
+    if PHASES:  # x holds the four sub-pixel phases (`interleave_phases`): (h, w) reads phase (h % 2, w % 2)
+        ph = h % 2
+        pw = w % 2
+        x_pos = b * sxb + t * sxt + (h // 2 + ph) * sxh + (w // 2 + pw) * sxw
+        x_off = x_pos[:, None] + (((ph * 2 + pw) * n_ch)[:, None] + ch[None, :]) * sxc
+    else:
+        x_off = (b * sxb + t * sxt + h * sxh + w * sxw)[:, None] + (ch * sxc)[None, :]
     # DupUp3D: output (co, t * FT + a, h * FS + p, w * FS + q) reads input channel
     # (((co * FT + a) * FS + p) * FS + q) // REPEATS at (t, h, w); a first chunk drops its first FT - 1 frames.
     full_t = t + skip_t
@@ -196,7 +207,22 @@ def _add_bias_dup_up_kernel(
     if HAS_BIAS:
         y = _round_to(y + tl.load(bias_ptr + ch, mask=ch < n_ch, other=0.0).to(tl.float32)[None, :], DTYPE)
     y = _round_to(y + tl.load(s_ptr + s_off, mask=mask, other=0.0).to(tl.float32), DTYPE)
-    tl.store(x_ptr + x_off, y.to(DTYPE), mask=mask)
+    tl.store(out_ptr + out_off, y.to(DTYPE), mask=mask)
+
+
+def _check_dup_up(x_shape: tuple, dtype: torch.dtype, skip: torch.Tensor, shortcut, first_chunk: bool, name: str):
+    """The shortcut's (factor_t, factor_s, repeats, skip_t), where x [B, Cout, T', H', W'] is its output for skip."""
+    ft, fs = int(shortcut.factor_t), int(shortcut.factor_s)
+    repeats = int(shortcut.repeats)
+    b, c, t, h, w = x_shape
+    skip_t = ft - 1 if first_chunk else 0
+    expected = (b, shortcut.in_channels, (t + skip_t) // ft, h // fs, w // fs)
+    if (tuple(skip.shape) != expected or (t + skip_t) % ft or h % fs or w % fs
+            or c != shortcut.out_channels or c * ft * fs * fs != repeats * shortcut.in_channels or dtype != skip.dtype):
+        raise ValueError(f"{name}: x {tuple(x_shape)} {dtype} is not the shortcut's output for skip "
+                         f"{tuple(skip.shape)} {skip.dtype} (expected skip {expected}; factor_t {ft}, factor_s {fs}, "
+                         f"repeats {repeats}, first_chunk {first_chunk})")
+    return ft, fs, repeats, skip_t
 
 
 def add_bias_dup_up_(x: torch.Tensor, bias: torch.Tensor | None, skip: torch.Tensor, shortcut,
@@ -205,25 +231,63 @@ def add_bias_dup_up_(x: torch.Tensor, bias: torch.Tensor | None, skip: torch.Ten
     reads `skip` where the shortcut's repeat and unfold would have put each value, so neither copy is made.
     Each add rounds to x's dtype, as the reference's passes do (bit for bit). x [B, Cout, T', H', W'], skip
     [B, Cin, T, H, W]; any strides (channels-last-3d is the fast layout)."""
-    ft, fs = int(shortcut.factor_t), int(shortcut.factor_s)
-    repeats = int(shortcut.repeats)
     if x.dim() != 5:
         raise ValueError(f"add_bias_dup_up_: x must be [B, C, T, H, W]; got shape {tuple(x.shape)}")
+    ft, fs, repeats, skip_t = _check_dup_up(tuple(x.shape), x.dtype, skip, shortcut, first_chunk, "add_bias_dup_up_")
     b, c, t, h, w = x.shape
-    skip_t = ft - 1 if first_chunk else 0
-    expected = (b, shortcut.in_channels, (t + skip_t) // ft, h // fs, w // fs)
-    if (tuple(skip.shape) != expected or (t + skip_t) % ft or h % fs or w % fs
-            or c != shortcut.out_channels or c * ft * fs * fs != repeats * shortcut.in_channels or x.dtype != skip.dtype):
-        raise ValueError(f"add_bias_dup_up_: x {tuple(x.shape)} {x.dtype} is not the shortcut's output for skip "
-                         f"{tuple(skip.shape)} {skip.dtype} (expected skip {expected}; factor_t {ft}, factor_s {fs}, "
-                         f"repeats {repeats}, first_chunk {first_chunk})")
     grid, launch = _launch(x)
     _add_bias_dup_up_kernel[grid](
-        x, x if bias is None else _bias_values(bias, c, x.dtype), skip, b * t * h * w, c, t, h, w,
-        *x.stride(), *skip.stride(), skip_t, FT=ft, FS=fs, REPEATS=repeats, HAS_BIAS=bias is not None, **launch,
+        x, x if bias is None else _bias_values(bias, c, x.dtype), skip, x, b * t * h * w, c, t, h, w,
+        *x.stride(), *skip.stride(), *x.stride(), skip_t, FT=ft, FS=fs, REPEATS=repeats,
+        HAS_BIAS=bias is not None, PHASES=False, **launch,
     )
     return x
 
 
-__all__ = ["add_bias_dup_up_", "add_bias_dup_up_reference", "add_bias_residual_", "add_bias_residual_reference",
+def interleave_phases(phases: torch.Tensor) -> torch.Tensor:
+    """The four sub-pixel phases of a 2x upsampled image as that image, channels-last.
+
+    phases [B, 4C, T, H + 1, W + 1]: channel block 2a + b holds phase (a, b), whose value for output pixel
+    (2i + a, 2j + b) sits at (i + a, j + b) (a 2x2 conv with padding 1 over the low-resolution input,
+    `engine.pipeline.causal_decode.subpixel_weight`). Returns [B, C, T, 2H, 2W]."""
+    b, c4, t, hp, wp = phases.shape
+    c, h, w = c4 // 4, hp - 1, wp - 1
+    out = torch.empty((b, c, t, 2 * h, 2 * w), dtype=phases.dtype, device=phases.device,
+                      memory_format=torch.channels_last_3d)
+    for a in range(2):
+        for q in range(2):
+            block = phases[:, (2 * a + q) * c:(2 * a + q + 1) * c, :, a:a + h, q:q + w]
+            out[:, :, :, a::2, q::2].copy_(block)
+    return out
+
+
+def add_bias_dup_up_phases_reference(phases: torch.Tensor, bias: torch.Tensor | None, skip: torch.Tensor, shortcut,
+                                     first_chunk: bool) -> torch.Tensor:
+    """`add_bias_dup_up_reference` on the image that `phases` interleave into."""
+    return add_bias_dup_up_reference(interleave_phases(phases), bias, skip, shortcut, first_chunk)
+
+
+def add_bias_dup_up_phases(phases: torch.Tensor, bias: torch.Tensor | None, skip: torch.Tensor, shortcut,
+                           first_chunk: bool) -> torch.Tensor:
+    """`add_bias_dup_up_` on the image that `phases` [B, 4C, T, H + 1, W + 1] interleave into
+    (`interleave_phases`), read where each pixel's phase holds it and written once, channels-last, to a new
+    [B, C, T, 2H, 2W] tensor: the interleave costs no pass of its own. Bit for bit the reference."""
+    if phases.dim() != 5 or phases.shape[1] % 4:
+        raise ValueError(f"add_bias_dup_up_phases: phases must be [B, 4C, T, H + 1, W + 1]; got {tuple(phases.shape)}")
+    b, c4, t, hp, wp = phases.shape
+    shape = (b, c4 // 4, t, 2 * (hp - 1), 2 * (wp - 1))
+    ft, fs, repeats, skip_t = _check_dup_up(shape, phases.dtype, skip, shortcut, first_chunk, "add_bias_dup_up_phases")
+    out = torch.empty(shape, dtype=phases.dtype, device=phases.device, memory_format=torch.channels_last_3d)
+    c, h, w = shape[1], shape[3], shape[4]
+    grid, launch = _launch(out)
+    _add_bias_dup_up_kernel[grid](
+        phases, phases if bias is None else _bias_values(bias, c, phases.dtype), skip, out, b * t * h * w, c, t, h, w,
+        *phases.stride(), *skip.stride(), *out.stride(), skip_t, FT=ft, FS=fs, REPEATS=repeats,
+        HAS_BIAS=bias is not None, PHASES=True, **launch,
+    )
+    return out
+
+
+__all__ = ["add_bias_dup_up_", "add_bias_dup_up_phases", "add_bias_dup_up_phases_reference",
+           "add_bias_dup_up_reference", "add_bias_residual_", "add_bias_residual_reference", "interleave_phases",
            "norm_silu_into", "norm_silu_reference"]

@@ -62,6 +62,55 @@ def test_plan_refuses_what_it_cannot_do():
         DecodePlan(chunk=0)
     with pytest.raises(ValueError, match="elementwise"):
         DecodePlan(elementwise="cuda")
+    with pytest.raises(ValueError, match="upsample in \\('nearest', 'subpixel'\\); got .*upsample='bilinear'"):
+        DecodePlan(elementwise="triton", upsample="bilinear")
+    with pytest.raises(ValueError, match="upsample='subpixel' needs a fused plan"):
+        DecodePlan(upsample="subpixel")
+
+
+@pytest.mark.parametrize("h,w", [(1, 1), (3, 5), (6, 4)])
+def test_subpixel_phases_are_the_upsample_then_conv(h, w):
+    """Four 2x2 convs over the low-resolution input are a 2x nearest upsample then the 3x3 conv, borders
+    included (fp64: equal to its rounding, so any misplaced tap or phase fails)."""
+    import torch.nn.functional as F
+
+    from engine.pipeline.causal_decode import subpixel_weight
+    from kernels.wan_norm import interleave_phases
+
+    generator = torch.Generator().manual_seed(h * w)
+    x = torch.randn(2, 5, h, w, generator=generator, dtype=torch.float64)
+    weight = torch.randn(7, 5, 3, 3, generator=generator, dtype=torch.float64)
+    expected = F.conv2d(F.interpolate(x, scale_factor=2.0, mode="nearest-exact"), weight, padding=1)
+    phases = F.conv2d(x, subpixel_weight(weight), padding=1)  # [2, 28, h + 1, w + 1]
+    ours = interleave_phases(phases.unsqueeze(2)).squeeze(2)
+    assert ours.shape == expected.shape == (2, 7, 2 * h, 2 * w)
+    assert (ours - expected).abs().max() < 1e-12
+    with pytest.raises(ValueError, match=r"a 3x3 conv weight \[O, I, 3, 3\] is needed; got \(7, 5, 1, 1\)"):
+        subpixel_weight(weight[:, :, :1, :1])
+
+
+@pytest.mark.parametrize("fold_bias", [True, False], ids=["folded", "unfolded"])
+def test_subpixel_upsampling_is_the_same_decode_in_fp32(vae, fold_bias):
+    """The decode with its upsamplers as sub-pixel phase convs equals the nearest-upsample decode to fp32
+    rounding: through the kernel that interleaves as it ends the up block (folded), and through the copy."""
+    import engine.pipeline.causal_decode as causal_decode
+
+    z = _latents(vae, 3, vae.dtype, seed=7)
+    nearest = _walk(vae, z, DecodePlan(elementwise="triton", fold_bias=fold_bias))
+    phase_convs = []
+    conv = causal_decode.CausalDecoder._phase_conv
+
+    def counting(self, *args):
+        phase_convs.append(1)
+        return conv(self, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(causal_decode.CausalDecoder, "_phase_conv", counting)
+        subpixel = _walk(vae, z, DecodePlan(elementwise="triton", fold_bias=fold_bias, upsample="subpixel"))
+    upsamplers = sum(getattr(b, "upsampler", None) is not None for b in vae.decoder.up_blocks)
+    assert upsamplers and len(phase_convs) == upsamplers * len(latent_steps(3, 1))
+    assert subpixel.shape == nearest.shape
+    assert (subpixel - nearest).abs().max() < 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +124,9 @@ def vae_bf16(vae):
 
 
 @pytest.mark.parametrize("plan", [DecodePlan(chunk=2), DecodePlan(chunk=2, elementwise="triton"),
-                                  DecodePlan(chunk=2, conv="2d")], ids=["chunk2", "triton+chunk2", "conv2d+chunk2"])
+                                  DecodePlan(chunk=2, conv="2d"),
+                                  DecodePlan(elementwise="triton", fold_bias=True, upsample="subpixel")],
+                         ids=["chunk2", "triton+chunk2", "conv2d+chunk2", "triton+fold+subpixel"])
 def test_fast_plans_stay_close_in_bf16(vae_bf16, plan):
     z = _latents(vae_bf16, 4, torch.bfloat16, seed=3).contiguous(memory_format=torch.channels_last_3d)
     with torch.no_grad():
@@ -98,6 +149,10 @@ def test_the_switch_and_the_rule_pick_the_plan(vae, monkeypatch):
     assert plan_for(vae, image, "cuda", on) is None  # one latent frame: nothing to chunk, diffusers' loop
     assert plan_for(vae, video, "cpu", on) is None  # the fast paths are never required off the GPU
     assert plan_for(vae, video, "cuda", FastPathOptions(enabled=False)) is None
+    assert VIDEO_PLAN.upsample == "subpixel"
+    monkeypatch.setenv("COSMOS3_VAE_SUBPIXEL", "0")
+    nearest = FastPathOptions.from_env(torch.device("cuda"))
+    assert plan_for(vae, video, "cuda", nearest) == DecodePlan(elementwise="triton", fold_bias=True)
     monkeypatch.setenv("COSMOS3_VAE_FAST_DECODE", "0")
     off = FastPathOptions.from_env(torch.device("cuda"))
     assert not off.vae_fast_decode and plan_for(vae, video, "cuda", off) is None

@@ -3,8 +3,9 @@ Triton interpreter), and that it writes only the interior of its padded buffer."
 import pytest
 import torch
 
-from kernels.wan_norm import (add_bias_dup_up_, add_bias_dup_up_reference, add_bias_residual_,
-                               add_bias_residual_reference, norm_silu_into, norm_silu_reference)
+from kernels.wan_norm import (add_bias_dup_up_, add_bias_dup_up_phases, add_bias_dup_up_phases_reference,
+                               add_bias_dup_up_reference, add_bias_residual_, add_bias_residual_reference,
+                               interleave_phases, norm_silu_into, norm_silu_reference)
 
 
 # The kernel runs where its tensors are: on a GPU machine the conftest leaves the interpreter off.
@@ -115,6 +116,58 @@ def test_the_dup_up_shortcut_is_read_in_place_and_added_as_diffusers_adds_it(in_
         fused = x.clone()
         assert add_bias_dup_up_(fused, b, skip, shortcut, first_chunk) is fused
         assert torch.equal(fused, expected)
+
+
+def test_interleave_phases_puts_each_phase_where_its_pixels_are():
+    # Phase (a, b)'s value for output pixel (2i + a, 2j + b) sits at (i + a, j + b) of channel block 2a + b.
+    c, t, h, w = 3, 2, 3, 4
+    phases = torch.randn(1, 4 * c, t, h + 1, w + 1, generator=torch.Generator().manual_seed(0))
+    image = interleave_phases(phases)
+    assert image.shape == (1, c, t, 2 * h, 2 * w) and image.is_contiguous(memory_format=torch.channels_last_3d)
+    for y in range(2 * h):
+        for x in range(2 * w):
+            a, b = y % 2, x % 2
+            block = phases[0, (2 * a + b) * c:(2 * a + b + 1) * c, :, y // 2 + a, x // 2 + b]
+            assert torch.equal(image[0, :, :, y, x], block)
+
+
+@pytest.mark.parametrize("in_ch,out_ch,factor_t,first_chunk", [
+    (16, 8, 2, False), (16, 8, 2, True),  # an upsample3d block's end (the time conv doubled the frames)
+    (8, 8, 1, False),                     # an upsample2d block's
+])
+def test_the_dup_up_add_reads_the_upsampler_phases_as_their_interleave_bit_for_bit(in_ch, out_ch, factor_t,
+                                                                                    first_chunk):
+    from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
+
+    shortcut = DupUp3D(in_ch, out_ch, factor_t, 2)
+    frames, h, w = 2, 3, 4
+    skip = _activation(in_ch, frames, 5)[:, :, :, :h, :w].contiguous(memory_format=torch.channels_last_3d)
+    out_t = frames * factor_t - (factor_t - 1 if first_chunk else 0)
+    generator = torch.Generator().manual_seed(in_ch + factor_t)
+    # As the engine makes them: a conv2d's channels-last output [N, 4C, H + 1, W + 1] viewed as 5-D.
+    flat = (3 * torch.randn(out_t, 4 * out_ch, h + 1, w + 1, generator=generator)).to(DEVICE, torch.bfloat16)
+    flat = flat.contiguous(memory_format=torch.channels_last)
+    phases = flat.view(1, out_t, 4 * out_ch, h + 1, w + 1).permute(0, 2, 1, 3, 4)
+    bias = (0.5 * torch.randn(out_ch, generator=generator)).to(DEVICE, torch.bfloat16)
+    for b in (bias, None):
+        expected = add_bias_dup_up_phases_reference(phases, b, skip, shortcut, first_chunk)
+        fused = add_bias_dup_up_phases(phases, b, skip, shortcut, first_chunk)
+        assert fused.shape == (1, out_ch, out_t, 2 * h, 2 * w)
+        assert fused.is_contiguous(memory_format=torch.channels_last_3d)
+        assert torch.equal(fused, expected)
+
+
+def test_the_phases_add_refuses_what_is_not_four_phases():
+    from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
+
+    shortcut = DupUp3D(16, 8, 1, 2)
+    skip = torch.zeros(1, 16, 2, 4, 6, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"phases must be \[B, 4C, T, H \+ 1, W \+ 1\]; got \(1, 30, 2, 5, 7\)"):
+        add_bias_dup_up_phases(torch.zeros(1, 30, 2, 5, 7, dtype=torch.bfloat16, device=DEVICE), None, skip, shortcut,
+                               False)
+    with pytest.raises(ValueError, match=r"expected skip \(1, 16, 2, 3, 4\)"):  # phases for a 6x8 image, not 8x12
+        add_bias_dup_up_phases(torch.zeros(1, 32, 2, 4, 5, dtype=torch.bfloat16, device=DEVICE), None, skip, shortcut,
+                               False)
 
 
 def test_the_dup_up_add_refuses_a_skip_that_is_not_the_shortcuts_input():

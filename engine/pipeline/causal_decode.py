@@ -24,7 +24,15 @@ order, with the cache made explicit per conv, and three switchable changes (a `D
   kernel that reads the shortcut's input where diffusers' `DupUp3D` would have repeated and unfolded it
   (two copies and a mixed-layout add fewer), and the time conv's bias as its two halves are interleaved
   into frames, written channels-last (diffusers' stack writes them channels-first, which costs the
-  following upsample and conv2d a layout conversion each). Still the same bytes.
+  following upsample and conv2d a layout conversion each). Still the same bytes;
+- **sub-pixel upsampling** (`upsample="subpixel"`, with the fused kernels): an upsampler's 2x nearest
+  upsample then 3x3 conv is four 2x2 convs over the low-resolution input, one per output pixel phase
+  (`subpixel_weight`), run as one conv2d with four times the output channels. That is 16 weight taps per
+  four output pixels instead of 36: 56% fewer of the upsample convs' FLOPs, and no upsampled copy of the
+  input. The phases are interleaved by the kernel that ends the up block (`add_bias_dup_up_phases`), or
+  by one copy (`interleave_phases`) where there is no such kernel. Its weights are sums of the 3x3 conv's
+  weights rounded once to bf16, so this plan is not the same bytes: it is a documented difference,
+  gated against an fp32 decode (docs/PERFORMANCE.md, VAE decode).
 
 Why the cache is always two zero frames at first: diffusers pads the first chunk's input with zeros
 (no cache yet) and a one-frame chunk's cache with a zero frame ("Rep" for the upsample's time conv),
@@ -35,16 +43,18 @@ docs/PERFORMANCE.md (VAE decode). The fast path uses `VIDEO_PLAN` for videos (`p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, replace
+from typing import Iterator, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from kernels.wan_norm import add_bias_dup_up_, add_bias_residual_, norm_silu_into, norm_silu_reference
+from kernels.wan_norm import (add_bias_dup_up_, add_bias_dup_up_phases, add_bias_residual_, interleave_phases,
+                               norm_silu_into, norm_silu_reference)
 
 ELEMENTWISE = ("eager", "compile", "triton")
 CONVS = ("3d", "2d")
+UPSAMPLES = ("nearest", "subpixel")
 
 
 @dataclass(frozen=True)
@@ -53,12 +63,55 @@ class DecodePlan:
     elementwise: str = "eager"
     conv: str = "3d"
     fold_bias: bool = False  # a residual block's conv biases into its kernels (needs elementwise="triton")
+    upsample: str = "nearest"  # "subpixel": an upsampler's nearest 2x + 3x3 conv as four 2x2 phase convs
 
     def __post_init__(self):
-        if self.chunk < 1 or self.elementwise not in ELEMENTWISE or self.conv not in CONVS:
-            raise ValueError(f"DecodePlan: chunk >= 1, elementwise in {ELEMENTWISE}, conv in {CONVS}; got {self}")
+        if (self.chunk < 1 or self.elementwise not in ELEMENTWISE or self.conv not in CONVS
+                or self.upsample not in UPSAMPLES):
+            raise ValueError(f"DecodePlan: chunk >= 1, elementwise in {ELEMENTWISE}, conv in {CONVS}, upsample in "
+                             f"{UPSAMPLES}; got {self}")
         if self.fold_bias and self.elementwise != "triton":
             raise ValueError(f"DecodePlan: fold_bias needs elementwise='triton' (its kernels add the biases); got {self}")
+        if self.upsample == "subpixel" and self.elementwise == "eager":
+            raise ValueError(f"DecodePlan: upsample='subpixel' needs a fused plan (elementwise 'triton' or "
+                             f"'compile'); got {self}")
+
+
+# Output row 2i + a of a 2x nearest upsample then a 3x3 conv (padding 1) reads upsampled rows 2i + a - 1,
+# 2i + a, 2i + a + 1, which are input rows (2i + a - 1) // 2, i, (2i + a + 1) // 2. A 2x2 conv with padding 1
+# puts input rows i + a - 1 and i + a under its two taps at output row i + a, so phase a's taps are these sums
+# of the 3x3 kernel's rows (the same for columns).
+_PHASE_TAPS = (((1.0, 0.0, 0.0), (0.0, 1.0, 1.0)),   # a = 0: row i - 1 <- tap 0; row i <- taps 1 + 2
+               ((1.0, 1.0, 0.0), (0.0, 0.0, 1.0)))   # a = 1: row i <- taps 0 + 1; row i + 1 <- tap 2
+
+
+def subpixel_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A 3x3 conv's weight [O, I, 3, 3] after a 2x nearest upsample, as the four output phases' 2x2 kernels
+    [4O, I, 2, 2] (block 2a + b: output pixels (2i + a, 2j + b)), each tap's sum taken in fp32 (or wider) and
+    rounded once to the weight's dtype."""
+    if weight.dim() != 4 or tuple(weight.shape[2:]) != (3, 3):
+        raise ValueError(f"subpixel_weight: a 3x3 conv weight [O, I, 3, 3] is needed; got {tuple(weight.shape)}")
+    exact = torch.promote_types(weight.dtype, torch.float32)  # sums of a few bf16 values: exact in fp32
+    taps = torch.tensor(_PHASE_TAPS, dtype=exact, device=weight.device)  # [phase, 2, 3]
+    phases = torch.einsum("aur,bvs,oirs->aboiuv", taps, taps, weight.to(exact))
+    return phases.reshape(4 * weight.shape[0], weight.shape[1], 2, 2).to(weight.dtype)
+
+
+def _upsamples_by_phases(upsample, conv) -> bool:
+    """Whether an upsampler is the 2x nearest upsample then 3x3 'same' conv that `subpixel_weight` rewrites."""
+    scale = upsample.scale_factor
+    scale = tuple(float(s) for s in scale) if isinstance(scale, (tuple, list)) else (float(scale),) * 2
+    return (scale == (2.0, 2.0) and upsample.mode in ("nearest", "nearest-exact")
+            and isinstance(conv, torch.nn.Conv2d) and tuple(conv.kernel_size) == (3, 3)
+            and tuple(conv.stride) == (1, 1) and tuple(conv.padding) == (1, 1) and tuple(conv.dilation) == (1, 1)
+            and conv.groups == 1 and conv.padding_mode == "zeros")
+
+
+class Phases(NamedTuple):
+    """An upsampler's output as its four sub-pixel phases [B, 4C, T, H + 1, W + 1]
+    (`kernels.wan_norm.interleave_phases`)."""
+
+    tensor: torch.Tensor
 
 
 def supports(vae) -> bool:
@@ -113,7 +166,7 @@ class CausalDecoder:
         self.decoder, self.plan = vae.decoder, plan
         self.cache: dict[torch.nn.Module, torch.Tensor] = {}  # per causal conv: its padded last two input frames
         self.started: set[torch.nn.Module] = set()  # upsample3d modules past their first ("Rep") chunk
-        self.stacked: dict[torch.nn.Module, torch.Tensor] = {}
+        self.stacked: dict[torch.nn.Module, torch.Tensor] = {}  # conv2d weights: stacked time taps, sub-pixel phases
         self.buffers: dict[tuple, torch.Tensor] = {}  # "triton": zero-bordered conv inputs, one per shape
 
     def step(self, x: torch.Tensor, first: bool) -> torch.Tensor:
@@ -159,9 +212,12 @@ class CausalDecoder:
             upsampler = block.upsamplers[0]
         fold = shortcut is not None and self._folds_shortcut(shortcut, upsampler)
         if upsampler is not None:
-            x = self.resample(upsampler, x, bias=not fold)
-        if fold:  # the upsampler conv's bias and the shortcut in one pass
-            return add_bias_dup_up_(x, None if upsampler is None else upsampler.resample[1].bias, skip, shortcut, first)
+            x = self.resample(upsampler, x, bias=not fold, phases=fold)
+        if fold:  # the upsampler conv's bias and the shortcut in one pass (interleaving the phases as it reads)
+            bias = None if upsampler is None else upsampler.resample[1].bias
+            if isinstance(x, Phases):
+                return add_bias_dup_up_phases(x.tensor, bias, skip, shortcut, first)
+            return add_bias_dup_up_(x, bias, skip, shortcut, first)
         return x if shortcut is None else x + shortcut(skip, first_chunk=first)
 
     def _folds_shortcut(self, shortcut, upsampler) -> bool:
@@ -176,9 +232,10 @@ class CausalDecoder:
         conv = up.resample[1] if up.mode.startswith("upsample") else None
         return isinstance(conv, torch.nn.Conv2d) and conv.padding_mode == "zeros"
 
-    def resample(self, up, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
+    def resample(self, up, x: torch.Tensor, bias: bool = True, phases: bool = False) -> torch.Tensor | Phases:
         """diffusers' WanResample (upsampling) on x; without the conv's bias where `bias` is False (the caller
-        adds it: `up_block`, only when `_runs_upsample_conv` holds)."""
+        adds it: `up_block`, only when `_runs_upsample_conv` holds). With `phases` (and `bias` False) a
+        sub-pixel plan may return the output as its `Phases`, for the caller's kernel to interleave."""
         b, c, t, h, w = x.shape
         if up.mode == "upsample3d":
             if up not in self.started:  # diffusers' "Rep": the first chunk skips the time conv
@@ -193,6 +250,12 @@ class CausalDecoder:
         if self.plan.elementwise != "eager" and up.mode.startswith("upsample"):
             # Nearest upsampling copies values, so bf16 gives diffusers' fp32 round trip bit for bit.
             upsample, conv = up.resample
+            if self.plan.upsample == "subpixel" and _upsamples_by_phases(upsample, conv):
+                out = self._phase_conv(conv, x).view(b, t, 4 * conv.out_channels, h + 1, w + 1).permute(0, 2, 1, 3, 4)
+                if phases and not bias:
+                    return Phases(out)
+                out = interleave_phases(out)
+                return out + conv.bias.view(1, -1, 1, 1, 1) if bias and conv.bias is not None else out
             x = F.interpolate(x, scale_factor=upsample.scale_factor, mode=upsample.mode)
             x = conv(x) if bias else F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
         else:
@@ -214,6 +277,14 @@ class CausalDecoder:
             else:
                 torch.add(half, bias[k * c:(k + 1) * c].view(1, -1, 1, 1, 1), out=out[:, :, k::2])
         return out
+
+    def _phase_conv(self, conv, x: torch.Tensor) -> torch.Tensor:
+        """The four sub-pixel phases of conv(upsample(x)), without its bias: [N, 4O, H + 1, W + 1]."""
+        weight = self.stacked.get(conv)
+        if weight is None:
+            weight = subpixel_weight(conv.weight).contiguous(memory_format=torch.channels_last)
+            self.stacked[conv] = weight
+        return F.conv2d(x, weight, None, 1, 1)
 
     # -- causal convolutions ---------------------------------------------------------------------
 
@@ -295,8 +366,10 @@ class CausalDecoder:
 # 2.53 s today, 1.89 s fused. So a video decodes one latent frame a step with the fused kernel; an image
 # (one latent frame, not measured) keeps diffusers' decoder and its bit-for-bit bytes. The folded biases
 # change no byte (they round where PyTorch's bias pass rounds) and took the same stage to 5.86 s at 720p and
-# 1.65 s at 480p (b126671, docs/PERFORMANCE.md).
-VIDEO_PLAN = DecodePlan(elementwise="triton", fold_bias=True)
+# 1.65 s at 480p (b126671, docs/PERFORMANCE.md). The sub-pixel upsamplers take 121 of the 891 TFLOP of an
+# 832x480/121f decode down to 54 and drop three upsampled copies a step (FlopCounterMode on the Wan2.2
+# decoder); `COSMOS3_VAE_SUBPIXEL=0` keeps the nearest upsample and the bytes above.
+VIDEO_PLAN = DecodePlan(elementwise="triton", fold_bias=True, upsample="subpixel")
 
 
 def plan_for(vae, latent_shape: tuple, device_type: str, options) -> DecodePlan | None:
@@ -305,7 +378,7 @@ def plan_for(vae, latent_shape: tuple, device_type: str, options) -> DecodePlan 
         return None
     if latent_shape[2] < 2 or not supports(vae):
         return None
-    return VIDEO_PLAN
+    return VIDEO_PLAN if options.vae_subpixel else replace(VIDEO_PLAN, upsample="nearest")
 
 
 def decoded_chunks(vae, z: torch.Tensor, plan: DecodePlan) -> Iterator[torch.Tensor]:
@@ -326,5 +399,5 @@ def decoded_chunks(vae, z: torch.Tensor, plan: DecodePlan) -> Iterator[torch.Ten
         yield torch.clamp(out, min=-1.0, max=1.0)
 
 
-__all__ = ["VIDEO_PLAN", "CausalDecoder", "DecodePlan", "decoded_chunks", "latent_steps", "plan_for",
-           "supports"]
+__all__ = ["VIDEO_PLAN", "CausalDecoder", "DecodePlan", "Phases", "decoded_chunks", "latent_steps", "plan_for",
+           "subpixel_weight", "supports"]
