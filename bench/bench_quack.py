@@ -18,10 +18,11 @@ Sections (rows = both CFG branches' gen tokens: Nano at 720p/189f, 88320; Edge a
 - `residual`: the attention-out and down projections, then RMSNorm of the residual stream: cuBLAS then the
   fused add + RMSNorm, against QuACK's GEMM adding into the residual in place, then RMSNorm alone.
 - `plain`: every projection (q|k|v, attention-out, MLP input, down), cuBLAS against QuACK's GEMM.
-- `step`: one whole step of the engine's fast tower, the MLP's activation as its own pass and in QuACK's epilogue
-  (`FastPathOptions.mlp_epilogue`), interleaved in one process (`bench.step_ab`), at Nano 1280x720/189f and Edge
-  832x480/121f (--step-shapes). ~3 min on an H200. (Its run at 34b0776 had a third tower, QuACK's plain GEMMs for
-  the projections where dispatch took them; the engine has not used them since, docs/PERFORMANCE.md.)
+- `step`: one whole step of the engine's fast tower, interleaved in one process (`bench.step_ab`), at Nano
+  1280x720/189f and Edge 832x480/121f (--step-shapes): the MLP's activation as its own pass, then in QuACK's
+  epilogue (`FastPathOptions.mlp_epilogue`), then that and the residual add in cuBLAS's epilogue
+  (`FastPathOptions.residual_epilogue`). ~4 min on an H200. (Its run at 34b0776 had QuACK's plain GEMMs for the
+  projections as a tower; the engine has not used them since, docs/PERFORMANCE.md.)
 
 Every QuACK candidate runs at each of --configs, explicit tile configs (its autotuner would compile ~40 configs
 a kernel); the first call's compile time is reported. Errors: relative L2 against the fp32 computation on the
@@ -245,13 +246,14 @@ def plain_rows(quack, configs: dict, rounds: int, inner: int, error_rows: int) -
 
 
 def step_rows(shapes: str, rounds: int) -> list[dict]:
-    """`step` (module docstring): the MLP's activation as its own pass (the baseline), then in QuACK's epilogue."""
+    """`step` (module docstring): the MLP's activation as its own pass and the residual add in the fused add +
+    RMSNorm (the baseline), then the activation in QuACK's epilogue, then also the residual add in cuBLAS's."""
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.prefill import make_gen_tower
 
-    def tower(epilogue: bool):
-        return lambda model, inputs: make_gen_tower(model, inputs.cache, inputs.branches,
-                                                    FastPathOptions(enabled=True, mlp_epilogue=epilogue), inputs.layout)
+    def tower(mlp: bool, residual: bool = False):
+        options = FastPathOptions(enabled=True, mlp_epilogue=mlp, residual_epilogue=residual)
+        return lambda model, inputs: make_gen_tower(model, inputs.cache, inputs.branches, options, inputs.layout)
 
     def describe(model) -> dict:
         dispatcher = model.dispatchers.get("auto")
@@ -259,7 +261,8 @@ def step_rows(shapes: str, rounds: int) -> list[dict]:
                                 quack_ms=d.quack_ms)
                            for key, d in (dispatcher.decisions().items() if dispatcher else ()) if key[0] == "mlp_in"]}
 
-    return step_ab_rows(shapes, rounds, {"split": tower(False), "MLP epilogue": tower(True)}, describe=describe)
+    return step_ab_rows(shapes, rounds, {"split": tower(False), "MLP epilogue": tower(True),
+                                         "MLP + residual epilogues": tower(True, True)}, describe=describe)
 
 
 def main(argv=None) -> int:

@@ -104,7 +104,8 @@ def test_rounds_qk_norm_keeps_diffusers_roundings_for_images_only(video_qk_fp32,
 
 
 @pytest.mark.parametrize("variable,field", [("COSMOS3_VIDEO_QK_FP32", "video_qk_fp32"),
-                                            ("COSMOS3_MLP_EPILOGUE", "mlp_epilogue")])
+                                            ("COSMOS3_MLP_EPILOGUE", "mlp_epilogue"),
+                                            ("COSMOS3_RESIDUAL_EPILOGUE", "residual_epilogue")])
 def test_rounding_switches_read_the_environment(variable, field, monkeypatch):
     monkeypatch.setenv(variable, "0")
     assert getattr(FastPathOptions.from_env(torch.device("cpu")), field) is False
@@ -173,6 +174,57 @@ def test_each_request_lets_its_mlp_round_once_only_as_its_frames_allow(model, mo
     layers = len(model.transformer.layers)
     assert len(seen) >= 2 * layers and set(seen) == {(activation, one_rounding)}
     assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("residual_epilogue,frames,fused", [
+    (True, None, False), (True, 1, False), (True, 2, True), (True, 48, True), (False, 48, False),
+])
+def test_fuses_residual_add_for_videos_only(residual_epilogue, frames, fused):
+    from engine.pipeline.fast_path import fuses_residual_add
+
+    assert fuses_residual_add(FastPathOptions(enabled=True, residual_epilogue=residual_epilogue), frames) is fused
+
+
+@pytest.mark.parametrize("mode,residual_epilogue,fused", [
+    ("t2i", True, False), ("t2v", True, True), ("t2v", False, False),
+])
+def test_each_request_adds_its_projections_to_the_stream_in_the_gemm_only_as_its_frames_allow(
+        model, mode, residual_epilogue, fused, monkeypatch):
+    # Through the real prefill stage: a video with the switch on adds both output projections of every layer to the
+    # residual stream in the GEMM (`_add_product`), every step; an image, or the switch off, never does. The fast
+    # video stays within a level of the exact one.
+    seen = []
+    add = FastGenTower._add_product
+    monkeypatch.setattr(FastGenTower, "_add_product", staticmethod(lambda *a: seen.append(1) or add(*a)))
+    exact, fast = _exact_and_fast(model, mode, residual_epilogue=residual_epilogue)
+    layers = len(model.transformer.layers)
+    assert len(seen) == (2 * layers * 2 if fused else 0)  # two projections a layer, two steps (CFG batched)
+    assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1
+
+
+def test_the_residual_add_in_the_gemm_leaves_the_callers_tokens_alone(model, monkeypatch):
+    # The stream is added to in place. One branch's stream is a view of the tokens the caller passed (the whole
+    # step's static buffer), so it must be copied first; the tower with the add in the GEMM must also agree with
+    # the tower without it to fp32 rounding.
+    made = _spy_towers(monkeypatch)
+    model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
+    try:
+        generate(model, dict(VIDEO, steps=1))
+    finally:
+        model.fast_path = None
+    (args, tower), = made
+    assert tower.fuse_residual_add
+    model_, cache, branches = args[:3]
+    split = FastGenTower(model_, cache, branches, FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch"),
+                         round_qk_norm=tower.round_qk_norm)
+    assert not split.fuse_residual_add
+    tokens = torch.randn(cache.layout.gen_len, model.transformer.config.hidden_size,
+                         generator=torch.Generator().manual_seed(1))
+    before = tokens.clone()
+    for count in (1, 2):
+        for a, b in zip(tower(tokens, count), split(tokens, count)):
+            assert ((a - b).norm() / b.norm()).item() < 1e-5
+        assert torch.equal(tokens, before)
 
 
 VIDEO = dict(mode="t2v", prompt="waves on rocks at dawn", negative_prompt="blurry", seed=2, steps=2, num_frames=9,

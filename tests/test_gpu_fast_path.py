@@ -120,3 +120,20 @@ def test_mlp_activation_in_the_gemm_keeps_the_step_as_close_to_diffusers(model, 
     assert counts == {True: len(model.transformer.layers), False: 0}
     for fused_error, split_error in zip(errors[True], errors[False]):
         assert fused_error <= BF16_REL_ERROR and fused_error <= 1.1 * split_error
+
+
+def test_residual_add_in_the_gemm_keeps_the_step_as_close_to_diffusers(model, monkeypatch):
+    # The attention-out and down projections added to the residual stream in cuBLAS's epilogue
+    # (FastPathOptions.residual_epilogue), at a short video: the step's velocity against diffusers' must stay within the
+    # bf16 bound and no further than with the separate add; with the switch off it must not run at all.
+    from engine.pipeline.fast_path import FastGenTower
+
+    calls = []
+    add = FastGenTower._add_product
+    monkeypatch.setattr(FastGenTower, "_add_product", staticmethod(lambda *a: calls.append(1) or add(*a)))
+    errors, counts = step_errors_on_and_off(model, "residual_epilogue", "fuse_residual_add", calls)
+    print(f"{model.info.family} 832x480x17: rel. error against diffusers, residual add in the GEMM {errors[True]}, "
+          f"separate {errors[False]}")
+    assert counts == {True: 2 * len(model.transformer.layers), False: 0}
+    for fused_error, split_error in zip(errors[True], errors[False]):
+        assert fused_error <= BF16_REL_ERROR and fused_error <= 1.1 * split_error

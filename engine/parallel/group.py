@@ -153,11 +153,13 @@ def group_prefill(model, branches, gen_len: int) -> GroupPrefix:
 class GroupGenTower:
     """The gen tower over the group, with the one-GPU towers' call: (tokens, branch count) -> outputs."""
 
-    def __init__(self, model, prefix: GroupPrefix, options, *, round_qk_norm: bool, fuse_mlp_activation: bool = False):
+    def __init__(self, model, prefix: GroupPrefix, options, *, round_qk_norm: bool, fuse_mlp_activation: bool = False,
+                 fuse_residual_add: bool = False):
         self.model, self.prefix = model, prefix
         self.options = options  # the request's fast-path switches (engine.pipeline.fast_path), read once
         self.round_qk_norm = round_qk_norm  # engine.pipeline.fast_path.rounds_qk_norm, for a rank's fast tower
         self.fuse_mlp_activation = fuse_mlp_activation  # engine.pipeline.fast_path.fuses_mlp_activation, likewise
+        self.fuse_residual_add = fuse_residual_add  # engine.pipeline.fast_path.fuses_residual_add, likewise
         self.context: GroupContext = model.parallel
 
     def __call__(self, tokens: torch.Tensor, count: int) -> list[torch.Tensor]:
@@ -186,5 +188,6 @@ class GroupGenTower:
         if getattr(part, "fast", None) is None:
             part.fast = FastGenTower(self.model, part.cache, [SimpleNamespace(rotary=part.rotary)], self.options,
                                      round_qk_norm=self.round_qk_norm,
-                                     fuse_mlp_activation=self.fuse_mlp_activation)
+                                     fuse_mlp_activation=self.fuse_mlp_activation,
+                                     fuse_residual_add=self.fuse_residual_add)
         return part.fast

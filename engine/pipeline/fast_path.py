@@ -13,6 +13,9 @@
 - **video MLP activation in the GEMM's epilogue** (`kernels.gemm`): for a video, the SwiGLU (Nano) or ReLU^2
   (Edge) runs on the MLP input GEMM's fp32 accumulator in QuACK's Hopper GEMM and rounds once, where dispatch
   measures that faster than the GEMM then the activation's pass and no further from fp32 (`fuses_mlp_activation`);
+- **video residual add in the GEMM**: for a video, the attention-out and down projections add their product to the
+  residual stream in cuBLAS's epilogue (`hidden.addmm_`, fp32, one rounding), and the RMS norm then reads the stream
+  alone: one pass over the hidden rows fewer per norm (`fuses_residual_add`);
 - **fused projections**: one GEMM for q|k|v and one for gate|up per layer; the original Linear
   weights become views of the fused tensors, so no weight is stored twice;
 - **VAE channels-last-3d**: the decoder's 3-D convolutions in cuDNN's channels-last layout;
@@ -39,7 +42,8 @@ Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.Eage
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_VIDEO_QK_FP32=0`, `COSMOS3_FUSED_PROJECTIONS=0`,
 `COSMOS3_VAE_CHANNELS_LAST=0`, `COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`,
-`COSMOS3_VAE_SUBPIXEL=0`, `COSMOS3_LENGTHS_ON_DEVICE=0`, `COSMOS3_SHARE_FIRST_ATTENTION=0`, `COSMOS3_MLP_EPILOGUE=0` (and `COSMOS3_QUACK=0`,
+`COSMOS3_VAE_SUBPIXEL=0`, `COSMOS3_LENGTHS_ON_DEVICE=0`, `COSMOS3_SHARE_FIRST_ATTENTION=0`, `COSMOS3_MLP_EPILOGUE=0`,
+`COSMOS3_RESIDUAL_EPILOGUE=0` (and `COSMOS3_QUACK=0`,
 QuACK left out wherever dispatch would offer it), and the one pass that is off by default and
 approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`: FP8 GEMMs, and FP8 attention where its policy names "attn");
 `bench/bench_engine.py` ablates them.
@@ -98,6 +102,7 @@ class FastPathOptions:
     lengths_on_device: bool = True  # whole-step graphs kept for any prompt length (engine.pipeline.whole_step)
     share_first_attention: bool = True  # the first layer's gen block once for all branches (kernels.shared_gen_attention)
     mlp_epilogue: bool = True  # a video's MLP activation in its input GEMM's epilogue (`fuses_mlp_activation`)
+    residual_epilogue: bool = True  # a video's residual add in its output GEMMs' epilogue (`fuses_residual_add`)
     fp8: bool = False  # approximate: off unless asked for (engine.pipeline.fp8)
     fp8_policy: str = ""  # which GEMMs and how (engine.pipeline.fp8.FP8Policy); "": COSMOS3_FP8_POLICY or the default
 
@@ -118,6 +123,7 @@ class FastPathOptions:
             lengths_on_device=_env_on("COSMOS3_LENGTHS_ON_DEVICE"),
             share_first_attention=_env_on("COSMOS3_SHARE_FIRST_ATTENTION"),
             mlp_epilogue=_env_on("COSMOS3_MLP_EPILOGUE"),
+            residual_epilogue=_env_on("COSMOS3_RESIDUAL_EPILOGUE"),
             fp8=fp8_from_env(),
             fp8_policy=os.environ.get("COSMOS3_FP8_POLICY", "").strip(),
         )
@@ -152,6 +158,19 @@ def fuses_mlp_activation(options: FastPathOptions, latent_frames: int | None) ->
     video's fast step is held to a tolerance against diffusers, and one rounding is the closer to fp32.
     `COSMOS3_MLP_EPILOGUE=0` turns it off. `latent_frames=None` (not known): off."""
     return options.mlp_epilogue and latent_frames is not None and latent_frames > 1
+
+
+def fuses_residual_add(options: FastPathOptions, latent_frames: int | None) -> bool:
+    """Whether the tower may add the attention-out and down projections to the residual stream in the GEMM's
+    epilogue (`torch.Tensor.addmm_`: the fp32 product plus the stream, rounded once), and then RMS-norm the stream
+    alone.
+
+    Why: diffusers rounds the projection to bf16 and then the sum, so the fused add + RMS norm kernel reads the
+    projection and the stream and writes the sum and the normed rows. With the add in cuBLAS's epilogue the GEMM
+    reads the stream and writes the sum in place, and the norm reads the sum: one pass over the hidden rows fewer
+    per norm, two a layer. Why videos only: as with `fuses_mlp_activation`, an image keeps diffusers' roundings.
+    `COSMOS3_RESIDUAL_EPILOGUE=0` turns it off. `latent_frames=None` (not known): off."""
+    return options.residual_epilogue and latent_frames is not None and latent_frames > 1
 
 
 def gen_positions_shift_alike(branches) -> bool:
@@ -250,7 +269,7 @@ class FastGenTower:
     """Gen tower over the packed cache with batched CFG, dispatched kernels and optional CUDA graphs."""
 
     def __init__(self, model, cache: KVCache, branches, options: FastPathOptions, *, round_qk_norm: bool,
-                 fuse_mlp_activation: bool = False):
+                 fuse_mlp_activation: bool = False, fuse_residual_add: bool = False):
         tr = model.transformer
         self.transformer = tr
         self.cache = cache
@@ -259,6 +278,7 @@ class FastGenTower:
         self.flavour = "nemotron" if tr.config.hidden_act == "relu2" else "diffusers"
         self.round_qk_norm = round_qk_norm  # `rounds_qk_norm`: diffusers' roundings, or fp32 and one rounding
         self.fuse_mlp_activation = fuse_mlp_activation  # `fuses_mlp_activation`: the MLP's may round once
+        self.fuse_residual_add = fuse_residual_add  # `fuses_residual_add`: the output GEMMs add to the stream
         # Per-branch rotary tables [B, N, D]: positions differ between branches by their text lengths.
         self.cos = torch.stack([b.rotary.cos.squeeze(1) for b in branches])
         self.sin = torch.stack([b.rotary.sin.squeeze(1) for b in branches])
@@ -302,6 +322,8 @@ class FastGenTower:
         cos, sin = self.cos[first:first + count], self.sin[first:first + count]
         layers = tr.layers
         x = tokens.unsqueeze(0).expand(count, n, width).reshape(count * n, width)
+        if self.fuse_residual_add and x.data_ptr() == tokens.data_ptr():
+            x = x.clone()  # the stream is added to in place: never into the caller's tokens
         norm = layers[0].input_layernorm_moe_gen
         normed, hidden = d.add_rms_norm(x, None, norm.weight, eps=norm.eps, flavour=flavour)
         for index, layer in enumerate(layers):
@@ -327,9 +349,9 @@ class FastGenTower:
                 out = d.shared_gen_attention(q, buffers[index], layout)
             else:
                 out = d.prefix_attention(q, buffers[index], layout)
-            out = self._linear(index, "to_add_out", attn.to_add_out, out.reshape(count * n, heads * head_dim))
             post = layer.post_attention_layernorm_moe_gen
-            normed, hidden = d.add_rms_norm(out, hidden, post.weight, eps=post.eps, flavour=flavour)
+            normed, hidden = self._project_add_norm(index, "to_add_out", attn.to_add_out,
+                                                    out.reshape(count * n, heads * head_dim), hidden, post)
             mlp = layer.mlp_moe_gen
             if mlp.hidden_act == "silu" and self.fused is not None:
                 act = d.mlp_in(normed, self.fused.gate_up[index], "swiglu", one_rounding=self.fuse_mlp_activation)
@@ -339,10 +361,25 @@ class FastGenTower:
                 act = d.mlp_in(normed, mlp.up_proj.weight, "relu_sq", one_rounding=self.fuse_mlp_activation)
             else:
                 act = d.relu2(self._linear(index, "up_proj", mlp.up_proj, normed))
-            out = self._linear(index, "down_proj", mlp.down_proj, act)
             following = layers[index + 1].input_layernorm_moe_gen if index + 1 < len(layers) else tr.norm_moe_gen
-            normed, hidden = d.add_rms_norm(out, hidden, following.weight, eps=following.eps, flavour=flavour)
+            normed, hidden = self._project_add_norm(index, "down_proj", mlp.down_proj, act, hidden, following)
         return normed.view(count, n, width)
+
+    def _project_add_norm(self, index: int, name: str, module, x: torch.Tensor, hidden: torch.Tensor,
+                          norm) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden + module(x), then `norm` of it: (normed, the new stream). With `fuse_residual_add` (and a bf16
+        weight without a bias) the GEMM adds its fp32 product to the stream in place and rounds once."""
+        d = self.dispatch
+        if self.fuse_residual_add and self.fp8 is None and module.bias is None:
+            hidden = self._add_product(hidden, x, module.weight)
+            return d.add_rms_norm(hidden, None, norm.weight, eps=norm.eps, flavour=self.flavour)
+        out = self._linear(index, name, module, x)
+        return d.add_rms_norm(out, hidden, norm.weight, eps=norm.eps, flavour=self.flavour)
+
+    @staticmethod
+    def _add_product(hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """hidden += x @ weight^T, in cuBLAS's epilogue (beta = 1): the stream is read and written by the GEMM."""
+        return hidden.addmm_(x, weight.t())
 
     def _shares_first_attention(self, layout: PackedKVLayout, count: int) -> bool:
         """Whether this run's first layer may share its gen block (dispatch still measures whether it pays): a

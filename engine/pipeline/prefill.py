@@ -12,7 +12,7 @@ import torch
 from ..model.loader import LoadedModel
 from ..parallel.group import GroupGenTower, group_prefill
 from . import whole_step
-from .fast_path import FastGenTower, FastPathOptions, fuses_mlp_activation, rounds_qk_norm
+from .fast_path import FastGenTower, FastPathOptions, fuses_mlp_activation, fuses_residual_add, rounds_qk_norm
 from .layout import positions
 from .state import Branch, GenLayout, RunState
 from .transformer import KVCache, allocate_cache, gen_forward, prefill
@@ -49,11 +49,13 @@ def make_gen_tower(model: LoadedModel, cache: KVCache, branches: list[Branch], o
     """The exact eager tower, or the fast path where it applies (CUDA, unless switched off).
     `options`: the request's fast-path switches (read from the model or the environment when not given);
     `layout`: the request's gen layout, whose frame count decides where the fast path rounds once
-    (`fast_path.rounds_qk_norm`, `fast_path.fuses_mlp_activation`; without it, diffusers' roundings)."""
+    (`fast_path.rounds_qk_norm`, `fast_path.fuses_mlp_activation`, `fast_path.fuses_residual_add`; without it,
+    diffusers' roundings)."""
     options = options if options is not None else FastPathOptions.for_model(model)
     frames = layout.vision_shape[0] if layout is not None else None
     rounding = dict(round_qk_norm=rounds_qk_norm(options, frames),
-                    fuse_mlp_activation=fuses_mlp_activation(options, frames))
+                    fuse_mlp_activation=fuses_mlp_activation(options, frames),
+                    fuse_residual_add=fuses_residual_add(options, frames))
     if model.parallel is not None:
         return GroupGenTower(model, cache, options, **rounding)
     if options.enabled:
