@@ -48,6 +48,8 @@ VARIANTS = (
     ("channels_last", True, None, False),
     ("triton+fold", True, DecodePlan(elementwise="triton", fold_bias=True), False),
     ("triton+fold+subpixel", True, DecodePlan(elementwise="triton", fold_bias=True, upsample="subpixel"), False),
+    ("triton+fold+subpixel+norm_fp32", True,
+     DecodePlan(elementwise="triton", fold_bias=True, upsample="subpixel", norm_fp32=True), False),
     ("triton+chunk4", True, DecodePlan(chunk=4, elementwise="triton"), False),
     ("triton", True, DecodePlan(elementwise="triton"), False),
     ("chunk4", True, DecodePlan(chunk=4), False),

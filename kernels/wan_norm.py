@@ -31,9 +31,14 @@ def _channel_bias(bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def norm_silu_reference(x: torch.Tensor, gamma: torch.Tensor, scale: float,
-                        bias: torch.Tensor | None = None) -> torch.Tensor:
+                        bias: torch.Tensor | None = None, *, one_rounding: bool = False) -> torch.Tensor:
     """diffusers' WanRMS_norm (channel-first, no bias) then SiLU, op for op. x: [B, C, T, H, W]; `bias`:
-    the producing conv's bias, added first as PyTorch's conv adds it (in the activation dtype)."""
+    the producing conv's bias, added first as PyTorch's conv adds it (in the activation dtype).
+    `one_rounding`: the same in fp32 throughout (the bias too), rounded once to x's dtype at the end."""
+    if one_rounding:
+        y = x.float() + (_channel_bias(bias, x).float() if bias is not None else 0.0)
+        y = F.normalize(y, dim=1) * scale * gamma.float().reshape(1, -1, *([1] * (x.dim() - 2)))
+        return F.silu(y).to(x.dtype)
     if bias is not None:
         x = x + _channel_bias(bias, x)
     normalized = F.normalize(x.float(), dim=1).to(x.dtype)
@@ -80,31 +85,41 @@ def _norm_silu_kernel(
     n_pos, n_ch, T, H, W,
     sxb, sxt, sxh, sxw, sob, sot, soh, sow,
     scale,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, ONE_ROUNDING: tl.constexpr,
 ):
     # BLOCK_P positions per program, all channels of each (channels are contiguous: channels-last).
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     b, t, h, w, ch, mask = _positions(n_pos, n_ch, T, H, W, BLOCK_P, BLOCK_C)
     x_off = (b * sxb + t * sxt + h * sxh + w * sxw)[:, None] + ch[None, :]
     x = tl.load(x_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
-    if HAS_BIAS:  # the conv's bias, rounded in as its own pass would
-        x = _round_to(x + tl.load(bias_ptr + ch, mask=ch < n_ch, other=0.0).to(tl.float32)[None, :], DTYPE)
-    norm = tl.maximum(tl.sqrt_rn(tl.sum(x * x, axis=1)), 1e-12)  # F.normalize: x / max(||x||, eps)
-    y = _round_to(tl.div_rn(x, norm[:, None]), DTYPE)
-    y = _round_to(y * scale, DTYPE)
     gamma = tl.load(g_ptr + ch, mask=ch < n_ch, other=0.0).to(tl.float32)
-    y = _round_to(y * gamma[None, :], DTYPE)
-    y = _round_to(tl.div_rn(y, 1.0 + tl.exp(-y)), DTYPE)
+    if ONE_ROUNDING:
+        # fp32 throughout, one rounding at the store: the exact-rounding steps below (integer round-to-nearest-even
+        # and IEEE division per element) are what made this kernel issue-bound at ~1 TB/s.
+        if HAS_BIAS:
+            x = x + tl.load(bias_ptr + ch, mask=ch < n_ch, other=0.0).to(tl.float32)[None, :]
+        factor = scale / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), 1e-12)  # one division a position
+        y = x * factor[:, None] * gamma[None, :]
+        y = _round_to(y / (1.0 + tl.exp(-y)), DTYPE)  # (the interpreter's store cast would truncate)
+    else:
+        if HAS_BIAS:  # the conv's bias, rounded in as its own pass would
+            x = _round_to(x + tl.load(bias_ptr + ch, mask=ch < n_ch, other=0.0).to(tl.float32)[None, :], DTYPE)
+        norm = tl.maximum(tl.sqrt_rn(tl.sum(x * x, axis=1)), 1e-12)  # F.normalize: x / max(||x||, eps)
+        y = _round_to(tl.div_rn(x, norm[:, None]), DTYPE)
+        y = _round_to(y * scale, DTYPE)
+        y = _round_to(y * gamma[None, :], DTYPE)
+        y = _round_to(tl.div_rn(y, 1.0 + tl.exp(-y)), DTYPE)
     out_off = (b * sob + t * sot + h * soh + w * sow)[:, None] + ch[None, :]
     tl.store(out_ptr + out_off, y.to(DTYPE), mask=mask)
 
 
 def norm_silu_into(x: torch.Tensor, gamma: torch.Tensor, scale: float, out: torch.Tensor,
-                   bias: torch.Tensor | None = None) -> torch.Tensor:
+                   bias: torch.Tensor | None = None, *, one_rounding: bool = False) -> torch.Tensor:
     """out[...] = SiLU(WanRMS_norm(x + bias)); x and out [B, C, T, H, W] with channels contiguous (stride 1).
 
     `out` may be a strided view (the interior of a padded buffer). gamma: C values (any shape); bias: C
-    values or None.
+    values or None. `one_rounding`: fp32 throughout and one rounding (`norm_silu_reference`'s), instead of
+    diffusers' roundings.
     """
     if x.shape != out.shape or x.stride(1) != 1 or out.stride(1) != 1 or x.dtype != out.dtype:
         raise ValueError(f"norm_silu_into: x {tuple(x.shape)} {x.stride()} {x.dtype} and out "
@@ -117,7 +132,7 @@ def norm_silu_into(x: torch.Tensor, gamma: torch.Tensor, scale: float, out: torc
         x, gamma, gamma if bias is None else _bias_values(bias, c, x.dtype), out, b * t * h * w, c, t, h, w,
         x.stride(0), x.stride(2), x.stride(3), x.stride(4),
         out.stride(0), out.stride(2), out.stride(3), out.stride(4),
-        float(scale), HAS_BIAS=bias is not None, **launch,
+        float(scale), HAS_BIAS=bias is not None, ONE_ROUNDING=one_rounding, **launch,
     )
     return out
 

@@ -66,6 +66,8 @@ def test_plan_refuses_what_it_cannot_do():
         DecodePlan(elementwise="triton", upsample="bilinear")
     with pytest.raises(ValueError, match="upsample='subpixel' needs a fused plan"):
         DecodePlan(upsample="subpixel")
+    with pytest.raises(ValueError, match="norm_fp32 needs elementwise='triton'"):
+        DecodePlan(elementwise="compile", norm_fp32=True)
 
 
 @pytest.mark.parametrize("h,w", [(1, 1), (3, 5), (6, 4)])
@@ -125,8 +127,9 @@ def vae_bf16(vae):
 
 @pytest.mark.parametrize("plan", [DecodePlan(chunk=2), DecodePlan(chunk=2, elementwise="triton"),
                                   DecodePlan(chunk=2, conv="2d"),
-                                  DecodePlan(elementwise="triton", fold_bias=True, upsample="subpixel")],
-                         ids=["chunk2", "triton+chunk2", "conv2d+chunk2", "triton+fold+subpixel"])
+                                  DecodePlan(elementwise="triton", fold_bias=True, upsample="subpixel"),
+                                  DecodePlan(elementwise="triton", fold_bias=True, norm_fp32=True)],
+                         ids=["chunk2", "triton+chunk2", "conv2d+chunk2", "triton+fold+subpixel", "triton+fold+norm_fp32"])
 def test_fast_plans_stay_close_in_bf16(vae_bf16, plan):
     z = _latents(vae_bf16, 4, torch.bfloat16, seed=3).contiguous(memory_format=torch.channels_last_3d)
     with torch.no_grad():
@@ -149,10 +152,13 @@ def test_the_switch_and_the_rule_pick_the_plan(vae, monkeypatch):
     assert plan_for(vae, image, "cuda", on) is None  # one latent frame: nothing to chunk, diffusers' loop
     assert plan_for(vae, video, "cpu", on) is None  # the fast paths are never required off the GPU
     assert plan_for(vae, video, "cuda", FastPathOptions(enabled=False)) is None
-    assert VIDEO_PLAN.upsample == "subpixel"
+    assert VIDEO_PLAN.upsample == "subpixel" and VIDEO_PLAN.norm_fp32
     monkeypatch.setenv("COSMOS3_VAE_SUBPIXEL", "0")
     nearest = FastPathOptions.from_env(torch.device("cuda"))
-    assert plan_for(vae, video, "cuda", nearest) == DecodePlan(elementwise="triton", fold_bias=True)
+    assert plan_for(vae, video, "cuda", nearest) == DecodePlan(elementwise="triton", fold_bias=True, norm_fp32=True)
+    monkeypatch.setenv("COSMOS3_VAE_NORM_FP32", "0")
+    rounded = FastPathOptions.from_env(torch.device("cuda"))
+    assert plan_for(vae, video, "cuda", rounded) == DecodePlan(elementwise="triton", fold_bias=True)
     monkeypatch.setenv("COSMOS3_VAE_FAST_DECODE", "0")
     off = FastPathOptions.from_env(torch.device("cuda"))
     assert not off.vae_fast_decode and plan_for(vae, video, "cuda", off) is None
@@ -199,9 +205,9 @@ def test_folded_biases_give_the_unfolded_bytes_where_the_conv_adds_its_bias_in_a
     norm = causal_decode.norm_silu_into
     residual, shortcut = causal_decode.add_bias_residual_, causal_decode.add_bias_dup_up_
 
-    def counting_norm(*args, bias=None):
+    def counting_norm(*args, bias=None, **kwargs):
         calls["norm with bias"] += bias is not None
-        return norm(*args, bias=bias)
+        return norm(*args, bias=bias, **kwargs)
 
     def counting(name, kernel):
         def run(*args):

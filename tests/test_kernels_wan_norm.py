@@ -28,6 +28,31 @@ def test_norm_silu_kernel_is_the_reference_and_writes_only_the_interior(channels
     assert bool((buffer[outside] == 7.0).all())
 
 
+@pytest.mark.parametrize("with_bias", [False, True], ids=["plain", "bias"])
+def test_norm_silu_in_fp32_rounds_once_and_lands_closer_to_fp32(with_bias):
+    # The one-rounding variant (the fast video decode's): within a bf16 step of its fp32 reference everywhere (the
+    # kernel's fp32 order differs by ulps), and on average closer to the unrounded value than diffusers' roundings.
+    channels = 96
+    x = _activation(channels, 4, 11)
+    generator = torch.Generator().manual_seed(12)
+    gamma = (1 + 0.1 * torch.randn(channels, 1, 1, 1, generator=generator)).to(DEVICE, torch.bfloat16)
+    bias = (0.7 * torch.randn(channels, generator=generator)).to(DEVICE, torch.bfloat16) if with_bias else None
+    scale = channels ** 0.5
+    once, steps = torch.empty_like(x), torch.empty_like(x)
+    norm_silu_into(x, gamma, scale, once, bias=bias, one_rounding=True)
+    norm_silu_into(x, gamma, scale, steps, bias=bias)
+    expected = norm_silu_reference(x, gamma, scale, bias=bias, one_rounding=True)
+    exact = torch.nn.functional.silu(torch.nn.functional.normalize(
+        x.double() + (0 if bias is None else bias.double().reshape(1, -1, 1, 1, 1)), dim=1)
+        * scale * gamma.double().reshape(1, -1, 1, 1, 1))
+    step = (expected.double().abs() * 2 ** -7).clamp(min=2 ** -126)  # one bf16 ulp at the value (8 bits of mantissa)
+    assert bool(((once.double() - expected.double()).abs() <= step).all())
+    assert float((once != expected).double().mean()) < 0.01
+    error_once = float((once.double() - exact).abs().mean())
+    error_steps = float((steps.double() - exact).abs().mean())
+    assert error_once < 0.8 * error_steps
+
+
 def test_norm_silu_kernel_refuses_channels_first():
     x = torch.randn(1, 8, 2, 3, 3, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="channel stride 1"):

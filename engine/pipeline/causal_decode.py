@@ -16,6 +16,11 @@ order, with the cache made explicit per conv, and three switchable changes (a `D
   is the same fusion by `torch.compile` (measured slower, and it compiles for about a minute);
 - **stacked time taps** (`conv="2d"`): a 3x3x3 conv as a 3x3 conv2d over the three time taps stacked
   into channels (cuDNN's 2-D NHWC kernels instead of its 3-D ones);
+- **the norm in fp32** (`norm_fp32`, with the Triton kernel): the fused norm + SiLU keeps fp32 throughout and
+  rounds once, where diffusers rounds the normalised value, the scale and gamma products and the SiLU output
+  each to bf16. Reproducing those roundings (integer round-to-nearest-even and IEEE divisions per value) made
+  the kernel issue-bound at about 1 TB/s; one rounding is also the closer to an fp32 decode. Not the same
+  bytes: a documented difference, like the sub-pixel upsamplers below;
 - **folded biases** (`fold_bias`, with the Triton kernels): a residual block's two 3x3x3 convs run
   without their biases; the first's is added as the next norm reads it, the second's with the residual
   add (`kernels.wan_norm`). PyTorch adds a cuDNN conv's bias in a pass of its own, so this saves a read
@@ -64,6 +69,7 @@ class DecodePlan:
     conv: str = "3d"
     fold_bias: bool = False  # a residual block's conv biases into its kernels (needs elementwise="triton")
     upsample: str = "nearest"  # "subpixel": an upsampler's nearest 2x + 3x3 conv as four 2x2 phase convs
+    norm_fp32: bool = False  # the fused norm + SiLU in fp32, rounded once (needs elementwise="triton")
 
     def __post_init__(self):
         if (self.chunk < 1 or self.elementwise not in ELEMENTWISE or self.conv not in CONVS
@@ -72,6 +78,8 @@ class DecodePlan:
                              f"{UPSAMPLES}; got {self}")
         if self.fold_bias and self.elementwise != "triton":
             raise ValueError(f"DecodePlan: fold_bias needs elementwise='triton' (its kernels add the biases); got {self}")
+        if self.norm_fp32 and self.elementwise != "triton":
+            raise ValueError(f"DecodePlan: norm_fp32 needs elementwise='triton' (its kernel runs it); got {self}")
         if self.upsample == "subpixel" and self.elementwise == "eager":
             raise ValueError(f"DecodePlan: upsample='subpixel' needs a fused plan (elementwise 'triton' or "
                              f"'compile'); got {self}")
@@ -313,7 +321,8 @@ class CausalDecoder:
             self.buffers[key] = joined
         joined[:, :, :frames].copy_(cache)
         norm_silu_into(x.contiguous(memory_format=torch.channels_last_3d), gamma, float(norm.scale),
-                       joined[:, :, frames:, pad:pad + h, pad:pad + w], bias=bias_in)
+                       joined[:, :, frames:, pad:pad + h, pad:pad + w], bias=bias_in,
+                       one_rounding=self.plan.norm_fp32)
         return self._conv_joined(conv, joined, bias)
 
     def conv(self, conv, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
@@ -368,8 +377,9 @@ class CausalDecoder:
 # change no byte (they round where PyTorch's bias pass rounds) and took the same stage to 5.86 s at 720p and
 # 1.65 s at 480p (b126671, docs/PERFORMANCE.md). The sub-pixel upsamplers take 121 of the 891 TFLOP of an
 # 832x480/121f decode down to 54 and drop three upsampled copies a step (FlopCounterMode on the Wan2.2
-# decoder); `COSMOS3_VAE_SUBPIXEL=0` keeps the nearest upsample and the bytes above.
-VIDEO_PLAN = DecodePlan(elementwise="triton", fold_bias=True, upsample="subpixel")
+# decoder); `COSMOS3_VAE_SUBPIXEL=0` keeps the nearest upsample and the bytes above. The norm in fp32 drops the
+# per-value rounding steps that made its kernel issue-bound (`COSMOS3_VAE_NORM_FP32=0` keeps them).
+VIDEO_PLAN = DecodePlan(elementwise="triton", fold_bias=True, upsample="subpixel", norm_fp32=True)
 
 
 def plan_for(vae, latent_shape: tuple, device_type: str, options) -> DecodePlan | None:
@@ -378,7 +388,8 @@ def plan_for(vae, latent_shape: tuple, device_type: str, options) -> DecodePlan 
         return None
     if latent_shape[2] < 2 or not supports(vae):
         return None
-    return VIDEO_PLAN if options.vae_subpixel else replace(VIDEO_PLAN, upsample="nearest")
+    return replace(VIDEO_PLAN, upsample=VIDEO_PLAN.upsample if options.vae_subpixel else "nearest",
+                   norm_fp32=VIDEO_PLAN.norm_fp32 and options.vae_norm_fp32)
 
 
 def decoded_chunks(vae, z: torch.Tensor, plan: DecodePlan) -> Iterator[torch.Tensor]:

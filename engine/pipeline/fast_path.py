@@ -42,8 +42,8 @@ Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.Eage
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_VIDEO_QK_FP32=0`, `COSMOS3_FUSED_PROJECTIONS=0`,
 `COSMOS3_VAE_CHANNELS_LAST=0`, `COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`,
-`COSMOS3_VAE_SUBPIXEL=0`, `COSMOS3_LENGTHS_ON_DEVICE=0`, `COSMOS3_SHARE_FIRST_ATTENTION=0`, `COSMOS3_MLP_EPILOGUE=0`,
-`COSMOS3_RESIDUAL_EPILOGUE=0` (and `COSMOS3_QUACK=0`,
+`COSMOS3_VAE_SUBPIXEL=0`, `COSMOS3_VAE_NORM_FP32=0`, `COSMOS3_LENGTHS_ON_DEVICE=0`,
+`COSMOS3_SHARE_FIRST_ATTENTION=0`, `COSMOS3_MLP_EPILOGUE=0`, `COSMOS3_RESIDUAL_EPILOGUE=0` (and `COSMOS3_QUACK=0`,
 QuACK left out wherever dispatch would offer it), and the one pass that is off by default and
 approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`: FP8 GEMMs, and FP8 attention where its policy names "attn");
 `bench/bench_engine.py` ablates them.
@@ -99,6 +99,7 @@ class FastPathOptions:
     uint8_frames: bool = True
     vae_fast_decode: bool = True  # a step of the uint8 decode: uint8_frames off (COSMOS3_UINT8_FRAMES=0) turns it off too
     vae_subpixel: bool = True  # the fast decode's upsamplers as sub-pixel phase convs (causal_decode.subpixel_weight)
+    vae_norm_fp32: bool = True  # the fast decode's norm + SiLU in fp32, rounded once (causal_decode.DecodePlan)
     lengths_on_device: bool = True  # whole-step graphs kept for any prompt length (engine.pipeline.whole_step)
     share_first_attention: bool = True  # the first layer's gen block once for all branches (kernels.shared_gen_attention)
     mlp_epilogue: bool = True  # a video's MLP activation in its input GEMM's epilogue (`fuses_mlp_activation`)
@@ -120,6 +121,7 @@ class FastPathOptions:
             uint8_frames=_env_on("COSMOS3_UINT8_FRAMES"),
             vae_fast_decode=_env_on("COSMOS3_VAE_FAST_DECODE"),
             vae_subpixel=_env_on("COSMOS3_VAE_SUBPIXEL"),
+            vae_norm_fp32=_env_on("COSMOS3_VAE_NORM_FP32"),
             lengths_on_device=_env_on("COSMOS3_LENGTHS_ON_DEVICE"),
             share_first_attention=_env_on("COSMOS3_SHARE_FIRST_ATTENTION"),
             mlp_epilogue=_env_on("COSMOS3_MLP_EPILOGUE"),
@@ -293,7 +295,8 @@ class FastGenTower:
         # positions allow it (checked only where the pass could apply: the check reads the device once).
         self.shares_gen_block = (options.share_first_attention and cache.layout.gen_len >= SHARE_MIN_GEN_TOKENS
                                  and gen_positions_shift_alike(branches))
-        self.use_graphs = (options.cuda_graphs and tr.device.type == "cuda"
+        device = model.device if model.device is not None else tr.device  # (tr.device is slow: see prefill_cache)
+        self.use_graphs = (options.cuda_graphs and device.type == "cuda"
                            and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS)
         self._graphs: dict[tuple[int, int], tuple] = {}
 

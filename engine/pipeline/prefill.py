@@ -36,8 +36,11 @@ def prefill_cache(model: LoadedModel, branches: list[Branch], layout: GenLayout,
     `transformer.KVCache` (decided by `whole_step.lengths_on_device`)."""
     if model.parallel is not None:
         return group_prefill(model, branches, layout.gen_len)
+    # The loaded model's dtype and device: diffusers' `ModelMixin.device` walks every submodule for offload hooks,
+    # ~6 ms a read on a full-size tower (a warm Edge T2V request's prefill, H200, docs/PERFORMANCE.md).
     cache = allocate_cache(model.transformer, tuple(len(b.token_ids) for b in branches), layout.gen_len,
-                           lengths_on_device=lengths_on_device, prompt_room=whole_step.KEPT_PROMPT_TOKENS)
+                           lengths_on_device=lengths_on_device, prompt_room=whole_step.KEPT_PROMPT_TOKENS,
+                           dtype=model.dtype, device=model.device)
     for branch in branches:
         ids = torch.tensor(branch.token_ids, dtype=torch.long, device=model.device)
         branch.rotary = prefill(model.transformer, cache, branch.index, ids, branch.position_ids)
