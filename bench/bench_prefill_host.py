@@ -1,0 +1,117 @@
+"""Where a warm video request's time before denoising goes: each pre-denoise stage timed with the GPU synchronised,
+then one pass under cProfile (issue 17: the prefill stage's wall time is mostly host work).
+
+    python3 bench/bench_prefill_host.py --family edge --json $OUT/prefill_host.json    # ~1 min on an H200
+
+Full-size random weights (bench/models.py) and the table's 1.6k-token caption (bench.e2e.long_prompt). One whole
+request first (T2V at --size, 832x480/121f unless given, for Nano too: it keeps the run short), so kernels are compiled
+and dispatch has measured; then three timed passes of the stages `engine.pipeline.run` runs before denoising, with
+the prefill stage split into its parts (positions, `prefill_cache`: the text tower and the K/V buffers,
+`make_gen_tower`), then a fourth under cProfile (top functions by cumulative and by own time).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+WORKLOADS = {"edge": "edge-t2v-480p", "nano": "nano-t2v-720p"}
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def stages_once(model, request, profile: cProfile.Profile | None = None) -> dict:
+    """The pre-denoise stages of one request, ms each (the prefill stage in its parts)."""
+    from engine.pipeline import prefill as prefill_module
+    from engine.pipeline import run, whole_step
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.layout import positions
+    from engine.pipeline.state import Branch, RunState
+
+    state = RunState(model, request, 1, torch.Generator(device="cpu").manual_seed(1), FastPathOptions.for_model(model),
+                     None, lambda step, total: None)
+    ms = {}
+
+    def timed(label, fn):
+        _sync()
+        began = time.perf_counter()
+        fn()
+        _sync()
+        ms[label] = round(1000 * (time.perf_counter() - began), 2)
+
+    for label, stage in (("conditioning", run.conditioning_stage), ("prompt", run.prompt_stage),
+                         ("noise", run.noise_stage), ("layout", run.layout_stage), ("schedule", run.schedule_stage)):
+        timed(label, lambda: stage(state))
+    if profile is not None:
+        profile.enable()
+
+    def branches():  # prefill_stage's first part, as it runs it
+        cond_ids, uncond_ids = state.token_ids
+        state.branches = [Branch(0, cond_ids, positions(model, state.layout, len(cond_ids), request["fps"]))]
+        if any(state.plan):
+            state.branches.append(Branch(1, uncond_ids, positions(model, state.layout, len(uncond_ids), request["fps"])))
+
+    timed("positions", branches)
+    timed("prefill_cache", lambda: setattr(state, "cache", prefill_module.prefill_cache(
+        model, state.branches, state.layout, lengths_on_device=whole_step.lengths_on_device(state))))
+    timed("make_gen_tower", lambda: setattr(state, "tower", prefill_module.make_gen_tower(
+        model, state.cache, state.branches, state.options, state.layout)))
+    if profile is not None:
+        profile.disable()
+    return ms
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=sorted(WORKLOADS), default="edge")
+    parser.add_argument("--size", default="832x480x121", help="WIDTHxHEIGHTxFRAMES of the T2V request")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    try:
+        width, height, frames = (int(v) for v in args.size.split("x"))
+    except ValueError:
+        parser.error(f"--size must be WIDTHxHEIGHTxFRAMES, e.g. 832x480x121; got {args.size!r}")
+    from bench import e2e
+    from bench.models import as_loaded_model, build_transformer, build_vae
+    from engine.model.tiny import build_tokenizer
+    from engine.pipeline.request import validate_request
+    from engine.pipeline.run import generate
+
+    model = as_loaded_model(build_transformer(args.family), args.family, vae=build_vae(), tokenizer=build_tokenizer())
+    params = dict(e2e.WORKLOADS[WORKLOADS[args.family]][1], prompt=e2e.long_prompt(model), seed=1,
+                  width=width, height=height, num_frames=frames)
+    result = {"header": e2e.run_header(torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"),
+              "warm_up_request": generate(model, params).timings}
+    print(json.dumps(result), flush=True)
+    request = validate_request(model.info, params["mode"], params)
+    result["stages_ms"] = [stages_once(model, request) for _ in range(3)]
+    for row in result["stages_ms"]:
+        print("stages ms", json.dumps(row), flush=True)
+    profile = cProfile.Profile()
+    result["profiled_ms"] = stages_once(model, request, profile)
+    tables = {}
+    for order, count in (("cumulative", 45), ("tottime", 25)):
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats(order).print_stats(count)
+        tables[order] = text.getvalue()
+        print(tables[order], flush=True)
+    result["profile"] = tables
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
