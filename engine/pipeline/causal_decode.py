@@ -378,7 +378,9 @@ class CausalDecoder:
 # 1.65 s at 480p (b126671, docs/PERFORMANCE.md). The sub-pixel upsamplers take 121 of the 891 TFLOP of an
 # 832x480/121f decode down to 54 and drop three upsampled copies a step (FlopCounterMode on the Wan2.2
 # decoder); `COSMOS3_VAE_SUBPIXEL=0` keeps the nearest upsample and the bytes above. The norm in fp32 drops the
-# per-value rounding steps that made its kernel issue-bound (`COSMOS3_VAE_NORM_FP32=0` keeps them).
+# per-value rounding steps that made its kernel issue-bound (`COSMOS3_VAE_NORM_FP32=0` keeps them). With both the
+# stage took 5.26 s at 720p and 1.46 s at 480p against 5.89 and 1.65 s without (3cf6648), and its output lands
+# closer to an fp32 decode than diffusers' bf16 decode does (RMS 3.60e-3 against 4.06e-3).
 VIDEO_PLAN = DecodePlan(elementwise="triton", fold_bias=True, upsample="subpixel", norm_fp32=True)
 
 

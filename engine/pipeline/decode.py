@@ -15,9 +15,10 @@ A video goes further on the fast path (`FastPathOptions.vae_fast_decode`, `COSMO
 off): the engine walks the decoder itself (`engine.pipeline.causal_decode`) with the norm + SiLU before each
 conv fused into one kernel, the convs' biases folded into the kernels around them, and each upsampler's
 nearest 2x + 3x3 conv run as four 2x2 sub-pixel convs (`COSMOS3_VAE_SUBPIXEL=0` turns that off), the norm + SiLU
-in fp32 with one rounding (`COSMOS3_VAE_NORM_FP32=0`), the plan a measured rule picks (`causal_decode.plan_for`): 1280x720x189 in 5.9 s instead of 9.1 s on the H200. The kernel rounds where diffusers does, but sums and exponentiates in its
-own order, so a video's bytes are close to the exact path's, not equal: within 4 of 255 levels at full
-size (docs/PERFORMANCE.md, VAE decode; tests/test_gpu_causal_decode.py states 6). Images, and the switch
+in fp32 with one rounding (`COSMOS3_VAE_NORM_FP32=0`), the plan a measured rule picks (`causal_decode.plan_for`):
+1280x720x189 in 5.26 s instead of 9.5 s on the H200. So a video's bytes are close to the exact path's, not equal:
+its [-1, 1] output is closer to an fp32 decode than diffusers' bf16 decode is, and its frames stay within 6 of 255
+levels of the exact ones (docs/PERFORMANCE.md, VAE decode; tests/test_gpu_causal_decode.py). Images, and the switch
 off, keep the bit-for-bit promise above.
 """
 from __future__ import annotations
