@@ -145,13 +145,15 @@ def test_each_request_runs_the_qk_norm_rounding_its_frames_call_for(model, mode,
     assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1
 
 
-@pytest.mark.parametrize("mlp_epilogue,frames,fused", [
+@pytest.mark.parametrize("rule,switch", [("fuses_mlp_activation", "mlp_epilogue"),
+                                         ("fuses_residual_add", "residual_epilogue")])
+@pytest.mark.parametrize("on,frames,applies", [
     (True, None, False), (True, 1, False), (True, 2, True), (True, 48, True), (False, 48, False),
 ])
-def test_fuses_mlp_activation_for_videos_only(mlp_epilogue, frames, fused):
-    from engine.pipeline.fast_path import fuses_mlp_activation
+def test_the_one_rounding_epilogues_apply_to_videos_only(rule, switch, on, frames, applies):
+    from engine.pipeline import fast_path
 
-    assert fuses_mlp_activation(FastPathOptions(enabled=True, mlp_epilogue=mlp_epilogue), frames) is fused
+    assert getattr(fast_path, rule)(FastPathOptions(enabled=True, **{switch: on}), frames) is applies
 
 
 @pytest.mark.parametrize("mode,mlp_epilogue,one_rounding", [
@@ -176,15 +178,6 @@ def test_each_request_lets_its_mlp_round_once_only_as_its_frames_allow(model, mo
     assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1
 
 
-@pytest.mark.parametrize("residual_epilogue,frames,fused", [
-    (True, None, False), (True, 1, False), (True, 2, True), (True, 48, True), (False, 48, False),
-])
-def test_fuses_residual_add_for_videos_only(residual_epilogue, frames, fused):
-    from engine.pipeline.fast_path import fuses_residual_add
-
-    assert fuses_residual_add(FastPathOptions(enabled=True, residual_epilogue=residual_epilogue), frames) is fused
-
-
 @pytest.mark.parametrize("mode,residual_epilogue,fused", [
     ("t2i", True, False), ("t2v", True, True), ("t2v", False, False),
 ])
@@ -202,10 +195,21 @@ def test_each_request_adds_its_projections_to_the_stream_in_the_gemm_only_as_its
     assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1
 
 
-def test_the_residual_add_in_the_gemm_leaves_the_callers_tokens_alone(model, monkeypatch):
-    # The stream is added to in place. One branch's stream is a view of the tokens the caller passed (the whole
-    # step's static buffer), so it must be copied first; the tower with the add in the GEMM must also agree with
-    # the tower without it to fp32 rounding.
+VIDEO = dict(mode="t2v", prompt="waves on rocks at dawn", negative_prompt="blurry", seed=2, steps=2, num_frames=9,
+             guidance_scale=6.0, guidance_interval=None)
+
+
+def _spy_towers(monkeypatch) -> list:
+    import engine.pipeline.prefill as pipeline
+
+    made = []
+    original = pipeline.make_gen_tower
+    monkeypatch.setattr(pipeline, "make_gen_tower", lambda *a: made.append((a, original(*a))) or made[-1][1])
+    return made
+
+
+def _one_step_video_tower(model, monkeypatch) -> tuple:
+    """A one-step video request on the fast path (PyTorch kernels, no graphs): (make_gen_tower's args, its tower)."""
     made = _spy_towers(monkeypatch)
     model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
     try:
@@ -213,6 +217,14 @@ def test_the_residual_add_in_the_gemm_leaves_the_callers_tokens_alone(model, mon
     finally:
         model.fast_path = None
     (args, tower), = made
+    return args, tower
+
+
+def test_the_residual_add_in_the_gemm_leaves_the_callers_tokens_alone(model, monkeypatch):
+    # The stream is added to in place. One branch's stream is a view of the tokens the caller passed (the whole
+    # step's static buffer), so it must be copied first; the tower with the add in the GEMM must also agree with
+    # the tower without it to fp32 rounding.
+    args, tower = _one_step_video_tower(model, monkeypatch)
     assert tower.fuse_residual_add
     model_, cache, branches = args[:3]
     split = FastGenTower(model_, cache, branches, FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch"),
@@ -225,19 +237,6 @@ def test_the_residual_add_in_the_gemm_leaves_the_callers_tokens_alone(model, mon
         for a, b in zip(tower(tokens, count), split(tokens, count)):
             assert ((a - b).norm() / b.norm()).item() < 1e-5
         assert torch.equal(tokens, before)
-
-
-VIDEO = dict(mode="t2v", prompt="waves on rocks at dawn", negative_prompt="blurry", seed=2, steps=2, num_frames=9,
-             guidance_scale=6.0, guidance_interval=None)
-
-
-def _spy_towers(monkeypatch) -> list:
-    import engine.pipeline.prefill as pipeline
-
-    made = []
-    original = pipeline.make_gen_tower
-    monkeypatch.setattr(pipeline, "make_gen_tower", lambda *a: made.append((a, original(*a))) or made[-1][1])
-    return made
 
 
 def test_first_layer_shares_its_gen_block_and_agrees_with_every_branch_on_its_own(model, monkeypatch):
@@ -281,13 +280,7 @@ def test_gen_block_is_not_shared_when_positions_do_not_shift_alike(model, monkey
     from engine.pipeline import fast_path
 
     monkeypatch.setattr(fast_path, "SHARE_MIN_GEN_TOKENS", 1)
-    made = _spy_towers(monkeypatch)
-    model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
-    try:
-        generate(model, dict(VIDEO, steps=1))
-    finally:
-        model.fast_path = None
-    (args, tower), = made
+    args, tower = _one_step_video_tower(model, monkeypatch)
     branches = args[2]
     assert fast_path.gen_positions_shift_alike(branches)
     skewed = branches[1].position_ids.clone()
