@@ -36,11 +36,13 @@ def prefill_cache(model: LoadedModel, branches: list[Branch], layout: GenLayout,
     `transformer.KVCache` (decided by `whole_step.lengths_on_device`)."""
     if model.parallel is not None:
         return group_prefill(model, branches, layout.gen_len)
-    # The loaded model's dtype and device: diffusers' `ModelMixin.device` walks every submodule for offload hooks,
-    # ~6 ms a read on a full-size tower (a warm Edge T2V request's prefill, H200, docs/PERFORMANCE.md).
+    # The loaded model's device: diffusers' `ModelMixin.device` walks every submodule for offload hooks, ~6 ms a read
+    # on a full-size tower (a warm Edge T2V request's prefill, H200, docs/PERFORMANCE.md). The dtype is still read
+    # from the tower: the loaded model's records the load's dtype, which a tower converted after loading (an
+    # FP8-only build's tests) does not keep.
     cache = allocate_cache(model.transformer, tuple(len(b.token_ids) for b in branches), layout.gen_len,
                            lengths_on_device=lengths_on_device, prompt_room=whole_step.KEPT_PROMPT_TOKENS,
-                           dtype=model.dtype, device=model.device)
+                           device=model.device)
     for branch in branches:
         ids = torch.tensor(branch.token_ids, dtype=torch.long, device=model.device)
         branch.rotary = prefill(model.transformer, cache, branch.index, ids, branch.position_ids)
