@@ -76,18 +76,18 @@ class KVCache:
 
 
 def allocate_cache(transformer, prefix_lens: tuple[int, ...], gen_len: int, *, lengths_on_device: bool = False,
-                   prompt_room: int = 0, dtype: torch.dtype | None = None, device: torch.device | None = None) -> KVCache:
+                   prompt_room: int = 0, device: torch.device | None = None) -> KVCache:
     """The request's K/V buffers. `lengths_on_device`: sized to a capacity and with `DeviceLengths` (see
     `KVCache`); only where every attention call can read lengths from the device (CUDA, the fast path).
     `prompt_room`: with the lengths on the device, the capacity also holds any branch whose text has up to
     this many tokens, so prompts of every length up to it share one capacity (and one kept step).
-    `dtype`, `device`: the tower's, where the caller knows them (read from the tower otherwise)."""
+    `device`: the tower's, where the caller knows it (read from the tower otherwise)."""
     layout = PackedKVLayout(tuple(prefix_lens), gen_len)
     attn = transformer.layers[0].self_attn
     # Read once: diffusers' `ModelMixin.dtype` and `.device` walk every submodule for hooks on each read,
     # 2-5 ms apiece on a full-size tower; one read per layer cost ~0.1 s of host time per request (H200,
     # docs/PERFORMANCE.md, "A request's host time").
-    dtype = dtype if dtype is not None else transformer.dtype
+    dtype = transformer.dtype
     device = device if device is not None else transformer.device
     leading = {}
     if lengths_on_device:
