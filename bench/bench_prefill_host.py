@@ -6,8 +6,8 @@ then one pass under cProfile (issue 17: the prefill stage's wall time is mostly 
 Full-size random weights (bench/models.py) and the table's 1.6k-token caption (bench.e2e.long_prompt). One whole
 request first (T2V at --size, 832x480/121f unless given, for Nano too: it keeps the run short), so kernels are compiled
 and dispatch has measured; then three timed passes of the stages `engine.pipeline.run` runs before denoising, with
-the prefill stage split into its parts (positions, `prefill_cache`: the text tower and the K/V buffers,
-`make_gen_tower`), then a fourth under cProfile (top functions by cumulative and by own time).
+the prefill stage also timed in its parts (`prefill_cache`: the text tower and the K/V buffers; `make_gen_tower`;
+the rest: the branches' positions), then a fourth under cProfile (top functions by cumulative and by own time).
 """
 from __future__ import annotations
 
@@ -33,12 +33,12 @@ def _sync():
 
 
 def stages_once(model, request, profile: cProfile.Profile | None = None) -> dict:
-    """The pre-denoise stages of one request, ms each (the prefill stage in its parts)."""
+    """The pre-denoise stages of one request, ms each; the prefill stage also in its parts (its text tower and K/V
+    buffers, `prefill_cache`; its gen tower, `make_gen_tower`; the rest, the branches' positions)."""
     from engine.pipeline import prefill as prefill_module
-    from engine.pipeline import run, whole_step
+    from engine.pipeline import run
     from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.layout import positions
-    from engine.pipeline.state import Branch, RunState
+    from engine.pipeline.state import RunState
 
     state = RunState(model, request, 1, torch.Generator(device="cpu").manual_seed(1), FastPathOptions.for_model(model),
                      None, lambda step, total: None)
@@ -47,29 +47,27 @@ def stages_once(model, request, profile: cProfile.Profile | None = None) -> dict
     def timed(label, fn):
         _sync()
         began = time.perf_counter()
-        fn()
+        result = fn()
         _sync()
         ms[label] = round(1000 * (time.perf_counter() - began), 2)
+        return result
 
     for label, stage in (("conditioning", run.conditioning_stage), ("prompt", run.prompt_stage),
                          ("noise", run.noise_stage), ("layout", run.layout_stage), ("schedule", run.schedule_stage)):
         timed(label, lambda: stage(state))
-    if profile is not None:
-        profile.enable()
-
-    def branches():  # prefill_stage's first part, as it runs it
-        cond_ids, uncond_ids = state.token_ids
-        state.branches = [Branch(0, cond_ids, positions(model, state.layout, len(cond_ids), request["fps"]))]
-        if any(state.plan):
-            state.branches.append(Branch(1, uncond_ids, positions(model, state.layout, len(uncond_ids), request["fps"])))
-
-    timed("positions", branches)
-    timed("prefill_cache", lambda: setattr(state, "cache", prefill_module.prefill_cache(
-        model, state.branches, state.layout, lengths_on_device=whole_step.lengths_on_device(state))))
-    timed("make_gen_tower", lambda: setattr(state, "tower", prefill_module.make_gen_tower(
-        model, state.cache, state.branches, state.options, state.layout)))
-    if profile is not None:
-        profile.disable()
+    parts = {name: getattr(prefill_module, name) for name in ("prefill_cache", "make_gen_tower")}
+    for name, part in parts.items():  # the stage's own calls, timed where it makes them
+        setattr(prefill_module, name, lambda *a, _name=name, _part=part, **k: timed(_name, lambda: _part(*a, **k)))
+    try:
+        if profile is not None:
+            profile.enable()
+        timed("prefill", lambda: run.prefill_stage(state))
+    finally:
+        if profile is not None:
+            profile.disable()
+        for name, part in parts.items():
+            setattr(prefill_module, name, part)
+    ms["prefill other (positions)"] = round(ms["prefill"] - ms["prefill_cache"] - ms["make_gen_tower"], 2)
     return ms
 
 

@@ -37,7 +37,7 @@ def norm_silu_reference(x: torch.Tensor, gamma: torch.Tensor, scale: float,
     `one_rounding`: the same in fp32 throughout (the bias too), rounded once to x's dtype at the end."""
     if one_rounding:
         y = x.float() + (_channel_bias(bias, x).float() if bias is not None else 0.0)
-        y = F.normalize(y, dim=1) * scale * gamma.float().reshape(1, -1, *([1] * (x.dim() - 2)))
+        y = F.normalize(y, dim=1) * scale * _channel_bias(gamma, x).float()
         return F.silu(y).to(x.dtype)
     if bias is not None:
         x = x + _channel_bias(bias, x)

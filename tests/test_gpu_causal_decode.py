@@ -30,6 +30,14 @@ def vae():
     torch.cuda.empty_cache()
 
 
+def _conv_weights(vae, memory_format: torch.memory_format) -> None:
+    """The VAE's 3-D conv weights in `memory_format`: contiguous for diffusers' own decode, channels-last-3d for
+    the fast path (cuDNN picks other kernels for each, so the layout moves the bf16 output)."""
+    for param in vae.parameters():
+        if param.dim() == 5:
+            param.data = param.data.contiguous(memory_format=memory_format)
+
+
 def _stage(vae, vision, fast_decode: bool) -> np.ndarray:
     from engine.pipeline.decode import decode_stage
     from engine.pipeline.fast_path import FastPathOptions
@@ -62,9 +70,7 @@ def test_decode_stage_uses_the_fused_plan_within_the_bound(vae, monkeypatch):
     z = vision.to(vae.dtype).contiguous(memory_format=torch.channels_last_3d)  # latents_std 1, mean 0
     with torch.no_grad():
         ours = torch.cat(list(decoded_chunks(vae, z, VIDEO_PLAN)), dim=2).float()
-        for param in vae.parameters():  # the plain decode: contiguous weights and latents
-            if param.dim() == 5:
-                param.data = param.data.contiguous()
+        _conv_weights(vae, torch.contiguous_format)  # the plain decode: contiguous weights and latents
         plain = vae.decode(vision.to(vae.dtype)).sample.float()
     assert (ours - plain).abs().max() <= MAX_ABS_DIFF
 
@@ -110,13 +116,9 @@ def test_the_video_plan_stays_as_close_to_fp32_as_diffusers_bf16_decode(vae):
              "neither": replace(VIDEO_PLAN, upsample="nearest", norm_fp32=False)}
     with torch.no_grad():
         exact = copy.deepcopy(vae).float().decode(vision).sample
-        for param in vae.parameters():  # diffusers' decode: contiguous weights and latents
-            if param.dim() == 5:
-                param.data = param.data.contiguous()
+        _conv_weights(vae, torch.contiguous_format)  # diffusers' decode
         outputs = {"plain": vae.decode(vision.to(vae.dtype)).sample.float()}
-        for param in vae.parameters():  # the fast path's layout
-            if param.dim() == 5:
-                param.data = param.data.contiguous(memory_format=torch.channels_last_3d)
+        _conv_weights(vae, torch.channels_last_3d)  # the fast path's layout
         z = vision.to(vae.dtype).contiguous(memory_format=torch.channels_last_3d)
         for name, plan in plans.items():
             outputs[name] = torch.cat(list(decoded_chunks(vae, z, plan)), dim=2).float()

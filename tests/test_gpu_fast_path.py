@@ -78,6 +78,18 @@ def step_errors_on_and_off(model, field: str, attribute: str, calls: list) -> tu
     return errors, counts
 
 
+def count_calls(monkeypatch, owner, name: str) -> list:
+    """Spy on ``owner.name`` (a module function or a static method): each call appends to the returned list."""
+    import inspect
+
+    original = getattr(owner, name)
+    spy = lambda *a, **k: calls.append(1) or original(*a, **k)  # noqa: E731
+    static = inspect.isclass(owner) and isinstance(inspect.getattr_static(owner, name), staticmethod)
+    calls = []
+    monkeypatch.setattr(owner, name, staticmethod(spy) if static else spy)
+    return calls
+
+
 def test_shared_first_layer_attention_keeps_the_step_as_close_to_diffusers(model, monkeypatch):
     # The first layer's gen block computed once (kernels.shared_gen_attention) on flash-attn-4, forced at a short
     # video (the engine shares from SHARE_MIN_GEN_TOKENS, where dispatch also measures it): the step's velocity
@@ -88,9 +100,7 @@ def test_shared_first_layer_attention_keeps_the_step_as_close_to_diffusers(model
     probe = torch.empty(1, 1, 1, 128, device="cuda", dtype=torch.bfloat16)
     if sga.shared_unsupported(probe) is not None:
         pytest.skip(sga.shared_unsupported(probe))
-    calls = []
-    parts = sga.partials_flash4
-    monkeypatch.setattr(sga, "partials_flash4", lambda *a, **k: calls.append(1) or parts(*a, **k))
+    calls = count_calls(monkeypatch, sga, "partials_flash4")
     with SharedFirstLayerEverywhere():
         errors, counts = step_errors_on_and_off(model, "share_first_attention", "shares_gen_block", calls)
     print(f"{model.info.family} 832x480x17: rel. error against diffusers, shared {errors[True]}, not shared {errors[False]}")
@@ -111,9 +121,7 @@ def test_mlp_activation_in_the_gemm_keeps_the_step_as_close_to_diffusers(model, 
     why = gemm.mlp_in_unsupported(probe, probe, activation)
     if why is not None:
         pytest.skip(why)
-    calls = []
-    fused = gemm.mlp_in_quack
-    monkeypatch.setattr(gemm, "mlp_in_quack", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    calls = count_calls(monkeypatch, gemm, "mlp_in_quack")
     with MLPEpilogueEverywhere():
         errors, counts = step_errors_on_and_off(model, "mlp_epilogue", "fuse_mlp_activation", calls)
     print(f"{model.info.family} 832x480x17: rel. error against diffusers, MLP epilogue {errors[True]}, split {errors[False]}")
@@ -128,9 +136,7 @@ def test_residual_add_in_the_gemm_keeps_the_step_as_close_to_diffusers(model, mo
     # bf16 bound and no further than with the separate add; with the switch off it must not run at all.
     from engine.pipeline.fast_path import FastGenTower
 
-    calls = []
-    add = FastGenTower._add_product
-    monkeypatch.setattr(FastGenTower, "_add_product", staticmethod(lambda *a: calls.append(1) or add(*a)))
+    calls = count_calls(monkeypatch, FastGenTower, "_add_product")
     errors, counts = step_errors_on_and_off(model, "residual_epilogue", "fuse_residual_add", calls)
     print(f"{model.info.family} 832x480x17: rel. error against diffusers, residual add in the GEMM {errors[True]}, "
           f"separate {errors[False]}")

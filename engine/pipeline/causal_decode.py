@@ -220,7 +220,7 @@ class CausalDecoder:
             upsampler = block.upsamplers[0]
         fold = shortcut is not None and self._folds_shortcut(shortcut, upsampler)
         if upsampler is not None:
-            x = self.resample(upsampler, x, bias=not fold, phases=fold)
+            x = self.resample(upsampler, x, bias=not fold)
         if fold:  # the upsampler conv's bias and the shortcut in one pass (interleaving the phases as it reads)
             bias = None if upsampler is None else upsampler.resample[1].bias
             if isinstance(x, Phases):
@@ -240,10 +240,10 @@ class CausalDecoder:
         conv = up.resample[1] if up.mode.startswith("upsample") else None
         return isinstance(conv, torch.nn.Conv2d) and conv.padding_mode == "zeros"
 
-    def resample(self, up, x: torch.Tensor, bias: bool = True, phases: bool = False) -> torch.Tensor | Phases:
+    def resample(self, up, x: torch.Tensor, bias: bool = True) -> torch.Tensor | Phases:
         """diffusers' WanResample (upsampling) on x; without the conv's bias where `bias` is False (the caller
-        adds it: `up_block`, only when `_runs_upsample_conv` holds). With `phases` (and `bias` False) a
-        sub-pixel plan may return the output as its `Phases`, for the caller's kernel to interleave."""
+        adds it: `up_block`, only when `_runs_upsample_conv` holds, with the kernel that also interleaves a
+        sub-pixel plan's output, returned then as its `Phases`)."""
         b, c, t, h, w = x.shape
         if up.mode == "upsample3d":
             if up not in self.started:  # diffusers' "Rep": the first chunk skips the time conv
@@ -260,10 +260,10 @@ class CausalDecoder:
             upsample, conv = up.resample
             if self.plan.upsample == "subpixel" and _upsamples_by_phases(upsample, conv):
                 out = self._phase_conv(conv, x).view(b, t, 4 * conv.out_channels, h + 1, w + 1).permute(0, 2, 1, 3, 4)
-                if phases and not bias:
+                if not bias:
                     return Phases(out)
                 out = interleave_phases(out)
-                return out + conv.bias.view(1, -1, 1, 1, 1) if bias and conv.bias is not None else out
+                return out + conv.bias.view(1, -1, 1, 1, 1) if conv.bias is not None else out
             x = F.interpolate(x, scale_factor=upsample.scale_factor, mode=upsample.mode)
             x = conv(x) if bias else F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
         else:
