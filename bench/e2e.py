@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import sys
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -251,9 +252,55 @@ def generate_marked(model, request) -> tuple:
     return result, marks, time.perf_counter() - began
 
 
+@contextmanager
+def host_pauses():
+    """What held the host up inside the block besides the code it ran, as a dict filled at the end:
+    - `gc_full`: each full (oldest-generation) collection of Python's cyclic collector, as [seconds from the
+      block's start, milliseconds it took]. It walks every tracked object (~0.47M in a process with the engine
+      imported: 166 ms a walk on the CPU here, docs/PERFORMANCE.md) and holds the GIL throughout, so in a
+      host-bound stage (the text tower's eager launches, the decode's) the GPU waits for it;
+    - `cuda_segments_allocated`: memory segments the CUDA caching allocator had to get from the driver
+      (cudaMalloc), none for a warm request that fits its cache; None without CUDA.
+
+    Why: warm Edge T2V requests on one H200 took 0.06 s and 0.13 s before denoising, in two runs of the same
+    table with the same denoise and decode (docs/PERFORMANCE.md), and these are the host's two pauses that no
+    stage asks for."""
+    oldest = len(gc.get_threshold()) - 1
+    out = {"gc_full": [], "cuda_segments_allocated": None}
+    began = time.perf_counter()
+    started = []
+
+    def on_collection(phase, info):
+        if info["generation"] != oldest:
+            return
+        now = time.perf_counter()
+        if phase == "start":
+            started.append(now)
+        elif started:
+            start = started.pop()
+            out["gc_full"].append([round(start - began, 4), round(1e3 * (now - start), 2)])
+
+    segments = _cuda_segments()
+    gc.callbacks.append(on_collection)
+    try:
+        yield out
+    finally:
+        gc.callbacks.remove(on_collection)
+        if segments is not None:
+            out["cuda_segments_allocated"] = _cuda_segments() - segments
+
+
+def _cuda_segments() -> int | None:
+    """How many segments the CUDA caching allocator has taken from the driver so far (None without CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.memory_stats().get("segment.all.allocated", 0))
+
+
 def timed_generate(model, request) -> dict:
     began = time.time()
-    result, marks, wall = generate_marked(model, request)
+    with host_pauses() as pauses:
+        result, marks, wall = generate_marked(model, request)
     row = stages(result.timings)
     row["began"], row["ended"] = began, time.time()  # for `annotate_clocks`
     # Where a cold run's time goes: the step durations as progress saw them (first steps, median, max).
@@ -266,6 +313,7 @@ def timed_generate(model, request) -> dict:
     row["steps"] = result.params["steps"]
     row["denoise_ms_per_step"] = 1000 * row["denoise_s"] / row["steps"]
     row["precision"], row["fp8_policy"] = result.precision, result.fp8_policy
+    row.update(pauses)
     return row
 
 

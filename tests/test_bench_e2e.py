@@ -159,3 +159,51 @@ def test_profiling_a_request_ranges_the_engines_stages_and_puts_them_back_after(
     assert run.decode_stage is patched and seen == ["state"]
     ranges, _ = e2e._profiled_stages(prof)
     assert set(ranges) == {"decode"}
+
+
+class _Result:
+    timings = {"prefill": 0.1, "denoise": 1.0, "decode": 0.2, "total": 1.3}
+    params = {"steps": 10}
+    precision, fp8_policy = "bf16", None
+
+
+@pytest.mark.parametrize("collects", [True, False])
+def test_a_timed_request_says_when_a_full_garbage_collection_stopped_it_and_for_how_long(collects, monkeypatch):
+    """The e2e rows record each full (oldest-generation) collection that ran inside the request, with its offset and
+    duration, so a slow prefill can be told apart from a collector pause; a request without one records none, and the
+    probe is gone afterwards."""
+    import gc
+
+    from bench import e2e
+    from engine.pipeline import run
+
+    def generate(model, request, on_progress=None):
+        time.sleep(0.01)
+        if collects:
+            gc.collect()  # a full collection, as the collector's own trigger would run it
+        return _Result()
+
+    monkeypatch.setattr(run, "generate", generate)
+    callbacks = list(gc.callbacks)
+    row = e2e.timed_generate(None, {})
+    assert gc.callbacks == callbacks
+    if collects:
+        [[offset, ms]] = row["gc_full"]
+        assert offset >= 0.01 and ms > 0
+    else:
+        assert row["gc_full"] == []
+    assert row["total_s"] == 1.3 and "cuda_segments_allocated" in row
+
+
+def test_only_the_oldest_generation_counts_as_a_full_collection(monkeypatch):
+    import gc
+
+    from bench import e2e
+
+    with e2e.host_pauses() as pauses:
+        gc.collect(0)
+        gc.collect(1)
+    assert pauses["gc_full"] == []
+    with e2e.host_pauses() as pauses:
+        gc.collect(len(gc.get_threshold()) - 1)
+    assert len(pauses["gc_full"]) == 1
