@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU extras as wheels, for a GPU host that cannot reach a package registry (docs/PERFORMANCE.md's runs).
+#
+#   bash scripts/gpu_host_wheels.sh fetch DIR     # here, with registry access: DIR gets every wheel
+#   bash scripts/gpu_host_wheels.sh install DIR   # there: installs them, then prints the PYTHONPATH to export
+#
+# The host brings its own torch and triton; this adds diffusers and torchao (requirements.txt's pins) and
+# requirements-extras.txt's GPU pins, each with the pieces pip would have pulled in and the host lacks.
+# Two things a plain `pip install --target` gets wrong here, and why this script exists:
+# - CuTe DSL 4.8 (nvidia-cutlass-dsl, which flash-attn-4 and QuACK run on) is split into three wheels: libs-base,
+#   libs-cu13 and libs-core, the last holding `cutlass.cute`. Without it both libraries fail to import and the
+#   engine falls back to cuDNN's SDPA and cuBLAS (an Edge T2V step 239.7 ms instead of 209.8, docs/PERFORMANCE.md);
+# - the three share one package folder, so they are unpacked into it one after another (pip --target skips or
+#   replaces a folder that exists), and the `.pth` file that puts `dsl_packages` on sys.path is not read from a
+#   PYTHONPATH entry, so that folder goes on PYTHONPATH too.
+# QuACK builds its epilogue GEMMs only from a folder named site-packages (kernels/gemm.py), hence the target's name.
+set -euo pipefail
+what=${1:?fetch or install}; dir=${2:?a folder for the wheels}
+python_version=${PYTHON_VERSION:-3.12}  # the GPU host's Python
+wheels=(
+  diffusers==0.42.1 torchao==0.18.0
+  flash-attn-4==4.0.0b36 quack-kernels==0.6.5 nvidia-cudnn-frontend==1.32.0 mslk-cuda==1.1.0
+  nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1
+  nvidia-cutlass-dsl-libs-core==4.8.1 apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5
+)
+case $what in
+fetch)
+  mkdir -p "$dir"
+  for wheel in "${wheels[@]}"; do
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$python_version" --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$dir" "$wheel"
+  done
+  ls -la "$dir"
+  ;;
+install)
+  target=${TARGET:-/tmp/py/site-packages}
+  mkdir -p "$target"
+  shopt -s nullglob
+  separate=("$dir"/nvidia_cutlass_dsl_libs_*.whl)
+  rest=()
+  for wheel in "$dir"/*.whl; do
+    case $wheel in */nvidia_cutlass_dsl_libs_*) ;; *) rest+=("$wheel") ;; esac
+  done
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$target" "${rest[@]}"
+  for wheel in "${separate[@]}"; do  # unpacked into the shared folder, one after another
+    python3 -m zipfile -e "$wheel" "$target"
+  done
+  echo "export PYTHONPATH=$target:$target/nvidia_cutlass_dsl/dsl_packages\${PYTHONPATH:+:\$PYTHONPATH}"
+  ;;
+*)
+  echo "usage: $0 fetch|install DIR" >&2; exit 2 ;;
+esac
