@@ -30,7 +30,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.optional import warn_if_installed
+
 QUACK_ENV_VAR = "COSMOS3_QUACK"
+QUACK_DISTRIBUTION = "quack-kernels"
 QUACK_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -107,6 +110,7 @@ def _epilogue_entry():
         import quack.epilogue.library  # noqa: F401 - the import is the check
         from quack.gemm_interface import gemm_act
     except Exception as err:  # ImportError, or the fingerprint's TypeError
+        warn_if_installed(QUACK_DISTRIBUTION, err, "cuBLAS's GEMM then the activation as a kernel of its own")
         return None, f"QuACK's epilogue GEMMs not importable ({type(err).__name__}: {str(err)[:160]})"
     return gemm_act, None
 

@@ -12,7 +12,6 @@ kernel is bound by the tensor cores and the exp units, and its ceiling is the me
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import math
 import os
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.optional import installed, warn_if_installed
 from kernels.packed_kv import PackedKVLayout
 
 try:  # host-side TMA descriptors (Triton >= 3.3); the pointer path below works without them
@@ -359,6 +359,7 @@ def _flash4_entry() -> tuple[Callable | None, bool, str | None]:
     try:
         from flash_attn.cute import flash_attn_varlen_func
     except Exception as err:  # ImportError, or the CuTe DSL failing to load its compiler libraries
+        warn_if_installed(FLASH4_DISTRIBUTION, err, "cuDNN's SDPA or our Triton kernel")
         return None, False, f"flash-attn-4 not importable ({type(err).__name__}: {err})"
     try:
         from flash_attn.cute.interface import _flash_attn_fwd
@@ -377,14 +378,6 @@ def flash4_forward() -> Callable | None:
 FLASH4_DISTRIBUTION = "flash-attn-4"
 
 
-def _installed(distribution: str) -> bool:
-    try:
-        importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
 def flash4_advice() -> str | None:
     """A line for whoever runs the server where flash-attn-4 would help and is not installed: a CUDA GPU of
     SM90 or newer, `COSMOS3_FLASH4` not 0, and no `flash-attn-4` distribution (flash-attn 2 shares its
@@ -397,7 +390,7 @@ def flash4_advice() -> str | None:
     if not torch.cuda.is_available() or os.environ.get(FLASH4_ENV_VAR, "1") == "0":
         return None
     major, minor = torch.cuda.get_device_capability()
-    if major < 9 or _installed(FLASH4_DISTRIBUTION):
+    if major < 9 or installed(FLASH4_DISTRIBUTION):
         return None
     return (f"flash-attn-4 is not installed. On this GPU (compute capability {major}.{minor}) it is the fastest "
             f"attention the engine can use, and without it a Nano T2I request ran ~20% slower end to end "

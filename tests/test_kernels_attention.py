@@ -1,5 +1,7 @@
 """Prefix attention (varlen CFG branches, GQA) against SDPA per branch in fp32."""
+import logging
 import os
+import sys
 
 import pytest
 import torch
@@ -129,7 +131,7 @@ def test_the_start_up_advice_names_flash4_only_where_it_would_help_and_is_missin
     def gpu(major, installed):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (major, 0))
-        monkeypatch.setattr(pa, "_installed", lambda name: installed and name == "flash-attn-4")
+        monkeypatch.setattr(pa, "installed", lambda name: installed and name == "flash-attn-4")
 
     monkeypatch.delenv(pa.FLASH4_ENV_VAR, raising=False)
     gpu(9, installed=False)
@@ -147,7 +149,7 @@ def test_the_start_up_advice_names_flash4_only_where_it_would_help_and_is_missin
     monkeypatch.delenv(pa.FLASH4_ENV_VAR)
     assert pa.flash4_advice() is None
     monkeypatch.undo()
-    assert pa._installed("torch") and not pa._installed("no-such-distribution-here")
+    assert pa.installed("torch") and not pa.installed("no-such-distribution-here")
 
 
 def test_flash4_config_knobs_become_the_library_arguments():
@@ -263,3 +265,31 @@ def test_gpu_flash4_matches_fp32_per_branch(hq, prefixes, n, config):
     ref = sdpa_per_branch_fp32(q, buf, layout) if n <= 4096 else pa.prefix_attention_reference(q.float(), buf.float(), layout)
     assert not out.isnan().any()
     assert _rel_err(out, ref) <= 1e-2
+
+
+@pytest.mark.parametrize("is_installed", [True, False])
+def test_an_installed_flash4_that_does_not_import_is_logged_once_with_its_error_and_the_fix(is_installed, monkeypatch,
+                                                                                           caplog):
+    """As on an H200 host whose CuTe DSL lacked one of its three wheels: the engine still serves (dispatch leaves
+    flash-attn-4 out, with the import error as the reason), and the log says why it is slower and how to repair it.
+    Absent on purpose, nothing is logged (the start-up advice covers that)."""
+    from kernels import optional
+
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # `import flash_attn.cute` raises ModuleNotFoundError
+    monkeypatch.setattr(optional, "installed", lambda name: is_installed and name == pa.FLASH4_DISTRIBUTION)
+    monkeypatch.setenv(pa.FLASH4_ENV_VAR, "1")
+    pa._flash4_entry.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="kernels.optional"):
+            fn, takes_knobs, why = pa._flash4_entry()
+            pa._flash4_entry()
+    finally:
+        pa._flash4_entry.cache_clear()
+    assert fn is None and not takes_knobs and why.startswith("flash-attn-4 not importable (ModuleNotFoundError")
+    warnings = [r.getMessage() for r in caplog.records if r.name == "kernels.optional"]
+    if is_installed:
+        [message] = warnings
+        assert message.startswith("flash-attn-4 is installed but does not import (ModuleNotFoundError")
+        assert "cuDNN's SDPA" in message and "requirements-extras.txt" in message
+    else:
+        assert warnings == []

@@ -1,0 +1,38 @@
+"""The optional GPU libraries the kernels reach for (flash-attn-4, QuACK): whether one is installed, and what to
+say when one is installed and does not import.
+
+An absent library is left out quietly: dispatch records why, and the app says at start where flash-attn-4 would
+help (`prefix_attention.flash4_advice`). An installed one that does not import is an install to repair, and it
+costs every request: CuTe DSL 4.8, which both run on, ships in three wheels, and an H200 host that had two of
+them served an Edge T2V step in 239.7 ms on cuDNN's attention and cuBLAS instead of 209.8 ms (docs/PERFORMANCE.md,
+"What flash-attn-4 and QuACK are worth"), with nothing in its log. So that case is logged once per library, as a
+warning that quotes the error and names the fix.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+
+log = logging.getLogger("kernels.optional")
+
+EXTRAS_FIX = "pip install -r requirements-extras.txt (into site-packages)"
+
+
+def installed(distribution: str) -> bool:
+    """Whether `distribution` is installed, read from its metadata without importing it (imports cost seconds)."""
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def warn_if_installed(distribution: str, error: BaseException, fallback: str) -> bool:
+    """Log that `distribution` is installed but its import failed with `error`, so `fallback` runs instead; nothing
+    when it is not installed (absent on purpose). Returns whether it logged. Callers call it from their cached
+    import, so once per process."""
+    if not installed(distribution):
+        return False
+    log.warning("%s is installed but does not import (%s: %s), so %s runs instead, slower. Repair the install: %s.",
+                distribution, type(error).__name__, str(error)[:200], fallback, EXTRAS_FIX)
+    return True
