@@ -1,7 +1,5 @@
 """Prefix attention (varlen CFG branches, GQA) against SDPA per branch in fp32."""
-import logging
 import os
-import sys
 
 import pytest
 import torch
@@ -10,6 +8,7 @@ from kernels import prefix_attention as pa
 from kernels.dispatch import DEFAULT_ATTENTION_CONFIGS
 from kernels.packed_kv import PackedKVLayout
 from attention_fp32 import sdpa_per_branch_fp32
+from broken_install import assert_repair_warning, broken_install
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -273,23 +272,13 @@ def test_an_installed_flash4_that_does_not_import_is_logged_once_with_its_error_
     """As on an H200 host whose CuTe DSL lacked one of its three wheels: the engine still serves (dispatch leaves
     flash-attn-4 out, with the import error as the reason), and the log says why it is slower and how to repair it.
     Absent on purpose, nothing is logged (the start-up advice covers that)."""
-    from kernels import optional
-
-    monkeypatch.setitem(sys.modules, "flash_attn", None)  # `import flash_attn.cute` raises ModuleNotFoundError
-    monkeypatch.setattr(optional, "installed", lambda name: is_installed and name == pa.FLASH4_DISTRIBUTION)
     monkeypatch.setenv(pa.FLASH4_ENV_VAR, "1")
     pa._flash4_entry.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="kernels.optional"):
+        with broken_install(monkeypatch, caplog, "flash_attn", pa.FLASH4_DISTRIBUTION, is_installed) as messages:
             fn, takes_knobs, why = pa._flash4_entry()
             pa._flash4_entry()
     finally:
         pa._flash4_entry.cache_clear()
     assert fn is None and not takes_knobs and why.startswith("flash-attn-4 not importable (ModuleNotFoundError")
-    warnings = [r.getMessage() for r in caplog.records if r.name == "kernels.optional"]
-    if is_installed:
-        [message] = warnings
-        assert message.startswith("flash-attn-4 is installed but does not import (ModuleNotFoundError")
-        assert "cuDNN's SDPA" in message and "requirements-extras.txt" in message
-    else:
-        assert warnings == []
+    assert_repair_warning(messages, pa.FLASH4_DISTRIBUTION, is_installed, "cuDNN's SDPA")

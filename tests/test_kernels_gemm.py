@@ -279,24 +279,13 @@ def test_dispatch_measures_the_mlp_epilogue_and_replays_its_choice_in_a_graph(ac
 def test_an_installed_quack_that_does_not_import_is_logged_with_its_error_and_the_fix(is_installed, monkeypatch, caplog):
     """QuACK installed but broken (CuTe DSL missing a wheel, or installed outside site-packages): the split path
     serves, and the log says why and how to repair it; absent on purpose, nothing is logged."""
-    import logging
-    import sys
+    from broken_install import assert_repair_warning, broken_install
 
-    from kernels import optional
-
-    monkeypatch.setitem(sys.modules, "quack", None)  # `import quack.epilogue.library` raises ModuleNotFoundError
-    monkeypatch.setattr(optional, "installed", lambda name: is_installed and name == gemm.QUACK_DISTRIBUTION)
     gemm._epilogue_entry.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="kernels.optional"):
+        with broken_install(monkeypatch, caplog, "quack", gemm.QUACK_DISTRIBUTION, is_installed) as messages:
             entry, why = gemm._epilogue_entry()
     finally:
         gemm._epilogue_entry.cache_clear()
     assert entry is None and why.startswith("QuACK's epilogue GEMMs not importable (ModuleNotFoundError")
-    warnings = [r.getMessage() for r in caplog.records if r.name == "kernels.optional"]
-    if is_installed:
-        [message] = warnings
-        assert message.startswith("quack-kernels is installed but does not import (ModuleNotFoundError")
-        assert "cuBLAS" in message and "requirements-extras.txt (into site-packages)" in message
-    else:
-        assert warnings == []
+    assert_repair_warning(messages, gemm.QUACK_DISTRIBUTION, is_installed, "cuBLAS", "(into site-packages)")

@@ -1,0 +1,28 @@
+"""An optional GPU library that is installed but does not import, as the kernel tests stage it."""
+import logging
+import sys
+from contextlib import contextmanager
+
+
+@contextmanager
+def broken_install(monkeypatch, caplog, module: str, distribution: str, is_installed: bool):
+    """`import module...` fails (ModuleNotFoundError) while `distribution` reads as installed (or not); yields the
+    messages `kernels.optional` logs inside the block, filled at its end."""
+    from kernels import optional
+
+    monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setattr(optional, "installed", lambda name: is_installed and name == distribution)
+    messages = []
+    with caplog.at_level(logging.WARNING, logger="kernels.optional"):
+        yield messages
+    messages.extend(r.getMessage() for r in caplog.records if r.name == "kernels.optional")
+
+
+def assert_repair_warning(messages, distribution: str, is_installed: bool, *fragments: str) -> None:
+    """One warning naming the import error and each fragment where the library is installed; none where it is not."""
+    if not is_installed:
+        assert messages == []
+        return
+    [message] = messages
+    assert message.startswith(f"{distribution} is installed but does not import (ModuleNotFoundError")
+    assert "requirements-extras.txt" in message and all(fragment in message for fragment in fragments)
