@@ -27,14 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 WORKLOADS = {"edge": "edge-t2v-480p", "nano": "nano-t2v-720p"}
 
 
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def stages_once(model, request, profile: cProfile.Profile | None = None) -> dict:
     """The pre-denoise stages of one request, ms each; the prefill stage also in its parts (its text tower and K/V
     buffers, `prefill_cache`; its gen tower, `make_gen_tower`; the rest, the branches' positions)."""
+    from bench.e2e import sync
     from engine.pipeline import prefill as prefill_module
     from engine.pipeline import run
     from engine.pipeline.fast_path import FastPathOptions
@@ -45,10 +41,10 @@ def stages_once(model, request, profile: cProfile.Profile | None = None) -> dict
     ms = {}
 
     def timed(label, fn):
-        _sync()
+        sync()
         began = time.perf_counter()
         result = fn()
-        _sync()
+        sync()
         ms[label] = round(1000 * (time.perf_counter() - began), 2)
         return result
 

@@ -15,8 +15,6 @@ import logging
 
 log = logging.getLogger("kernels.optional")
 
-EXTRAS_FIX = "pip install -r requirements-extras.txt (into site-packages)"
-
 
 def installed(distribution: str) -> bool:
     """Whether `distribution` is installed, read from its metadata without importing it (imports cost seconds)."""
@@ -27,12 +25,10 @@ def installed(distribution: str) -> bool:
     return True
 
 
-def warn_if_installed(distribution: str, error: BaseException, fallback: str) -> bool:
+def warn_if_installed(distribution: str, error: BaseException, fallback: str) -> None:
     """Log that `distribution` is installed but its import failed with `error`, so `fallback` runs instead; nothing
-    when it is not installed (absent on purpose). Returns whether it logged. Callers call it from their cached
-    import, so once per process."""
-    if not installed(distribution):
-        return False
-    log.warning("%s is installed but does not import (%s: %s), so %s runs instead, slower. Repair the install: %s.",
-                distribution, type(error).__name__, str(error)[:200], fallback, EXTRAS_FIX)
-    return True
+    when it is not installed (absent on purpose). Callers call it from their cached import, so once per process."""
+    if installed(distribution):
+        log.warning("%s is installed but does not import (%s: %s), so %s runs instead, slower. Repair the install: "
+                    "pip install -r requirements-extras.txt (into site-packages).",
+                    distribution, type(error).__name__, str(error)[:200], fallback)

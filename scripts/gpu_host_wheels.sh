@@ -17,14 +17,26 @@
 set -euo pipefail
 what=${1:?fetch or install}; dir=${2:?a folder for the wheels}
 python_version=${PYTHON_VERSION:-3.12}  # the GPU host's Python
-wheels=(
-  diffusers==0.42.1 torchao==0.18.0
-  flash-attn-4==4.0.0b36 quack-kernels==0.6.5 nvidia-cudnn-frontend==1.32.0 mslk-cuda==1.1.0
-  nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1
-  nvidia-cutlass-dsl-libs-core==4.8.1 apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5
-)
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+pin() {  # NAME's pinned version in requirements FILE (the one place each version lives)
+  sed -n "s/^$2\(\[[^]]*\]\)\?==\([^ ]*\).*/\2/p" "$root/$1" | head -n 1 | grep . \
+    || { echo "no $2==VERSION line in $1" >&2; exit 1; }
+}
+
 case $what in
 fetch)
+  cutlass=$(pin requirements-extras.txt nvidia-cutlass-dsl)
+  wheels=(
+    "diffusers==$(pin requirements.txt diffusers)" "torchao==$(pin requirements.txt torchao)"
+  )
+  for name in flash-attn-4 quack-kernels nvidia-cudnn-frontend mslk-cuda; do
+    wheels+=("$name==$(pin requirements-extras.txt "$name")")
+  done
+  # CuTe DSL's three parts at its pinned version, and two pieces flash-attn-4 and QuACK need that the host lacks
+  # (not pinned by this project: the versions these runs used).
+  wheels+=("nvidia-cutlass-dsl==$cutlass" "nvidia-cutlass-dsl-libs-base==$cutlass" "nvidia-cutlass-dsl-libs-cu13==$cutlass"
+           "nvidia-cutlass-dsl-libs-core==$cutlass" apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5)
   mkdir -p "$dir"
   for wheel in "${wheels[@]}"; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$python_version" --implementation cp \

@@ -5,16 +5,21 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def broken_install(monkeypatch, caplog, module: str, distribution: str, is_installed: bool):
-    """`import module...` fails (ModuleNotFoundError) while `distribution` reads as installed (or not); yields the
+def broken_install(monkeypatch, caplog, module: str, distribution: str, is_installed: bool, cached_import):
+    """`import module...` fails (ModuleNotFoundError) while `distribution` reads as installed (or not), and
+    `cached_import` (the kernel module's cached import function) forgets its answer before and after; yields the
     messages `kernels.optional` logs inside the block, filled at its end."""
     from kernels import optional
 
     monkeypatch.setitem(sys.modules, module, None)
     monkeypatch.setattr(optional, "installed", lambda name: is_installed and name == distribution)
     messages = []
-    with caplog.at_level(logging.WARNING, logger="kernels.optional"):
-        yield messages
+    cached_import.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="kernels.optional"):
+            yield messages
+    finally:
+        cached_import.cache_clear()
     messages.extend(r.getMessage() for r in caplog.records if r.name == "kernels.optional")
 
 

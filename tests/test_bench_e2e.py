@@ -195,7 +195,7 @@ def test_a_timed_request_says_when_a_full_garbage_collection_stopped_it_and_for_
     assert row["total_s"] == 1.3 and "cuda_segments_allocated" in row
 
 
-def test_only_the_oldest_generation_counts_as_a_full_collection(monkeypatch):
+def test_only_the_oldest_generation_counts_as_a_full_collection():
     import gc
 
     from bench import e2e

@@ -273,12 +273,9 @@ def test_an_installed_flash4_that_does_not_import_is_logged_once_with_its_error_
     flash-attn-4 out, with the import error as the reason), and the log says why it is slower and how to repair it.
     Absent on purpose, nothing is logged (the start-up advice covers that)."""
     monkeypatch.setenv(pa.FLASH4_ENV_VAR, "1")
-    pa._flash4_entry.cache_clear()
-    try:
-        with broken_install(monkeypatch, caplog, "flash_attn", pa.FLASH4_DISTRIBUTION, is_installed) as messages:
-            fn, takes_knobs, why = pa._flash4_entry()
-            pa._flash4_entry()
-    finally:
-        pa._flash4_entry.cache_clear()
+    with broken_install(monkeypatch, caplog, "flash_attn", pa.FLASH4_DISTRIBUTION, is_installed,
+                        pa._flash4_entry) as messages:
+        fn, takes_knobs, why = pa._flash4_entry()
+        pa._flash4_entry()
     assert fn is None and not takes_knobs and why.startswith("flash-attn-4 not importable (ModuleNotFoundError")
     assert_repair_warning(messages, pa.FLASH4_DISTRIBUTION, is_installed, "cuDNN's SDPA")

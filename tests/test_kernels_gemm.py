@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from kernels import dispatch as dsp
 from kernels import gemm
+from broken_install import assert_repair_warning, broken_install
 
 cuda = torch.cuda.is_available()
 hopper_with_quack = pytest.mark.skipif(
@@ -279,13 +280,8 @@ def test_dispatch_measures_the_mlp_epilogue_and_replays_its_choice_in_a_graph(ac
 def test_an_installed_quack_that_does_not_import_is_logged_with_its_error_and_the_fix(is_installed, monkeypatch, caplog):
     """QuACK installed but broken (CuTe DSL missing a wheel, or installed outside site-packages): the split path
     serves, and the log says why and how to repair it; absent on purpose, nothing is logged."""
-    from broken_install import assert_repair_warning, broken_install
-
-    gemm._epilogue_entry.cache_clear()
-    try:
-        with broken_install(monkeypatch, caplog, "quack", gemm.QUACK_DISTRIBUTION, is_installed) as messages:
-            entry, why = gemm._epilogue_entry()
-    finally:
-        gemm._epilogue_entry.cache_clear()
+    with broken_install(monkeypatch, caplog, "quack", gemm.QUACK_DISTRIBUTION, is_installed,
+                        gemm._epilogue_entry) as messages:
+        entry, why = gemm._epilogue_entry()
     assert entry is None and why.startswith("QuACK's epilogue GEMMs not importable (ModuleNotFoundError")
     assert_repair_warning(messages, gemm.QUACK_DISTRIBUTION, is_installed, "cuBLAS", "(into site-packages)")
