@@ -46,8 +46,49 @@ def test_frames_reach_the_host_in_decode_order():
     from engine.pipeline.decode import frames_to_host
 
     chunks = [torch.full((n, 2, 3, 3), i, dtype=torch.uint8) for i, n in enumerate((1, 4, 4))]
-    frames = frames_to_host(iter(chunks))
+    frames = frames_to_host(iter(chunks), 9)
     assert frames.shape == (9, 2, 3, 3) and frames.dtype == np.uint8
     assert [int(f[0, 0, 0]) for f in frames] == [0, 1, 1, 1, 1, 2, 2, 2, 2]
     with pytest.raises(ValueError, match="the decoder gave no frames"):
-        frames_to_host(iter([]))
+        frames_to_host(iter([]), 9)
+
+
+def test_each_chunk_is_taken_as_it_arrives_so_a_decoder_may_reuse_its_buffer():
+    """A decoder that writes every chunk into one buffer (as a replayed graph does) still gives every chunk."""
+    from engine.pipeline.decode import frames_to_host
+
+    def reused_buffer():
+        buffer = torch.empty((2, 2, 3, 3), dtype=torch.uint8)
+        for i in range(3):
+            buffer.fill_(i)
+            yield buffer
+
+    frames = frames_to_host(reused_buffer(), 6)
+    assert [int(f[0, 0, 0]) for f in frames] == [0, 0, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize("counts, expected, error", [
+    ((1, 4, 4), 5, "does not fit 5 uint8 frames"),
+    ((1, 4), 9, "gave 5 frames, 9 were expected"),
+])
+def test_a_frame_count_other_than_the_decoders_is_refused(counts, expected, error):
+    from engine.pipeline.decode import frames_to_host
+
+    chunks = [torch.zeros((n, 2, 3, 3), dtype=torch.uint8) for n in counts]
+    with pytest.raises(ValueError, match=error):
+        frames_to_host(iter(chunks), expected)
+
+
+def test_a_chunk_of_another_size_or_type_is_refused():
+    from engine.pipeline.decode import frames_to_host
+
+    for bad in (torch.zeros((1, 2, 4, 3), dtype=torch.uint8), torch.zeros((1, 2, 3, 3), dtype=torch.float32)):
+        with pytest.raises(ValueError, match=r"chunk \(1, 2, ., 3\) torch\.(uint8|float32) after 1 frames"):
+            frames_to_host(iter([torch.zeros((1, 2, 3, 3), dtype=torch.uint8), bad]), 2)
+
+
+@pytest.mark.parametrize("latent_frames, frames", [(0, 0), (1, 1), (2, 5), (31, 121), (48, 189)])
+def test_decoded_frame_count_follows_the_temporal_upsamplers(vae, latent_frames, frames):
+    from engine.pipeline.decode import decoded_frames
+
+    assert decoded_frames(vae, latent_frames) == frames

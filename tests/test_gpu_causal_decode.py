@@ -81,6 +81,29 @@ def test_an_image_keeps_the_exact_bytes(vae):
     assert np.array_equal(_stage(vae, vision, fast_decode=True), _stage(vae, vision, fast_decode=False))
 
 
+def test_gpu_chunks_reach_the_host_whole_while_the_decoder_reuses_its_buffer():
+    """`frames_to_host` puts each chunk in place while the next one is produced: a producer that overwrites one
+    GPU buffer per chunk (after a long kernel, so the copy of the chunk before is still queued) loses none."""
+    from engine.pipeline.decode import frames_to_host
+
+    counts = (1, 4, 4, 4)
+    busy = torch.randn(4096, 4096, device="cuda")
+
+    def reused_buffer():
+        buffer = torch.empty((4, 480, 832, 3), dtype=torch.uint8, device="cuda")
+        for i, count in enumerate(counts):
+            for _ in range(4):  # GPU work queued ahead of the fill
+                busy @ busy
+            buffer[:count].fill_(10 + i)
+            yield buffer[:count]
+
+    frames = frames_to_host(reused_buffer(), sum(counts))
+    assert frames.shape == (13, 480, 832, 3)
+    expected = np.repeat(np.array([10 + i for i, n in enumerate(counts)]), counts)
+    assert np.array_equal(frames.reshape(13, -1).min(axis=1), expected)
+    assert np.array_equal(frames.reshape(13, -1).max(axis=1), expected)
+
+
 def test_folded_biases_change_no_byte_on_cudnn(vae):
     """The fast plan folds the residual blocks' conv biases into its kernels; cuDNN convs add their bias in a
     pass of their own, rounded to bf16, and the kernels round where that pass does: the same output."""

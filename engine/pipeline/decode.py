@@ -103,30 +103,61 @@ def decode_uint8(vae, z: torch.Tensor, plan: DecodePlan | None = None) -> np.nda
     """
     chunks = diffusers_chunks(vae, z) if plan is None else decoded_chunks(vae, z, plan)
     with contextlib.closing(chunks):  # a failed decode frees the decoder's cache now, not at garbage collection
-        return frames_to_host(to_uint8(out[0]) for out in chunks)
+        return frames_to_host((to_uint8(out[0]) for out in chunks), decoded_frames(vae, z.shape[2]))
 
 
-def frames_to_host(chunks: Iterable[torch.Tensor]) -> np.ndarray:
-    """uint8 frame chunks [t, H, W, 3], concatenated on the host.
+def decoded_frames(vae, latent_frames: int) -> int:
+    """How many frames the Wan decoder makes of `latent_frames`: the first latent frame one, each later one
+    two per temporal upsampler (the causal rule `AutoencoderKLWan._decode` follows)."""
+    per_latent = 2 ** sum(bool(d) for d in vae.config.temperal_downsample)
+    return 1 + (latent_frames - 1) * per_latent if latent_frames else 0
 
-    Why chunk by chunk into pinned memory: one copy of the whole clip from the GPU into pageable memory ran
-    at ~1.3 GB/s on the H200 box (0.11 s at 832x480/121f, and the clip is 3.6x that at 720p/189f), after
-    the last conv. A chunk's copy into page-locked memory is asynchronous: it runs on the copy engine while
-    the GPU decodes the next chunk, and the host joins the chunks once at the end.
+
+def frames_to_host(chunks: Iterable[torch.Tensor], frames: int) -> np.ndarray:
+    """uint8 frame chunks [t, H, W, 3], in order, into one host array of `frames` frames.
+
+    Why chunk by chunk, and each chunk written to its place as the next one decodes: one copy of the whole
+    clip from the GPU into pageable memory ran at ~1.3 GB/s on the H200 box (0.11 s at 832x480/121f, and the
+    clip is 3.6x that at 720p/189f), after the last conv; joining chunks at the end is a host pass over the
+    whole clip (145 MB at 832x480/121f, 522 MB at 720p/189f, into freshly faulted pages) after the GPU is done.
+    Here each chunk goes to page-locked memory asynchronously as it is produced (the copy engine runs while
+    the GPU decodes the next chunk), and the host moves the previous chunk into the result while the GPU
+    works on this one, so only the last chunk is copied after the decoder finishes.
     """
-    staged, copying = [], False
-    for frames in chunks:
-        if frames.is_cuda:
-            pinned = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
-            staged.append(pinned.copy_(frames, non_blocking=True))  # stream-ordered before `frames` is reused
-            copying = True
+    out: np.ndarray | None = None
+    filled = 0
+    in_flight: tuple[torch.Tensor, torch.cuda.Event, int] | None = None  # (pinned chunk, its copy's event, where)
+    for chunk in chunks:
+        if out is None:
+            out = np.empty((frames, *chunk.shape[1:]), dtype=np.uint8)
+        if chunk.dtype != torch.uint8 or tuple(chunk.shape[1:]) != out.shape[1:] or filled + chunk.shape[0] > frames:
+            raise ValueError(f"frames_to_host: chunk {tuple(chunk.shape)} {chunk.dtype} after {filled} frames does not "
+                             f"fit {frames} uint8 frames of {out.shape[1:]}")
+        if chunk.is_cuda:
+            pinned = torch.empty(chunk.shape, dtype=chunk.dtype, pin_memory=True)
+            pinned.copy_(chunk, non_blocking=True)  # stream-ordered before `chunk`'s memory is reused
+            copied = torch.cuda.Event()
+            copied.record()
+            _land(in_flight, out)  # the previous chunk, while the GPU decodes this one
+            in_flight = (pinned, copied, filled)
         else:
-            staged.append(frames)
-    if not staged:
+            out[filled:filled + chunk.shape[0]] = chunk.numpy()
+        filled += chunk.shape[0]
+    _land(in_flight, out)
+    if out is None:
         raise ValueError("frames_to_host: the decoder gave no frames")
-    if copying:
-        torch.cuda.current_stream().synchronize()
-    return np.concatenate([frames.numpy() for frames in staged], axis=0)
+    if filled != frames:
+        raise ValueError(f"frames_to_host: the decoder gave {filled} frames, {frames} were expected")
+    return out
+
+
+def _land(in_flight: tuple[torch.Tensor, torch.cuda.Event, int] | None, out: np.ndarray) -> None:
+    """Wait for one chunk's copy to page-locked memory, then put it in its place in `out`."""
+    if in_flight is None:
+        return
+    pinned, copied, start = in_flight
+    copied.synchronize()
+    out[start:start + pinned.shape[0]] = pinned.numpy()
 
 
 def diffusers_chunks(vae, z: torch.Tensor) -> Iterator[torch.Tensor]:
