@@ -7,7 +7,8 @@ Full-size random weights (bench/models.py) and the table's 1.6k-token caption (b
 request first (T2V at --size, 832x480/121f unless given, for Nano too: it keeps the run short), so kernels are compiled
 and dispatch has measured; then three timed passes of the stages `engine.pipeline.run` runs before denoising, with
 the prefill stage also timed in its parts (`prefill_cache`: the text tower and the K/V buffers; `make_gen_tower`;
-the rest: the branches' positions), then a fourth under cProfile (top functions by cumulative and by own time).
+the rest: the branches' positions), and what is left of the noise stage's background draw after them, then a
+fourth under cProfile (top functions by cumulative and by own time).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def stages_once(model, request, profile: cProfile.Profile | None = None) -> dict
     from bench.e2e import sync
     from engine.pipeline import prefill as prefill_module
     from engine.pipeline import run
+    from engine.pipeline.conditioning import wait_for_noise
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.state import RunState
 
@@ -64,6 +66,9 @@ def stages_once(model, request, profile: cProfile.Profile | None = None) -> dict
         for name, part in parts.items():
             setattr(prefill_module, name, part)
     ms["prefill other (positions)"] = round(ms["prefill"] - ms["prefill_cache"] - ms["make_gen_tower"], 2)
+    # On a GPU the noise stage's draws run on a worker beside the stages after it; what is left of them here is
+    # what the denoise stage would wait for.
+    timed("noise draw left after prefill", lambda: wait_for_noise(state))
     return ms
 
 
