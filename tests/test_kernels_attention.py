@@ -1,5 +1,7 @@
 """Prefix attention (varlen CFG branches, GQA) against SDPA per branch in fp32."""
 import os
+import sys
+import types
 
 import pytest
 import torch
@@ -266,13 +268,21 @@ def test_gpu_flash4_matches_fp32_per_branch(hq, prefixes, n, config):
     assert _rel_err(out, ref) <= 1e-2
 
 
+@pytest.mark.parametrize("imported_before", [False, True], ids=["fresh", "imported before"])
 @pytest.mark.parametrize("is_installed", [True, False])
-def test_an_installed_flash4_that_does_not_import_is_logged_once_with_its_error_and_the_fix(is_installed, monkeypatch,
-                                                                                           caplog):
+def test_an_installed_flash4_that_does_not_import_is_logged_once_with_its_error_and_the_fix(is_installed, imported_before,
+                                                                                           monkeypatch, caplog):
     """As on an H200 host whose CuTe DSL lacked one of its three wheels: the engine still serves (dispatch leaves
     flash-attn-4 out, with the import error as the reason), and the log says why it is slower and how to repair it.
-    Absent on purpose, nothing is logged (the start-up advice covers that)."""
+    Absent on purpose, nothing is logged (the start-up advice covers that). `imported before`: the library's
+    modules are already loaded, as after the GPU tests that ran it (the staging must still make it fail)."""
     monkeypatch.setenv(pa.FLASH4_ENV_VAR, "1")
+    if imported_before:
+        package, cute = types.ModuleType("flash_attn"), types.ModuleType("flash_attn.cute")
+        cute.flash_attn_varlen_func = lambda *args, **kwargs: None
+        package.cute = cute
+        monkeypatch.setitem(sys.modules, "flash_attn", package)
+        monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
     with broken_install(monkeypatch, caplog, "flash_attn", pa.FLASH4_DISTRIBUTION, is_installed,
                         pa._flash4_entry) as messages:
         fn, takes_knobs, why = pa._flash4_entry()
