@@ -126,7 +126,7 @@ def test_noise_drawn_on_a_worker_is_the_same_request(tiny_family, name, request_
         return draw(*args, **kwargs)
 
     monkeypatch.setattr(conditioning, "randn_tensor", slow)
-    monkeypatch.setattr(conditioning, "_draws_in_background", lambda device: True)
+    monkeypatch.setattr(conditioning, "_draws_in_background", lambda options, device: True)
     background = generate(model, request_)
     assert slow_draws and all(thread.startswith("cosmos3-noise") for thread in slow_draws)
     assert np.array_equal(background.frames, inline.frames)
@@ -142,8 +142,19 @@ def test_a_failed_draw_on_the_worker_fails_the_request_with_its_error(nano, monk
         raise RuntimeError("no randomness today")
 
     monkeypatch.setattr(conditioning, "randn_tensor", broken)
-    monkeypatch.setattr(conditioning, "_draws_in_background", lambda device: True)
+    monkeypatch.setattr(conditioning, "_draws_in_background", lambda options, device: True)
     with pytest.raises(RuntimeError, match="no randomness today"):
         generate(nano, dict(mode="t2i", prompt="a red kite", steps=2, seed=1))
     monkeypatch.undo()
     assert np.isfinite(generate(nano, dict(mode="t2i", prompt="a red kite", steps=2, seed=1)).frames).all()
+
+
+def test_the_noise_worker_runs_on_the_fast_paths_gpu_unless_switched_off():
+    from engine.pipeline.conditioning import _draws_in_background
+    from engine.pipeline.fast_path import FastPathOptions
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert _draws_in_background(FastPathOptions(enabled=True), cuda)
+    assert not _draws_in_background(FastPathOptions(enabled=True, noise_worker=False), cuda)
+    assert not _draws_in_background(FastPathOptions(enabled=False), cuda)
+    assert not _draws_in_background(FastPathOptions(enabled=True), cpu)

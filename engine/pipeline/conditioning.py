@@ -125,8 +125,9 @@ def _action_conditioning(model: LoadedModel, request) -> Conditioning:
 _NOISE_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosmos3-noise")
 
 
-def _draws_in_background(device: torch.device) -> bool:
-    return device.type == "cuda"
+def _draws_in_background(options, device: torch.device) -> bool:
+    """On the fast path's GPU, unless switched off (`COSMOS3_NOISE_WORKER=0`)."""
+    return device.type == "cuda" and options.enabled and options.noise_worker
 
 
 def noise_stage(state: RunState) -> None:
@@ -178,7 +179,7 @@ def noise_stage(state: RunState) -> None:
             latents.action.copy_(action_mask * clean_actions + (1.0 - action_mask) * action_noise)
             latents.action[:, cond.raw_action_dim:] = 0
 
-    if _draws_in_background(device):
+    if _draws_in_background(state.options, device):
         state.noise_drawn = _NOISE_WORKER.submit(_on_callers_stream(device, draw))
     else:
         draw()
