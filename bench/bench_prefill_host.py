@@ -2,14 +2,12 @@
 then one pass under cProfile (issue 17: the prefill stage's wall time is mostly host work).
 
     python3 bench/bench_prefill_host.py --family edge --json $OUT/prefill_host.json    # ~1 min on an H200
-    python3 bench/bench_prefill_host.py --family edge --noise-ab --passes 6 --json $OUT/prefill_noise_ab.json
 
 Full-size random weights (bench/models.py) and the table's 1.6k-token caption (bench.e2e.long_prompt). One whole
 request first (T2V at --size, 832x480/121f unless given, for Nano too: it keeps the run short), so kernels are compiled
-and dispatch has measured; then `--passes` timed passes (3) of the stages `engine.pipeline.run` runs before denoising, with
+and dispatch has measured; then three timed passes of the stages `engine.pipeline.run` runs before denoising, with
 the prefill stage also timed in its parts (`prefill_cache`: the text tower and the K/V buffers; `make_gen_tower`;
-the rest: the branches' positions), and what is left of the noise stage's background draw after them, then a
-fourth under cProfile (top functions by cumulative and by own time).
+the rest: the branches' positions), then a fourth under cProfile (top functions by cumulative and by own time).
 """
 from __future__ import annotations
 
@@ -20,7 +18,6 @@ import json
 import pstats
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,20 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 WORKLOADS = {"edge": "edge-t2v-480p", "nano": "nano-t2v-720p"}
 
 
-def stages_once(model, request, profile: cProfile.Profile | None = None, noise_worker: bool = True) -> dict:
+def stages_once(model, request, profile: cProfile.Profile | None = None) -> dict:
     """The pre-denoise stages of one request, ms each; the prefill stage also in its parts (its text tower and K/V
-    buffers, `prefill_cache`; its gen tower, `make_gen_tower`; the rest, the branches' positions). `noise_worker`:
-    the noise stage's draws on its worker thread (`FastPathOptions.noise_worker`) or inline."""
+    buffers, `prefill_cache`; its gen tower, `make_gen_tower`; the rest, the branches' positions)."""
     from bench.e2e import sync
     from engine.pipeline import prefill as prefill_module
     from engine.pipeline import run
-    from engine.pipeline.conditioning import wait_for_noise
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.state import RunState
 
-    options = replace(FastPathOptions.for_model(model), noise_worker=noise_worker)
-    state = RunState(model, request, 1, torch.Generator(device="cpu").manual_seed(1), options, None,
-                     lambda step, total: None)
+    state = RunState(model, request, 1, torch.Generator(device="cpu").manual_seed(1), FastPathOptions.for_model(model),
+                     None, lambda step, total: None)
     ms = {}
 
     def timed(label, fn):
@@ -70,9 +64,6 @@ def stages_once(model, request, profile: cProfile.Profile | None = None, noise_w
         for name, part in parts.items():
             setattr(prefill_module, name, part)
     ms["prefill other (positions)"] = round(ms["prefill"] - ms["prefill_cache"] - ms["make_gen_tower"], 2)
-    # On a GPU the noise stage's draws run on a worker beside the stages after it; what is left of them here is
-    # what the denoise stage would wait for.
-    timed("noise draw left after prefill", lambda: wait_for_noise(state))
     return ms
 
 
@@ -80,9 +71,6 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=sorted(WORKLOADS), default="edge")
     parser.add_argument("--size", default="832x480x121", help="WIDTHxHEIGHTxFRAMES of the T2V request")
-    parser.add_argument("--passes", type=int, default=3, help="timed passes (each mode, with --noise-ab)")
-    parser.add_argument("--noise-ab", action="store_true",
-                        help="alternate passes with the noise stage's worker thread on and off (COSMOS3_NOISE_WORKER)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     try:
@@ -102,13 +90,9 @@ def main(argv=None) -> int:
               "warm_up_request": generate(model, params).timings}
     print(json.dumps(result), flush=True)
     request = validate_request(model.info, params["mode"], params)
-    modes = (True, False) if args.noise_ab else (True,)
-    result["stages_ms"] = []
-    for _ in range(args.passes):
-        for worker in modes:  # alternated, so both modes see the same drift
-            row = dict(stages_once(model, request, noise_worker=worker), noise_worker=worker)
-            result["stages_ms"].append(row)
-            print("stages ms", json.dumps(row), flush=True)
+    result["stages_ms"] = [stages_once(model, request) for _ in range(3)]
+    for row in result["stages_ms"]:
+        print("stages ms", json.dumps(row), flush=True)
     profile = cProfile.Profile()
     result["profiled_ms"] = stages_once(model, request, profile)
     tables = {}

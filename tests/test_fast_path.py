@@ -105,8 +105,7 @@ def test_rounds_qk_norm_keeps_diffusers_roundings_for_images_only(video_qk_fp32,
 
 @pytest.mark.parametrize("variable,field", [("COSMOS3_VIDEO_QK_FP32", "video_qk_fp32"),
                                             ("COSMOS3_MLP_EPILOGUE", "mlp_epilogue"),
-                                            ("COSMOS3_RESIDUAL_EPILOGUE", "residual_epilogue"),
-                                            ("COSMOS3_NOISE_WORKER", "noise_worker")])
+                                            ("COSMOS3_RESIDUAL_EPILOGUE", "residual_epilogue")])
 def test_rounding_switches_read_the_environment(variable, field, monkeypatch):
     monkeypatch.setenv(variable, "0")
     assert getattr(FastPathOptions.from_env(torch.device("cpu")), field) is False

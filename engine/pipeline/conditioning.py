@@ -6,9 +6,6 @@ reference's VAE encode of an all-zero video only served for a shape).
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _preprocess_conditioning_image
@@ -121,85 +118,35 @@ def _action_conditioning(model: LoadedModel, request) -> Conditioning:
                         domain_id=domain.domain_id)
 
 
-# One worker, so one request's draws run in order; see `noise_stage`.
-_NOISE_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosmos3-noise")
-
-
-def _draws_in_background(options, device: torch.device) -> bool:
-    """On the fast path's GPU, unless switched off (`COSMOS3_NOISE_WORKER=0`)."""
-    return device.type == "cuda" and options.enabled and options.noise_worker
-
-
 def noise_stage(state: RunState) -> None:
-    """Initial latents, drawn in the reference's order: vision, then sound, then action, each from the request's
-    CPU generator as diffusers draws it.
-
-    Why on a worker thread on a GPU: the draws are host work (12 ms for Edge 832x480/121f, 45 ms for Nano
-    1280x720/189f on one core) that nothing needs before the denoise loop, and `torch.randn` leaves the GIL
-    while it draws, so they overlap the prefill's text tower, whose time is the host launching kernels.
-    `state.latents` holds its tensors and masks at once (layout, schedule and prefill read only those), and
-    its random values once `wait_for_noise` returns, which the denoise stage calls before it reads any."""
+    """Initial latents, drawn in the reference's order: vision, then sound, then action."""
     model, request, cond, generator = state.model, state.request, state.cond, state.generator
     device = model.device
+    noise = randn_tensor(cond.vision_shape, generator=generator, device=device, dtype=torch.float32)
     mask = torch.zeros((cond.vision_shape[2], 1, 1), device=device, dtype=torch.float32)
     for frame in cond.condition_frames:
         mask[frame] = 1.0
-    latents = Latents(vision=torch.empty(cond.vision_shape, device=device, dtype=torch.float32), vision_mask=mask)
+    latents = Latents(vision=noise, vision_mask=mask)
     if cond.clean is not None:
         latents.clean = torch.zeros(cond.vision_shape, device=device, dtype=torch.float32)
         latents.clean[:, :, : cond.clean.shape[2]] = cond.clean
-    sound_shape = None
+        latents.vision = mask * latents.clean + (1.0 - mask) * noise
     if request["sound"]:
+        config = model.transformer.config
         samples = int(request["num_frames"] / request["fps"] * model.sound_tokenizer.config.sampling_rate)
         hop = model.sound_tokenizer._hop_size
         sound_len = (samples + hop - 1) // hop
-        sound_shape = (model.transformer.config.sound_dim, sound_len)
-        latents.sound = torch.empty(sound_shape, device=device, dtype=torch.float32)
+        latents.sound = randn_tensor((config.sound_dim, sound_len), generator=generator, device=device, dtype=torch.float32)
         latents.sound_mask = torch.zeros((sound_len, 1), device=device, dtype=torch.float32)
-    clean_actions = None
     if request["mode"] == "action":
         chunk = request["action"]["chunk_size"]
         width = model.transformer.config.action_dim
         clean_actions = cond.action_latents if cond.action_latents is not None else torch.zeros(chunk, width, device=device)
-        latents.action_mask = torch.zeros((chunk, 1), device=device, dtype=torch.float32)
+        action_mask = torch.zeros((chunk, 1), device=device, dtype=torch.float32)
         for frame in cond.action_condition_frames:
-            latents.action_mask[frame] = 1.0
-        latents.action = torch.empty((chunk, width), device=device, dtype=torch.float32)
+            action_mask[frame] = 1.0
+        action_noise = randn_tensor((chunk, width), generator=generator, device=device, dtype=torch.float32)
+        actions = action_mask * clean_actions + (1.0 - action_mask) * action_noise
+        actions[:, cond.raw_action_dim:] = 0
+        latents.action, latents.action_mask = actions, action_mask
     state.latents = latents
-
-    def draw() -> None:
-        noise = randn_tensor(cond.vision_shape, generator=generator, device=device, dtype=torch.float32)
-        latents.vision.copy_(noise if latents.clean is None else mask * latents.clean + (1.0 - mask) * noise)
-        if sound_shape is not None:
-            latents.sound.copy_(randn_tensor(sound_shape, generator=generator, device=device, dtype=torch.float32))
-        if clean_actions is not None:
-            action_mask = latents.action_mask
-            action_noise = randn_tensor(tuple(latents.action.shape), generator=generator, device=device,
-                                        dtype=torch.float32)
-            latents.action.copy_(action_mask * clean_actions + (1.0 - action_mask) * action_noise)
-            latents.action[:, cond.raw_action_dim:] = 0
-
-    if _draws_in_background(state.options, device):
-        state.noise_drawn = _NOISE_WORKER.submit(_on_callers_stream(device, draw))
-    else:
-        draw()
-
-
-def _on_callers_stream(device: torch.device, work: Callable[[], None]) -> Callable[[], None]:
-    """`work` for another thread, its GPU work queued on the caller's current stream (where the loop's will be)."""
-    if device.type != "cuda":
-        return work
-    stream = torch.cuda.current_stream(device)
-
-    def on_stream() -> None:
-        with torch.cuda.stream(stream):
-            work()
-    return on_stream
-
-
-def wait_for_noise(state: RunState) -> None:
-    """Until the noise stage's draws are in `state.latents` (and the generator is past them); raises what the
-    draw raised."""
-    pending, state.noise_drawn = state.noise_drawn, None
-    if pending is not None:
-        pending.result()

@@ -18,7 +18,6 @@ import torch
 from ..model.loader import LoadedModel
 from ..serving.events import JobCancelled
 from . import pacing, whole_step
-from .conditioning import wait_for_noise
 from .preview import Previewer
 from .state import GenLayout, Latents, RunState, Schedulers
 from .transformer import time_embeds
@@ -146,7 +145,6 @@ def guided(cond: torch.Tensor | None, uncond: torch.Tensor | None, scale: float)
 def denoise_stage(state: RunState) -> None:
     """The loop; `state.plan[i]` says whether step i runs the unconditional branch (see `cfg_plan`).
     With `state.preview`, a cheap image of the x0 estimate goes out at its planned steps."""
-    wait_for_noise(state)  # the first read of the latents' values (and of the generator) since the noise stage
     whole = whole_step.prepare(state)
     if whole is not None:  # the fast path's step as one graph (engine.pipeline.whole_step)
         report = state.report if state.preview is None else _previewing(state.report, state.preview, whole)

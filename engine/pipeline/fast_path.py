@@ -43,8 +43,7 @@ Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.Eage
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_VIDEO_QK_FP32=0`, `COSMOS3_FUSED_PROJECTIONS=0`,
 `COSMOS3_VAE_CHANNELS_LAST=0`, `COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`,
 `COSMOS3_VAE_SUBPIXEL=0`, `COSMOS3_VAE_NORM_FP32=0`, `COSMOS3_LENGTHS_ON_DEVICE=0`,
-`COSMOS3_SHARE_FIRST_ATTENTION=0`, `COSMOS3_MLP_EPILOGUE=0`, `COSMOS3_RESIDUAL_EPILOGUE=0`, `COSMOS3_NOISE_WORKER=0`
-(and `COSMOS3_QUACK=0`,
+`COSMOS3_SHARE_FIRST_ATTENTION=0`, `COSMOS3_MLP_EPILOGUE=0`, `COSMOS3_RESIDUAL_EPILOGUE=0` (and `COSMOS3_QUACK=0`,
 QuACK left out wherever dispatch would offer it), and the one pass that is off by default and
 approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`: FP8 GEMMs, and FP8 attention where its policy names "attn");
 `bench/bench_engine.py` ablates them.
@@ -105,7 +104,6 @@ class FastPathOptions:
     share_first_attention: bool = True  # the first layer's gen block once for all branches (kernels.shared_gen_attention)
     mlp_epilogue: bool = True  # a video's MLP activation in its input GEMM's epilogue (`fuses_mlp_activation`)
     residual_epilogue: bool = True  # a video's residual add in its output GEMMs' epilogue (`fuses_residual_add`)
-    noise_worker: bool = True  # the noise stage's draws on a worker thread beside the prefill (conditioning.noise_stage)
     fp8: bool = False  # approximate: off unless asked for (engine.pipeline.fp8)
     fp8_policy: str = ""  # which GEMMs and how (engine.pipeline.fp8.FP8Policy); "": COSMOS3_FP8_POLICY or the default
 
@@ -128,7 +126,6 @@ class FastPathOptions:
             share_first_attention=_env_on("COSMOS3_SHARE_FIRST_ATTENTION"),
             mlp_epilogue=_env_on("COSMOS3_MLP_EPILOGUE"),
             residual_epilogue=_env_on("COSMOS3_RESIDUAL_EPILOGUE"),
-            noise_worker=_env_on("COSMOS3_NOISE_WORKER"),
             fp8=fp8_from_env(),
             fp8_policy=os.environ.get("COSMOS3_FP8_POLICY", "").strip(),
         )

@@ -13,7 +13,6 @@ whether any are (`GenLayout`, so the loop never asks the device), the padded cle
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -113,7 +112,6 @@ class RunState:
     texts: PromptTexts | None = None
     token_ids: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))  # cond, uncond
     latents: Latents | None = None
-    noise_drawn: Future | None = None  # the noise stage's draws into `latents`, while on a worker thread
     layout: GenLayout | None = None
     schedulers: Schedulers | None = None
     plan: list[bool] = field(default_factory=list)  # per step: does it run the unconditional branch?
