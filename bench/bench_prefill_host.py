@@ -2,12 +2,19 @@
 then one pass under cProfile (issue 17: the prefill stage's wall time is mostly host work).
 
     python3 bench/bench_prefill_host.py --family edge --json $OUT/prefill_host.json    # ~1 min on an H200
+    python3 bench/bench_prefill_host.py --family edge --threads-ab --passes 6 --json $OUT/prefill_threads_ab.json
 
 Full-size random weights (bench/models.py) and the table's 1.6k-token caption (bench.e2e.long_prompt). One whole
 request first (T2V at --size, 832x480/121f unless given, for Nano too: it keeps the run short), so kernels are compiled
-and dispatch has measured; then three timed passes of the stages `engine.pipeline.run` runs before denoising, with
+and dispatch has measured; then `--passes` timed passes (3) of the stages `engine.pipeline.run` runs before denoising, with
 the prefill stage also timed in its parts (`prefill_cache`: the text tower and the K/V buffers; `make_gen_tower`;
 the rest: the branches' positions), then a fourth under cProfile (top functions by cumulative and by own time).
+
+`--threads-ab` alternates the passes between PyTorch's default intra-op thread count and one thread. Why: the
+branches' positions (diffusers' M-RoPE builders) are CPU tensor ops on ~40k values, above PyTorch's grain for a
+parallel region, run once a request after seconds in which no CPU op ran; on this project's CPU machine such an op
+(a `cat` or `max` over 3 x 12090 values) took ~6 ms after a 30 ms pause with two threads, and microseconds with one
+(docs/PERFORMANCE.md, "The decode's last join, a noise worker measured and dropped").
 """
 from __future__ import annotations
 
@@ -71,6 +78,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=sorted(WORKLOADS), default="edge")
     parser.add_argument("--size", default="832x480x121", help="WIDTHxHEIGHTxFRAMES of the T2V request")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes (of each thread count with --threads-ab)")
+    parser.add_argument("--threads-ab", action="store_true",
+                        help="alternate passes with PyTorch's intra-op CPU threads at the default and at 1")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     try:
@@ -90,9 +100,16 @@ def main(argv=None) -> int:
               "warm_up_request": generate(model, params).timings}
     print(json.dumps(result), flush=True)
     request = validate_request(model.info, params["mode"], params)
-    result["stages_ms"] = [stages_once(model, request) for _ in range(3)]
-    for row in result["stages_ms"]:
-        print("stages ms", json.dumps(row), flush=True)
+    default_threads = torch.get_num_threads()
+    thread_counts = (default_threads, 1) if args.threads_ab else (default_threads,)
+    result["stages_ms"] = []
+    for _ in range(args.passes):
+        for threads in thread_counts:  # alternated, so both see the same drift
+            torch.set_num_threads(threads)
+            row = dict(stages_once(model, request), intra_op_threads=threads)
+            result["stages_ms"].append(row)
+            print("stages ms", json.dumps(row), flush=True)
+    torch.set_num_threads(default_threads)
     profile = cProfile.Profile()
     result["profiled_ms"] = stages_once(model, request, profile)
     tables = {}
