@@ -107,8 +107,8 @@ def decode_uint8(vae, z: torch.Tensor, plan: DecodePlan | None = None) -> np.nda
 
 
 def decoded_frames(vae, latent_frames: int) -> int:
-    """How many frames the Wan decoder makes of `latent_frames`: the first latent frame one, each later one
-    two per temporal upsampler (the causal rule `AutoencoderKLWan._decode` follows)."""
+    """How many frames the Wan decoder makes of `latent_frames`: the first latent frame one, each later one 2**k,
+    k its temporal upsamplers (the causal rule `AutoencoderKLWan._decode` follows: 4 for Wan2.2's two)."""
     per_latent = 2 ** sum(bool(d) for d in vae.config.temperal_downsample)
     return 1 + (latent_frames - 1) * per_latent if latent_frames else 0
 
