@@ -6,14 +6,15 @@ from contextlib import contextmanager
 
 @contextmanager
 def broken_install(monkeypatch, caplog, module: str, distribution: str, is_installed: bool, cached_import):
-    """`import module...` fails (ModuleNotFoundError), also where the real library was imported before, while `distribution` reads as installed (or not), and
-    `cached_import` (the kernel module's cached import function) forgets its answer before and after; yields the
-    messages `kernels.optional` logs inside the block, filled at its end."""
+    """`import module...` fails (ModuleNotFoundError), also where the real library was imported before, while
+    `distribution` reads as installed (or not), and `cached_import` (the kernel module's cached import function)
+    forgets its answer before and after; yields the messages `kernels.optional` logs inside the block, filled at
+    its end."""
     from kernels import optional
 
     # The package and every submodule already imported (an earlier GPU test's real import): a None entry makes
     # `import` raise for that exact name, and an imported submodule would otherwise still be found.
-    for name in [name for name in sys.modules if name == module or name.startswith(module + ".")] + [module]:
+    for name in {module} | {name for name in sys.modules if name.startswith(module + ".")}:
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setattr(optional, "installed", lambda name: is_installed and name == distribution)
     messages = []

@@ -88,7 +88,7 @@ def test_a_chunk_of_another_size_or_type_is_refused():
 
 
 @pytest.mark.parametrize("latent_frames, frames", [(0, 0), (1, 1), (2, 5), (31, 121), (48, 189)])
-def test_decoded_frame_count_follows_the_temporal_upsamplers(vae, latent_frames, frames):
+def test_decoded_frame_count_is_the_causal_rule(latent_frames, frames):
     from engine.pipeline.decode import decoded_frames
 
-    assert decoded_frames(vae, latent_frames) == frames
+    assert decoded_frames(latent_frames) == frames

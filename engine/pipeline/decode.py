@@ -31,7 +31,7 @@ import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 from diffusers.video_processor import VideoProcessor
 
-from ..model.defaults import VAE_SPATIAL
+from ..model.defaults import VAE_SPATIAL, VAE_TEMPORAL
 from ..serving.events import SafetyRefusal
 from .causal_decode import DecodePlan, decoded_chunks, plan_for
 from .fast_path import vae_channels_last
@@ -103,14 +103,13 @@ def decode_uint8(vae, z: torch.Tensor, plan: DecodePlan | None = None) -> np.nda
     """
     chunks = diffusers_chunks(vae, z) if plan is None else decoded_chunks(vae, z, plan)
     with contextlib.closing(chunks):  # a failed decode frees the decoder's cache now, not at garbage collection
-        return frames_to_host((to_uint8(out[0]) for out in chunks), decoded_frames(vae, z.shape[2]))
+        return frames_to_host((to_uint8(out[0]) for out in chunks), decoded_frames(z.shape[2]))
 
 
-def decoded_frames(vae, latent_frames: int) -> int:
-    """How many frames the Wan decoder makes of `latent_frames`: the first latent frame one, each later one 2**k,
-    k its temporal upsamplers (the causal rule `AutoencoderKLWan._decode` follows: 4 for Wan2.2's two)."""
-    per_latent = 2 ** sum(bool(d) for d in vae.config.temperal_downsample)
-    return 1 + (latent_frames - 1) * per_latent if latent_frames else 0
+def decoded_frames(latent_frames: int) -> int:
+    """How many frames the decoder makes of `latent_frames`: the first latent frame one, each later one
+    `VAE_TEMPORAL` (the causal rule `AutoencoderKLWan._decode` follows; `frames_to_host` checks what it gave)."""
+    return 1 + (latent_frames - 1) * VAE_TEMPORAL if latent_frames else 0
 
 
 def frames_to_host(chunks: Iterable[torch.Tensor], frames: int) -> np.ndarray:
