@@ -6,8 +6,9 @@
 Nano's heads (32 query, 8 K/V, head_dim 128), both CFG branches (prefixes 1606 and 59 tokens, as a request
 with a 1.6k-token prompt and the default negative prompt), gen tokens of 720p/189f (44160) and 480p/121f
 (12090): the bf16 path dispatch chooses (`KernelDispatcher.prefix_attention`, flash-attn-4 where installed)
-against `kernels.attention_fp8.CudnnFP8Attention` (its quantisation and dequantisation passes included), as
-the engine calls them, the FP8 one with v centred (the default) and not; ms per call (CUDA events, median of
+against `kernels.attention_fp8.CudnnFP8Attention` (its quantisation and dequantisation passes included) and,
+where `fa3-fwd` is installed, `kernels.attention_fp8_fa3.FA3FP8Attention` and FA3's own bf16 forward, as the
+engine calls them, the FP8 ones with v centred (the default) and not; ms per call (CUDA events, median of
 --iters), TFLOP/s (4 N L D Hq summed over the branches), and each one's relative error against fp32
 attention on the first --rows queries of each branch, for zero-mean v ("rel_error") and for v with a common
 offset per head and channel as the towers have one ("rel_error_v_offset", `V_OFFSET`).
@@ -30,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.e2e import run_header  # noqa: E402
-from kernels import attention_fp8  # noqa: E402
+from kernels import attention_fp8, attention_fp8_fa3  # noqa: E402
 from kernels.dispatch import KernelDispatcher  # noqa: E402
 from kernels.packed_kv import PackedKVLayout  # noqa: E402
 from kernels.timing import time_ms  # noqa: E402
@@ -120,6 +121,20 @@ def plan_rows(iters: int) -> list[dict]:
     return rows
 
 
+def fa3_bf16(q, kv, layout):
+    """FA3's bf16 varlen forward over the packed buffer as it lies (both branches, one call), for comparison."""
+    batch, n_gen, hq, head_dim = q.shape
+    rows = layout.total_rows
+    cu_q = torch.arange(0, (batch + 1) * n_gen, n_gen, dtype=torch.int32, device=q.device)
+    cu_k = torch.tensor([layout.branch_start(b) for b in range(batch + 1)], dtype=torch.int32, device=q.device)
+    out = torch.empty(batch * n_gen, hq, head_dim, dtype=q.dtype, device=q.device)
+    attention_fp8_fa3._fa3().fwd(q.reshape(batch * n_gen, hq, head_dim), kv[0, :rows], kv[1, :rows], None, None,
+                                 None, out, cu_q, cu_k, None, None, None, n_gen, layout.max_kv_len, None, None, None,
+                                 None, None, None, None, None, None, 1 / math.sqrt(head_dim), False, -1, -1, 0, 0.0,
+                                 True, None, 1, None, 0)
+    return out.view(batch, n_gen, hq, head_dim)
+
+
 def op_rows(iters: int, error_rows: int) -> list[dict]:
     """The default section (module docstring): one row per shape, every path as the engine calls it."""
     rows = []
@@ -127,6 +142,12 @@ def op_rows(iters: int, error_rows: int) -> list[dict]:
     centred, uncentred = attention_fp8.CudnnFP8Attention(), attention_fp8.CudnnFP8Attention(centred=False)
     paths = {"bf16 (dispatch)": lambda q, kv, layout: dispatch.prefix_attention(q, kv, layout),
              "FP8 (cuDNN)": centred, "FP8 (cuDNN, v not centred)": uncentred}
+    why_not_fa3 = attention_fp8_fa3.unavailable("cuda")
+    if why_not_fa3 is None:
+        paths.update({"bf16 (FA3)": fa3_bf16, "FP8 (FA3)": attention_fp8_fa3.FA3FP8Attention(),
+                      "FP8 (FA3, v not centred)": attention_fp8_fa3.FA3FP8Attention(centred=False)})
+    else:
+        print(json.dumps({"FA3 left out": why_not_fa3}), flush=True)
     for label, gen in SHAPES.items():
         q, kv, layout = inputs(gen)
         offset = inputs(gen, seed=1, v_offset=V_OFFSET)
@@ -140,6 +161,8 @@ def op_rows(iters: int, error_rows: int) -> list[dict]:
         chosen = [d for key, d in dispatch.decisions().items() if key[0] == "prefix_attention" and key[3][1] == gen]
         row["bf16 path"] = chosen[0].path.value if chosen else None
         row["speedup"] = row["bf16 (dispatch)"]["ms"] / row["FP8 (cuDNN)"]["ms"]
+        if "FP8 (FA3)" in row:
+            row["FA3 FP8 over cuDNN FP8"] = row["FP8 (cuDNN)"]["ms"] / row["FP8 (FA3)"]["ms"]
         rows.append(row)
         print(json.dumps(row, default=str), flush=True)
         del q, kv, offset

@@ -200,6 +200,9 @@ def main(argv=None) -> int:
     parser.add_argument("--fp8-step", default=None, help="after the Nano rows: one step bf16 vs FP8 at WxHxF")
     parser.add_argument("--fp8-policies", default="", help="--fp8-step's FP8 policies, comma-separated (engine.pipeline."
                         "fp8.FP8Policy; '' or none: the family's FP8 mode); its CFG prefixes are --profile-prefixes")
+    parser.add_argument("--fp8-attention", default="", help="--fp8-step: each policy naming 'attn' once per "
+                        "comma-separated FP8 attention kernel (COSMOS3_FP8_ATTENTION: fa3, cudnn; '': the engine's "
+                        "choice), in order, e.g. fa3,cudnn,fa3,cudnn")
     parser.add_argument("--cold-only", default="nano-t2v-720p", help="e2e workloads measured cold only (device time)")
     parser.add_argument("--table", choices=sorted(TABLE_SECTIONS), default=None,
                         help="one section of docs/PERFORMANCE.md's end-to-end table (bench/e2e.py TABLE_SECTIONS): "
@@ -315,7 +318,8 @@ def main_e2e(args) -> int:
             width, height, frames = (int(v) for v in args.fp8_step.split("x"))
             results["fp8_step"] = e2e.fp8_step(model, width, height, frames, log=log,
                                                policies=tuple(args.fp8_policies.split(",")),
-                                               prefix_lens=tuple(int(v) for v in args.profile_prefixes.split(",")))
+                                               prefix_lens=tuple(int(v) for v in args.profile_prefixes.split(",")),
+                                               attention_backends=tuple(args.fp8_attention.split(",")))
         if args.profile_step and family == profile_family:
             width, height, frames = (int(v) for v in profile_shape.split("x"))
             prefixes = tuple(int(v) for v in args.profile_prefixes.split(","))

@@ -162,11 +162,9 @@ MLP_EPILOGUE = "engine bf16, MLP activation in the GEMM's epilogue (forced)"
 
 @contextlib.contextmanager
 def AttentionUncentred():
-    """While active, a policy naming "attn" gets the FP8 attention without v's centring (kernels.attention_fp8)."""
-    from kernels.attention_fp8 import CudnnFP8Attention
-
+    """While active, a policy naming "attn" gets the FP8 attention without v's centring (`fp8.fp8_attention`)."""
     original = fp8.fp8_attention
-    fp8.fp8_attention = lambda policy: CudnnFP8Attention(centred=False) if policy.attention else None
+    fp8.fp8_attention = lambda policy, device, centred=True: original(policy, device, centred=False)
     try:
         yield
     finally:

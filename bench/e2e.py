@@ -11,6 +11,7 @@ frames in host memory, ready to write.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -107,7 +108,7 @@ def _commit() -> str | None:
 
 # The packages besides torch whose versions set a run's numbers (the header records and prints them where installed).
 VERSIONED_PACKAGES = ("triton", "diffusers", "torchao", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend",
-                      "mslk-cuda", "flashinfer-python", "quack-kernels")
+                      "mslk-cuda", "flashinfer-python", "quack-kernels", "fa3-fwd")
 
 
 def run_header(gpu: str) -> dict:
@@ -598,21 +599,32 @@ def decode_variants(vae, log=print) -> list[dict]:
 
 
 def fp8_step(model, width: int, height: int, frames: int, log=print, policies: tuple[str, ...] = ("",),
-             prefix_lens: tuple[int, int] = (1615, 2866)) -> dict:
+             prefix_lens: tuple[int, int] = (1615, 2866), attention_backends: tuple[str, ...] = ("",)) -> dict:
     """One denoising step (both CFG branches with `prefix_lens` text tokens) bf16 against FP8 under each of
-    `policies` ("": the family's FP8 mode), warm, CUDA events."""
+    `policies` ("": the family's FP8 mode), warm, CUDA events. A policy naming the attention runs once per entry
+    of `attention_backends` in order (COSMOS3_FP8_ATTENTION for that run; "": the engine's choice; "fa3/pack=0",
+    "fa3/pack=1" or "fa3/pack=auto" also sets COSMOS3_FA3_PACK_GQA), so listing them twice alternates them."""
     from bench.models import step_inputs
+    from engine.pipeline import fp8
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.prefill import make_gen_tower
     from kernels.timing import time_ms
 
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=tuple(prefix_lens))
     out = {"shape": f"{width}x{height} {frames}f", "prefix_lens": list(prefix_lens)}
-    runs = [("bf16", FastPathOptions(enabled=True))]
-    runs += [(f"FP8 {policy or 'default'}", FastPathOptions(enabled=True, fp8=True, fp8_policy=policy)) for policy in policies]
+    runs = [("bf16", FastPathOptions(enabled=True), "")]
+    for policy in policies:
+        names_attention = fp8.policy_from_env("nano", policy).attention
+        for number, backend in enumerate(attention_backends if names_attention else ("",)):
+            label = f"FP8 {policy or 'default'}" + (f" [{backend or 'engine'}]" if names_attention else "")
+            label += f" #{number + 1}" if names_attention and attention_backends.count(backend) > 1 else ""
+            runs.append((label, FastPathOptions(enabled=True, fp8=True, fp8_policy=policy), backend))
+    saved = {name: os.environ.get(name) for name in ("COSMOS3_FP8_ATTENTION", "COSMOS3_FA3_PACK_GQA")}
     with torch.no_grad():
-        for label, options in runs:
+        for label, options, backend in runs:
             model.fast_path = options
+            name, _, pack = backend.partition("/pack=")
+            os.environ["COSMOS3_FP8_ATTENTION"], os.environ["COSMOS3_FA3_PACK_GQA"] = name, pack
             try:
                 tower = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)
                 # One warm-up call (dispatch, quantisation, cuDNN's graph builds), one timed step.
@@ -623,6 +635,11 @@ def fp8_step(model, width: int, height: int, frames: int, log=print, policies: t
             finally:
                 model.fast_path, model.fp8_weights = None, None
             log({label: out.get(label + " ms/step", out.get(label + " failed"))})
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     log(out)
     return out
 

@@ -27,12 +27,12 @@ layers, 2.83e-2 -> 1.16e-2 over Nano T2V 832x480/17f's first four; in the FP8 ga
 `centred=False` keeps the plain op (the benches measure both). Centring k instead (exact too, a shift of each
 score row) gained nothing there, so it is not done.
 
-Why cuDNN and not our kernel or flash-attn-4: flash-attn-4's FP8 forward is SM100-only and FlashAttention 3's
-FP8 Hopper build is source-only; cuDNN's is the maintained FP8 attention this GPU runs from the registry
-(`nvidia-cudnn-frontend`, over the cuDNN that PyTorch ships). FlashInfer's FA3 FP8 prefill, built by its JIT,
-measured 1.03-1.06x cuDNN's kernel alone on one H200 with a bf16 output, and is not wired in
-(docs/PERFORMANCE.md, "FlashInfer's FA3 FP8 prefill"). Measured on one H200 with both CFG branches and this
-module's quantisation (bench/bench_attention_fp8.py; docs/PERFORMANCE.md, "FP8 attention through cuDNN" and
+Why cuDNN: flash-attn-4's FP8 forward is SM100-only, and cuDNN's is a maintained FP8 attention for Hopper from the
+registry (`nvidia-cudnn-frontend`, over the cuDNN that PyTorch ships). Where `fa3-fwd` is installed the FP8 mode
+takes FlashAttention-3's FP8 forward instead (`kernels.attention_fp8_fa3`, which shares this module's quantisation
+and reference): a Nano 720p FP8 step 4.0-4.2 s against 4.5 s with this one (docs/PERFORMANCE.md, "FA3's FP8
+forward"). This one stays for hosts without it and for GPUs past Hopper. Measured on one H200 with both CFG
+branches and this module's quantisation (bench/bench_attention_fp8.py; docs/PERFORMANCE.md, "FP8 attention through cuDNN" and
 "Centring v"): 79.8 ms against flash-attn-4's bf16 94.8 ms at Nano 720p/189f (44160 gen tokens), 1.19x; 7.36
 against 8.24 ms at 480p/121f (12090), 1.12x. It is approximate (every operand keeps 3 mantissa bits), so it
 runs only where the FP8 mode's policy names it (`engine.pipeline.fp8`).
@@ -193,9 +193,14 @@ def prefix_attention_fp8_reference(
     scale: float | None = None,
     out: torch.Tensor | None = None,
     centred: bool = True,
+    probability_scale: float = E4M3_MAX,
+    e4m3_output: bool = True,
 ) -> torch.Tensor:
     """The op in the module docstring, in fp32 from the e4m3 operands; returns [B, N, Hq, D] in q's dtype.
-    `centred=False`: v quantised as it is (no mean taken out, none added back)."""
+    `centred=False`: v quantised as it is (no mean taken out, none added back). The other two describe the kernel
+    (`kernels.attention_fp8_fa3` models FA3 with them): the scale a row's largest probability is rounded at (cuDNN's
+    448), and whether the output is rounded to e4m3 before it is dequantised (cuDNN on Hopper) or kept in fp32 until
+    its one rounding to q's dtype."""
     batch, n_gen, hq, head_dim = q.shape
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     out = torch.empty_like(q) if out is None else out
@@ -211,10 +216,13 @@ def prefix_attention_fp8_reference(
         vf = v8.float().transpose(0, 1).repeat_interleave(groups, 0) * s[2]
         scores = qf @ kf.transpose(1, 2) * scale
         p = torch.exp(scores - scores.amax(-1, keepdim=True))
-        p8 = (p * s[4]).to(torch.float8_e4m3fn).float() * s[3]
+        p8 = (p * probability_scale).to(torch.float8_e4m3fn).float() * (1.0 / probability_scale)  # as cuDNN's descale_s
         o = (p8 @ vf) / p.sum(-1, keepdim=True)
-        o8 = (o * s[5]).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).transpose(0, 1)   # [N, Hq, D]
-        out[branch] = dequantize_e4m3_reference(o8, s[6], q.dtype, ops.out_bias)
+        if e4m3_output:
+            o8 = (o * s[5]).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).transpose(0, 1)   # [N, Hq, D]
+            out[branch] = dequantize_e4m3_reference(o8, s[6], q.dtype, ops.out_bias)
+        else:
+            out[branch] = dequantize_e4m3_reference(o.transpose(0, 1), torch.ones_like(s[6]), q.dtype, ops.out_bias)
     return out
 
 
@@ -234,19 +242,39 @@ def _cudnn():
     return cudnn
 
 
-def unsupported(q: torch.Tensor, kv_buffer: torch.Tensor) -> str | None:
-    """Why this call cannot run on cuDNN's FP8 SDPA (None when it can), beyond the shapes and dtypes every
-    prefix-attention path checks (`check_prefix_attention_inputs`)."""
-    if q.device.type != "cuda":
-        return f"device {q.device} (cuDNN's FP8 attention needs CUDA)"
-    major, minor = torch.cuda.get_device_capability(q.device)
+def unavailable(device) -> str | None:
+    """What `device` or this host lacks for cuDNN's FP8 SDPA (None: nothing)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"device {device} (cuDNN's FP8 attention needs CUDA)"
+    major, minor = torch.cuda.get_device_capability(device)
     if major < 9:
         return f"compute capability {major}.{minor} (cuDNN's FP8 attention needs Hopper, 9.0, or newer)"
-    if q.shape[-1] not in HEAD_DIMS:
-        return f"head_dim {q.shape[-1]} (measured and allowed: {HEAD_DIMS})"
     if _cudnn() is None:
         return f"{CUDNN_DISTRIBUTION} is not installed (pip install -r requirements-extras.txt)"
     return None
+
+
+def unsupported(q: torch.Tensor, kv_buffer: torch.Tensor) -> str | None:
+    """Why this call cannot run on cuDNN's FP8 SDPA (None when it can), beyond the shapes and dtypes every
+    prefix-attention path checks (`check_prefix_attention_inputs`)."""
+    why = unavailable(q.device)
+    if why is None and q.shape[-1] not in HEAD_DIMS:
+        why = f"head_dim {q.shape[-1]} (measured and allowed: {HEAD_DIMS})"
+    return why
+
+
+def check_fp8_call(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, unsupported_by) -> None:
+    """Raise ValueError, saying why, on a call an FP8 attention cannot run: the shapes every prefix-attention path
+    checks, what `unsupported_by(q, kv_buffer)` (the kernel's own check) names, and device lengths (each branch is
+    quantised by host integers)."""
+    check_prefix_attention_inputs(q, kv_buffer, layout)
+    why = unsupported_by(q, kv_buffer)
+    if why is not None:
+        raise ValueError(f"FP8 attention cannot run this call: {why}")
+    if layout.lengths is not None:
+        raise ValueError("FP8 attention quantises each branch by host integers; a layout with its lengths on the "
+                         "device (a step graph kept across prompt lengths) needs the bf16 attention")
 
 
 class CudnnFP8Attention:
@@ -262,13 +290,7 @@ class CudnnFP8Attention:
 
     def __call__(self, q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, *,
                  scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-        check_prefix_attention_inputs(q, kv_buffer, layout)
-        why = unsupported(q, kv_buffer)
-        if why is not None:
-            raise ValueError(f"FP8 attention cannot run this call: {why}")
-        if layout.lengths is not None:
-            raise ValueError("FP8 attention slices each branch by host integers; a layout with its lengths on the "
-                             "device (a step graph kept across prompt lengths) needs the bf16 attention")
+        check_fp8_call(q, kv_buffer, layout, unsupported)
         batch, n_gen, hq, head_dim = q.shape
         scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         out = torch.empty_like(q) if out is None else out

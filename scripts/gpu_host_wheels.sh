@@ -30,7 +30,7 @@ fetch)
   wheels=(
     "diffusers==$(pin requirements.txt diffusers)" "torchao==$(pin requirements.txt torchao)"
   )
-  for name in flash-attn-4 quack-kernels nvidia-cudnn-frontend mslk-cuda; do
+  for name in flash-attn-4 quack-kernels nvidia-cudnn-frontend mslk-cuda fa3-fwd; do
     wheels+=("$name==$(pin requirements-extras.txt "$name")")
   done
   # CuTe DSL's three parts at its pinned version, and two pieces flash-attn-4 and QuACK need that the host lacks

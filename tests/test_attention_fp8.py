@@ -134,7 +134,7 @@ def test_the_fp8_mode_routes_long_attention_calls_to_fp8(nano, monkeypatch, thre
         calls.append(layout.gen_len)
         return attention_fp8.prefix_attention_fp8_reference(q, kv_buffer, layout, **kwargs)
 
-    monkeypatch.setattr(fp8, "fp8_attention", lambda policy: recorded if policy.attention else None)
+    monkeypatch.setattr(fp8, "fp8_attention", lambda policy, device: recorded if policy.attention else None)
     request = dict(mode="t2v", prompt="a lighthouse at dusk", negative_prompt="blurry", seed=3, steps=2, num_frames=9)
     layers = len(nano.transformer.layers)
     try:
@@ -160,7 +160,8 @@ def test_the_fp8_attention_and_its_cudnn_graphs_outlive_a_change_of_policy(nano,
 
     monkeypatch.setattr(fp8, "check_available", lambda device, policy=None: None)
     made = []
-    monkeypatch.setattr(fp8, "fp8_attention", lambda policy: made.append(policy.name) or object() if policy.attention else None)
+    monkeypatch.setattr(fp8, "fp8_attention",
+                        lambda policy, device: made.append(policy.name) or object() if policy.attention else None)
     try:
         nano.fp8_weights = None
         runners = []

@@ -48,10 +48,10 @@ def test_uncentred_patch_gives_attention_policies_the_plain_op_and_is_removed():
 
     original = fp8.fp8_attention
     with AttentionUncentred():
-        runner = fp8.fp8_attention(fp8.FP8Policy.parse("row:in+attn"))
-        assert runner.centred is False and fp8.fp8_attention(fp8.FP8Policy.parse("row:in")) is None
+        runner = fp8.fp8_attention(fp8.FP8Policy.parse("row:in+attn"), "cpu")
+        assert runner.centred is False and fp8.fp8_attention(fp8.FP8Policy.parse("row:in"), "cpu") is None
     assert fp8.fp8_attention is original
-    assert original(fp8.FP8Policy.parse("row:attn")).centred is True
+    assert original(fp8.FP8Policy.parse("row:attn"), "cpu").centred is True
 
 
 def test_mlp_epilogue_patch_forces_quack_where_it_can_run_and_refuses_where_it_cannot(monkeypatch):

@@ -159,7 +159,7 @@ def test_the_fp8_mode_is_the_measured_policy_per_family(monkeypatch):
     assert {f: fp8.policy_from_env(f).name for f in ("nano", "super", "edge")} == {
         "nano": "row:in+attn", "super": "row:in", "edge": "row:down"}
     # Nano's attention joins its MLP input in FP8 (only from FP8_ATTENTION_MIN_GEN_TOKENS per branch, by
-    # FP8Weights.attends_in_fp8). Where cuDNN's FP8 attention cannot run, the default does not ask for it: the
+    # FP8Weights.attends_in_fp8). Where no FP8 attention can run, the default does not ask for it: the
     # GEMM policy stays.
     assert fp8.policy_from_env("nano", attention_available=False).name == "row:in"
     assert fp8.policy_from_env("edge", attention_available=False).name == "row:down"

@@ -19,9 +19,10 @@ Two ways to hold the weights:
   H200): built layer by layer, each layer's bf16 gen weights quantised and freed before the next is
   made, so the bf16 model never exists whole; every path of such a model runs the FP8 GEMMs.
 
-Attention can run in FP8 too (the policy's role "attn", e.g. "row:in+attn"): cuDNN's FP8 SDPA
-(`kernels.attention_fp8`, optional: `nvidia-cudnn-frontend`), where a branch has at least
-`FP8_ATTENTION_MIN_GEN_TOKENS` gen tokens; shorter calls keep the bf16 attention.
+Attention can run in FP8 too (the policy's role "attn", e.g. "row:in+attn"), where a branch has at least
+`FP8_ATTENTION_MIN_GEN_TOKENS` gen tokens (shorter calls keep the bf16 attention), on the fastest of
+`FP8_ATTENTION_BACKENDS` the host has: FlashAttention-3's FP8 forward (`kernels.attention_fp8_fa3`, optional:
+`fa3-fwd`) or cuDNN's FP8 SDPA (`kernels.attention_fp8`, optional: `nvidia-cudnn-frontend`).
 
 Numeric gate (tests/test_gpu_fp8.py, full-size random weights on the H200): one step's velocity
 against an fp32 forward of the same weights stays within 3x the relative error of diffusers' own
@@ -42,7 +43,7 @@ BF16_LABEL = "bf16"
 # A layer's GEMMs by role: "qkv" (fused q|k|v), "out" (attention output), "in" (the MLP's input: fused
 # gate|up, or ReLU²'s up), "down" (the MLP's output).
 GEMMS = ("qkv", "out", "in", "down")
-# Every role a policy can name: the GEMMs, and "attn", the attention itself (not a GEMM: cuDNN's FP8 SDPA).
+# Every role a policy can name: the GEMMs, and "attn", the attention itself (not a GEMM: `FP8_ATTENTION_BACKENDS`).
 ROLES = GEMMS + ("attn",)
 
 # The kernel that quantises each FP8 GEMM's activation (a row's amax, its scale, the e4m3 cast); the GEMM itself
@@ -59,6 +60,13 @@ MSLK_DISTRIBUTION = "mslk-cuda"
 # docs/PERFORMANCE.md, "FP8 attention through cuDNN"), and at image sizes a call is too short for its
 # quantisation passes to pay.
 FP8_ATTENTION_MIN_GEN_TOKENS = 8192
+
+# The kernels the role "attn" runs on, by their module in `kernels`, fastest first: the first one this device and
+# host can run is the one used, unless `COSMOS3_FP8_ATTENTION` names one. Order by measurement (one H200, Nano's
+# heads, both CFG branches, quantisation included; bench/bench_attention_fp8.py, docs/PERFORMANCE.md, "FA3's FP8
+# forward"): FA3's bf16-output FP8 forward against cuDNN's FP8 SDPA, which on Hopper also rounds its output to e4m3.
+FP8_ATTENTION_BACKENDS = {"fa3": ("attention_fp8_fa3", "FA3FP8Attention"),
+                          "cudnn": ("attention_fp8", "CudnnFP8Attention")}
 
 
 class FP8Unavailable(RuntimeError):
@@ -78,7 +86,7 @@ class FP8Policy:
     fast_accum: bool = True
     gemms: frozenset = frozenset(GEMMS)
     bf16_edges: int = 0
-    attention: bool = False  # the role "attn": attention through cuDNN's FP8 SDPA (`kernels.attention_fp8`)
+    attention: bool = False  # the role "attn": the attention in FP8 (`FP8_ATTENTION_BACKENDS`)
     quantiser: str = "torch"
 
     def __post_init__(self):
@@ -136,10 +144,10 @@ class FP8Policy:
 # The FP8 mode per family, chosen by measurement (bench/bench_fp8.py --gate, one H200, full-size random
 # weights; docs/PERFORMANCE.md): the fastest policy whose velocity error stays within 3x diffusers' bf16 error.
 # Nano: the MLP's input GEMM (gate|up) in FP8: 2.90x / 2.78x, a 480p/121f step 808 ms against 903 in bf16
-# (all GEMMs in FP8: 4.61x / 5.13x); with it, the attention in FP8 ("row:in+attn", cuDNN's FP8 SDPA with v
-# centred, `kernels.attention_fp8`): 2.94x / 2.84x with the FP8 attention forced at the gate's sizes (before v
-# was centred: 3.24x / 3.80x), which runs from FP8_ATTENTION_MIN_GEN_TOKENS per branch (videos) only.
-# Where cuDNN's FP8 attention cannot run, the default drops its "attn" role (`policy_from_env`). Edge: only the
+# (all GEMMs in FP8: 4.61x / 5.13x); with it, the attention in FP8 ("row:in+attn", v centred): 2.94x / 2.84x
+# with cuDNN's FP8 SDPA forced at the gate's sizes (before v was centred: 3.24x / 3.80x), 2.95x / 2.81x with FA3's
+# FP8 forward and MSLK's quantiser; the attention runs from FP8_ATTENTION_MIN_GEN_TOKENS per branch (videos) only.
+# Where no FP8 attention can run, the default drops its "attn" role (`policy_from_env`). Edge: only the
 # down projection passes (2.89x; its `in`: 3.17x; in+attn 3.21x); with torchao's quantiser it is slower than bf16
 # (313 ms against 255), with MSLK's level (258 against 262, one timed step each; by our reading the
 # quantisation of its 9216-wide input was the cost); its FP8 attention alone passes (1.18x) but timed 222.9
@@ -182,7 +190,7 @@ def host_policy(family: str | None, device, spelling: str = "") -> FP8Policy:
 
 def check_available(device, policy: FP8Policy | None = None) -> None:
     """Raise `FP8Unavailable` unless this device and environment can run torchao's float8 GEMMs, and, where
-    `policy` names attention, cuDNN's FP8 SDPA."""
+    `policy` names attention, an FP8 attention kernel (`attention_backend`)."""
     device = torch.device(device)
     if device.type != "cuda":
         raise FP8Unavailable(f"FP8 needs a CUDA GPU with FP8 tensor cores (compute capability >= 8.9); "
@@ -199,7 +207,7 @@ def check_available(device, policy: FP8Policy | None = None) -> None:
     if policy is not None and policy.attention:
         why = attention_unavailable(device)
         if why is not None:
-            raise FP8Unavailable(f"FP8 policy {policy.name!r} runs attention through cuDNN's FP8 SDPA, which needs {why}. "
+            raise FP8Unavailable(f"FP8 policy {policy.name!r} runs attention in FP8, which needs {why}. "
                                  "Leave 'attn' out of the policy (COSMOS3_FP8_POLICY).")
     if policy is not None and policy.quantiser == "mslk":
         why = mslk_unavailable(device)
@@ -220,14 +228,39 @@ def _hopper_missing(device) -> str | None:
     return None
 
 
+def _attention_module(name: str):
+    import importlib
+
+    return importlib.import_module("kernels." + FP8_ATTENTION_BACKENDS[name][0])
+
+
+def attention_backend_from_env() -> str:
+    """`COSMOS3_FP8_ATTENTION`: a name from `FP8_ATTENTION_BACKENDS`, or "" (the fastest available)."""
+    named = os.environ.get("COSMOS3_FP8_ATTENTION", "").strip().lower()
+    if named and named not in FP8_ATTENTION_BACKENDS:
+        raise ValueError(f"COSMOS3_FP8_ATTENTION={named!r}: allowed one of {list(FP8_ATTENTION_BACKENDS)}, or unset "
+                         "(the fastest this host can run)")
+    return named
+
+
+def attention_backend(device) -> tuple[str | None, str | None]:
+    """(the FP8 attention kernel for `device`, None) or (None, what the device or host lacks for any of them)."""
+    why = _hopper_missing(device)
+    if why is not None:
+        return None, why
+    named = attention_backend_from_env()
+    reasons = []
+    for name in [named] if named else list(FP8_ATTENTION_BACKENDS):
+        lacking = _attention_module(name).unavailable(device)
+        if lacking is None:
+            return name, None
+        reasons.append(lacking)
+    return None, " or ".join(reasons)
+
+
 def attention_unavailable(device) -> str | None:
     """What this device or host lacks for the FP8 attention (None: nothing)."""
-    from kernels import attention_fp8
-
-    why = _hopper_missing(device)
-    if why is None and attention_fp8._cudnn() is None:
-        why = f"the package {attention_fp8.CUDNN_DISTRIBUTION} (requirements-extras.txt), which is not installed"
-    return why
+    return attention_backend(device)[1]
 
 
 @functools.cache
@@ -274,25 +307,42 @@ class FP8Weights:
     gate_up: list
     per_layer: list[dict] = field(default_factory=list)  # {"to_add_out", "down_proj", and for ReLU² "up_proj"}
     resident: bool = False
-    # kernels.attention_fp8.CudnnFP8Attention where the policy names "attn" (kept from an earlier policy too:
+    # The FP8 attention's runner (`fp8_attention`) where the policy names "attn" (kept from an earlier policy too:
     # `attends_in_fp8` asks the policy, so a runner the policy does not name is never called)
     attention: object = None
 
     def attends_in_fp8(self, index: int, count: int, layout) -> bool:
         """Whether layer `index` of `count` runs its attention in FP8 over `layout` (a `PackedKVLayout`): long
-        enough branches, and host lengths (cuDNN is called per branch; a kept step graph's device lengths are
-        read by the bf16 kernels only)."""
+        enough branches, and host lengths (the FP8 kernels quantise per branch by them; a kept step graph's device
+        lengths are read by the bf16 kernels only)."""
         return (self.attention is not None and layout.gen_len >= FP8_ATTENTION_MIN_GEN_TOKENS
                 and layout.lengths is None and self.policy.attention_of_layer(index, count))
 
 
-def fp8_attention(policy: FP8Policy):
-    """The FP8 attention a policy's weights carry: cuDNN's (one per loaded model and policy), or None."""
+def fp8_attention(policy: FP8Policy, device, centred: bool = True):
+    """The FP8 attention a policy's weights carry (one per loaded model), or None where the policy leaves it out:
+    `attention_backend`'s kernel; cuDNN's where none can run, whose call then says why (`check_available`
+    refuses such a policy before it gets here)."""
     if not policy.attention:
         return None
-    from kernels.attention_fp8 import CudnnFP8Attention
+    name = attention_backend(device)[0] or "cudnn"
+    runner = getattr(_attention_module(name), FP8_ATTENTION_BACKENDS[name][1])
+    if name == "fa3":
+        return runner(centred=centred, pack_gqa=fa3_pack_gqa_from_env())
+    return runner(centred=centred)
 
-    return CudnnFP8Attention()
+
+def fa3_pack_gqa_from_env() -> bool | None:
+    """`COSMOS3_FA3_PACK_GQA` (for benchmarks): 1 or 0 turns FA3's packing of the query heads per K/V head on or
+    off, auto leaves it to FA3's heuristic; unset, the measured default (`kernels.attention_fp8_fa3.PACK_GQA`)."""
+    from kernels.attention_fp8_fa3 import PACK_GQA
+
+    text = os.environ.get("COSMOS3_FA3_PACK_GQA", "").strip().lower()
+    choices = {"": PACK_GQA, "1": True, "0": False, "auto": None}
+    if text not in choices:
+        raise ValueError(f"COSMOS3_FA3_PACK_GQA={text!r}: allowed '1', '0', 'auto' (FA3's own heuristic), or unset "
+                         f"(the measured default, {PACK_GQA})")
+    return choices[text]
 
 
 def _layer_weights(layer, qkv: torch.Tensor, gate_up, gemms: frozenset, quantize) -> tuple:
@@ -316,9 +366,11 @@ def fp8_weights(model, fused, policy: FP8Policy) -> FP8Weights:
     if held is not None and (held.resident or held.policy == policy):
         return held
     check_available(model.device, policy)
-    # The FP8 attention's cuDNN graphs (about 1 s to build per shape) outlive a change of policy (a server whose
-    # requests name policies of their own, COSMOS3_FP8_POLICY aside).
-    attention = held.attention if held is not None and held.attention is not None else fp8_attention(policy)
+    # The FP8 attention's state (cuDNN's graphs, about 1 s to build per shape) outlives a change of policy (a server
+    # whose requests name policies of their own, COSMOS3_FP8_POLICY aside).
+    attention = held.attention if held is not None else None
+    if attention is None:
+        attention = fp8_attention(policy, model.device)
     model.fp8_weights = None  # a previous policy's tensors go before the new ones are made
     layers = model.transformer.layers
     weights = FP8Weights(policy, [], [], attention=attention)
@@ -412,7 +464,7 @@ def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy, *, quan
     for name, module in transformer.named_children():
         if name != "layers":
             _materialise(module, device, fill, name + ".")
-    weights = FP8Weights(policy, [], [], resident=True, attention=fp8_attention(policy))
+    weights = FP8Weights(policy, [], [], resident=True, attention=fp8_attention(policy, device))
     count = len(transformer.layers)
     for index, layer in enumerate(transformer.layers):
         qkv, gate_up, per_layer = _build_layer(layer, index, count, policy, device, fill, quantize)
