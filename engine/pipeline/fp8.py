@@ -20,9 +20,10 @@ Two ways to hold the weights:
   made, so the bf16 model never exists whole; every path of such a model runs the FP8 GEMMs.
 
 Attention can run in FP8 too (the policy's role "attn", e.g. "row:in+attn"), where a branch has at least
-`FP8_ATTENTION_MIN_GEN_TOKENS` gen tokens (shorter calls keep the bf16 attention), on the fastest of
+`FP8_ATTENTION_MIN_GEN_TOKENS` gen tokens (shorter calls keep the bf16 attention), on the kernels of
 `FP8_ATTENTION_BACKENDS` the host has: FlashAttention-3's FP8 forward (`kernels.attention_fp8_fa3`, optional:
-`fa3-fwd`) or cuDNN's FP8 SDPA (`kernels.attention_fp8`, optional: `nvidia-cudnn-frontend`).
+`fa3-fwd`) from `FA3_MIN_GEN_TOKENS` up, cuDNN's FP8 SDPA (`kernels.attention_fp8`, optional:
+`nvidia-cudnn-frontend`) below it, or whichever one is installed.
 
 Numeric gate (tests/test_gpu_fp8.py, full-size random weights on the H200): one step's velocity
 against an fp32 forward of the same weights stays within 3x the relative error of diffusers' own
@@ -61,12 +62,18 @@ MSLK_DISTRIBUTION = "mslk-cuda"
 # quantisation passes to pay.
 FP8_ATTENTION_MIN_GEN_TOKENS = 8192
 
-# The kernels the role "attn" runs on, by their module in `kernels`, fastest first: the first one this device and
-# host can run is the one used, unless `COSMOS3_FP8_ATTENTION` names one. Order by measurement (one H200, Nano's
-# heads, both CFG branches, quantisation included; bench/bench_attention_fp8.py, docs/PERFORMANCE.md, "FA3's FP8
-# forward"): FA3's bf16-output FP8 forward against cuDNN's FP8 SDPA, which on Hopper also rounds its output to e4m3.
+# The kernels the role "attn" runs on, by their module in `kernels`, fastest first at the lengths FA3_MIN_GEN_TOKENS
+# gives FA3: those this device and host can run are used, unless `COSMOS3_FP8_ATTENTION` names one. The order is
+# measured (one H200, Nano's heads, both CFG branches, quantisation included; bench/bench_attention_fp8.py and
+# bench_engine.py --fp8-attention; docs/PERFORMANCE.md, "FA3's FP8 forward"): FA3's FP8 forward, with a bf16
+# output, against cuDNN's FP8 SDPA, which on Hopper also rounds its output to e4m3.
 FP8_ATTENTION_BACKENDS = {"fa3": ("attention_fp8_fa3", "FA3FP8Attention"),
                           "cudnn": ("attention_fp8", "CudnnFP8Attention")}
+# Where both are installed and none is named, FA3's takes the calls from this many gen tokens per branch up and
+# cuDNN's the shorter ones (from FP8_ATTENTION_MIN_GEN_TOKENS): FA3's was measured faster at 44160 (Nano 720p/189f)
+# and slower at 12090 (480p/121f: 7.93 against 7.06 ms a call, with FA3's packing heuristic and before the bias
+# kernel); between the two nothing was measured.
+FA3_MIN_GEN_TOKENS = 32768
 
 
 class FP8Unavailable(RuntimeError):
@@ -326,10 +333,33 @@ def fp8_attention(policy: FP8Policy, device, centred: bool = True):
     if not policy.attention:
         return None
     name = attention_backend(device)[0] or "cudnn"
+    if name == "fa3" and not attention_backend_from_env() and _attention_module("cudnn").unavailable(device) is None:
+        return FP8AttentionByLength(_runner("fa3", centred), _runner("cudnn", centred))
+    return _runner(name, centred)
+
+
+def _runner(name: str, centred: bool):
     runner = getattr(_attention_module(name), FP8_ATTENTION_BACKENDS[name][1])
     if name == "fa3":
         return runner(centred=centred, pack_gqa=fa3_pack_gqa_from_env())
     return runner(centred=centred)
+
+
+@dataclass
+class FP8AttentionByLength:
+    """FA3's FP8 attention for calls from `FA3_MIN_GEN_TOKENS` gen tokens per branch up, cuDNN's for shorter ones
+    (read per call, so a benchmark can move the threshold)."""
+
+    long: object
+    short: object
+
+    @property
+    def centred(self) -> bool:
+        return self.long.centred
+
+    def __call__(self, q, kv_buffer, layout, **kwargs):
+        runner = self.long if layout.gen_len >= FA3_MIN_GEN_TOKENS else self.short
+        return runner(q, kv_buffer, layout, **kwargs)
 
 
 def fa3_pack_gqa_from_env() -> bool | None:
