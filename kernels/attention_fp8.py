@@ -283,6 +283,8 @@ class CudnnFP8Attention:
     current stream, so a call made under CUDA-graph capture is captured. `centred=False`: v as it is (module
     docstring)."""
 
+    name = "cudnn"  # what a result's summary says ran (engine.pipeline.fp8.result_attention_kernel)
+
     def __init__(self, centred: bool = True) -> None:
         self.centred = centred
         self._graphs: dict[tuple, tuple] = {}
@@ -314,6 +316,9 @@ class CudnnFP8Attention:
             else:
                 target.copy_(dequantize_e4m3(o8, descale_o, torch.empty_like(ops.q), bias=ops.out_bias))
         return out
+
+    def kernel_for(self, gen_len: int) -> str:
+        return self.name
 
     def _handle(self, device: torch.device):
         index = device.index if device.index is not None else torch.cuda.current_device()

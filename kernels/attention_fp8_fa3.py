@@ -126,6 +126,8 @@ class FA3FP8Attention:
     per layout on the device, made on a layout's first call (which must not be under CUDA-graph capture, as with
     cuDNN's graph build); later calls, captured or not, launch with no host sync. `centred=False`: v as it is."""
 
+    name = "fa3"  # what a result's summary says ran (engine.pipeline.fp8.result_attention_kernel)
+
     def __init__(self, centred: bool = True, pack_gqa: bool | None = PACK_GQA) -> None:
         self.centred = centred
         self.pack_gqa = pack_gqa  # None: FA3's own heuristic
@@ -164,6 +166,9 @@ class FA3FP8Attention:
             return result
         out.copy_(result)
         return out
+
+    def kernel_for(self, gen_len: int) -> str:
+        return self.name
 
     def _cu_seqlens(self, layout: PackedKVLayout, device: torch.device) -> tuple:
         key = (str(device), layout.prefix_lens, layout.gen_len)

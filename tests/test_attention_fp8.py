@@ -134,6 +134,7 @@ def test_the_fp8_mode_routes_long_attention_calls_to_fp8(nano, monkeypatch, thre
         calls.append(layout.gen_len)
         return attention_fp8.prefix_attention_fp8_reference(q, kv_buffer, layout, **kwargs)
 
+    recorded.kernel_for = lambda gen_len: "recorded"
     monkeypatch.setattr(fp8, "fp8_attention", lambda policy, device: recorded if policy.attention else None)
     request = dict(mode="t2v", prompt="a lighthouse at dusk", negative_prompt="blurry", seed=3, steps=2, num_frames=9)
     layers = len(nano.transformer.layers)
@@ -149,8 +150,11 @@ def test_the_fp8_mode_routes_long_attention_calls_to_fp8(nano, monkeypatch, thre
         # Both CFG branches in one call per layer and step (the bf16 edges of "@N" are FP8Policy's, tested above).
         assert len(calls) == request["steps"] * layers and len(set(calls)) == 1
         assert not np.array_equal(ours.frames, bf16.frames)
+        assert ours.summary()["fp8_attention"] == "recorded"  # the summary (API, sidecar) names the kernel
     else:
         assert calls == [] and np.array_equal(ours.frames, bf16.frames)
+        assert ours.summary()["fp8_attention"] is None  # FP8 GEMMs, bf16 attention
+    assert bf16.summary()["fp8_attention"] is None
 
 
 def test_the_fp8_attention_and_its_cudnn_graphs_outlive_a_change_of_policy(nano, monkeypatch):

@@ -125,3 +125,10 @@ def test_fa3_runs_unpacked_unless_told_otherwise(hopper, monkeypatch):
     monkeypatch.setenv("COSMOS3_FA3_PACK_GQA", "yes")
     with pytest.raises(ValueError, match=r"COSMOS3_FA3_PACK_GQA='yes': allowed '1', '0', 'auto'"):
         fp8.fp8_attention(policy, "cuda")
+
+
+def test_each_runner_says_which_kernel_a_length_runs_on(hopper):
+    runner = fp8.fp8_attention(FP8Policy.parse("row:attn"), "cuda")
+    assert runner.kernel_for(fp8.FA3_MIN_GEN_TOKENS) == "fa3" and runner.kernel_for(fp8.FA3_MIN_GEN_TOKENS - 1) == "cudnn"
+    assert attention_fp8_fa3.FA3FP8Attention().kernel_for(1) == "fa3"
+    assert attention_fp8.CudnnFP8Attention().kernel_for(10**6) == "cudnn"

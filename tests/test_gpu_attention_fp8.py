@@ -6,13 +6,16 @@ their PyTorch references and fp32.
 - cuDNN's FP8 SDPA at Nano's heads (32 query, 8 K/V, head_dim 128) with two branches of different prefix
   lengths, v centred and not: close to the reference that models its roundings, and as far from fp32
   attention as e4m3 operands make it (far more than bf16, far less than a wrong result);
-- FA3's FP8 forward, both branches in one call, the same against its own reference and fp32;
+- FA3's FP8 forward, both branches in one call, unpacked (the default) and packed, the same against its own
+  reference and fp32;
 - where v has a common part per head and channel, as the towers' v has, centring it cuts either kernel's error;
 - a call captured in a CUDA graph replays to the same bits.
 
 Skipped without CUDA, Hopper, or the kernel's package (`nvidia-cudnn-frontend`, `fa3-fwd`).
 `python -m pytest -q -s -m gpu tests/test_gpu_attention_fp8.py`
 """
+import functools
+
 import pytest
 import torch
 
@@ -55,9 +58,17 @@ def fa3_runners():
     return _runner_pair(attention_fp8_fa3, attention_fp8_fa3.FA3FP8Attention)
 
 
-@pytest.fixture(scope="module", params=["cudnn", "fa3"])
+@pytest.fixture(scope="module")
+def fa3_packed_runners():  # FA3's own packing heuristic, which packs every varlen call (the default is unpacked)
+    return _runner_pair(attention_fp8_fa3, functools.partial(attention_fp8_fa3.FA3FP8Attention, pack_gqa=None))
+
+
+RUNNERS = {"cudnn": "runners", "fa3": "fa3_runners", "fa3-packed": "fa3_packed_runners"}
+
+
+@pytest.fixture(scope="module", params=list(RUNNERS))
 def any_runners(request):
-    return request.getfixturevalue("runners" if request.param == "cudnn" else "fa3_runners")
+    return request.getfixturevalue(RUNNERS[request.param])
 
 
 @pytest.fixture(scope="module")
@@ -97,13 +108,14 @@ def test_the_branch_bias_kernel_equals_its_reference():
 
 
 REFERENCES = {"cudnn": attention_fp8.prefix_attention_fp8_reference,
-              "fa3": attention_fp8_fa3.prefix_attention_fp8_fa3_reference}
+              "fa3": attention_fp8_fa3.prefix_attention_fp8_fa3_reference,
+              "fa3-packed": attention_fp8_fa3.prefix_attention_fp8_fa3_reference}
 
 
 @pytest.mark.parametrize("centred", [True, False])
-@pytest.mark.parametrize("kernel", ["cudnn", "fa3"])
+@pytest.mark.parametrize("kernel", list(RUNNERS))
 def test_fp8_attention_matches_its_reference_and_fp8_accuracy(request, kernel, centred):
-    runners = request.getfixturevalue("runners" if kernel == "cudnn" else "fa3_runners")
+    runners = request.getfixturevalue(RUNNERS[kernel])
     q, kv, layout = _inputs()
     ours = runners[centred](q, kv, layout)
     reference = REFERENCES[kernel](q, kv, layout, centred=centred)

@@ -357,6 +357,9 @@ class FP8AttentionByLength:
     def centred(self) -> bool:
         return self.long.centred
 
+    def kernel_for(self, gen_len: int) -> str:
+        return (self.long if gen_len >= FA3_MIN_GEN_TOKENS else self.short).kernel_for(gen_len)
+
     def __call__(self, q, kv_buffer, layout, **kwargs):
         runner = self.long if layout.gen_len >= FA3_MIN_GEN_TOKENS else self.short
         return runner(q, kv_buffer, layout, **kwargs)
@@ -433,6 +436,19 @@ def result_policy(model, tower) -> FP8Policy | None:
         return tower.fp8.policy
     held = getattr(model, "fp8_weights", None)
     return held.policy if held is not None and held.resident else None
+
+
+def result_attention_kernel(model, tower) -> str | None:
+    """The FP8 attention kernel a request's attention ran on ("fa3", "cudnn"), None where it stayed bf16. Why in the
+    summary: the two kernels round differently, so the same seed and policy give slightly different frames."""
+    weights = getattr(tower, "fp8", None) or getattr(model, "fp8_weights", None)
+    cache = getattr(tower, "cache", None)
+    if weights is None or weights.attention is None or cache is None:
+        return None
+    count = len(weights.qkv)
+    if not any(weights.attends_in_fp8(index, count, cache.layout) for index in range(count)):
+        return None
+    return weights.attention.kernel_for(cache.layout.gen_len)
 
 
 def precision_label(policy: FP8Policy | None) -> str:

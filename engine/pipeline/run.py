@@ -35,7 +35,7 @@ from .conditioning import conditioning_stage, noise_stage
 from .decode import decode_stage
 from .denoise import denoise_stage, schedule_stage
 from .fast_path import FastPathOptions
-from .fp8 import BF16_LABEL, precision_label, result_policy
+from .fp8 import BF16_LABEL, precision_label, result_attention_kernel, result_policy
 from .layout import layout_stage
 from .outputs import outputs_stage
 from .prefill import prefill_stage
@@ -63,6 +63,7 @@ class GenerationResult:
     # The FP8 policy's spelling (engine.pipeline.fp8.FP8Policy.name), None in bf16. Why in the summary: the same
     # seed gives slightly different frames under another policy, and the default's quantiser depends on the host.
     fp8_policy: str | None = None
+    fp8_attention: str | None = None  # the FP8 attention kernel (result_attention_kernel), None where bf16
 
     def summary(self) -> dict:
         """JSON-ready description (the `/generate` result and the sidecar's core)."""
@@ -75,6 +76,7 @@ class GenerationResult:
             "timings": self.timings,
             "precision": self.precision,
             "fp8_policy": self.fp8_policy,
+            "fp8_attention": self.fp8_attention,
             "files": {k: Path(v).name for k, v in self.outputs.items()},
             "frames": list(self.frames.shape),
             "actions": self.actions.tolist() if self.actions is not None else None,
@@ -197,4 +199,5 @@ def _result(state: RunState, timings: dict) -> GenerationResult:
         seed=state.seed, prompt_text=state.texts.prompt_text, negative_prompt_text=state.texts.negative_prompt_text,
         params=dict(request, width=cond.width, height=cond.height, seed=state.seed), timings=timings,
         precision=precision_label(policy), fp8_policy=None if policy is None else policy.name,
+        fp8_attention=result_attention_kernel(model, state.tower),
     )
