@@ -16,13 +16,14 @@ Both branches go in one call: FA3's varlen form reads the packed rows as they li
 
 Why: FlashAttention-3 is the FP8 attention written for Hopper. The registry carries its forward prebuilt for
 CUDA 13 against PyTorch's stable ABI, as the wheel `fa3-fwd` (Dao-AILab's Hopper code, forward only, FP8 and
-varlen built in). It is optional (requirements-extras.txt); the FP8 mode takes it over cuDNN's where both
-are installed, by measurement (`engine.pipeline.fp8.FP8_ATTENTION_BACKENDS`; docs/PERFORMANCE.md).
+varlen built in). It is optional (requirements-extras.txt). Where both are installed the FP8 mode takes it
+over cuDNN's for long calls, where it measured faster (`engine.pipeline.fp8.FA3_MIN_GEN_TOKENS`; a Nano 720p FP8
+step 4.0 s against 4.5 s; docs/PERFORMANCE.md, "FA3's FP8 forward: the FP8 target met").
 
-Why v is still centred: the output's e4m3 rounding, which centring was for with cuDNN, is gone here, but P8
-and v8 still round, and the output of an attention over thousands of keys sits near vbar, so what those
-roundings cost scales with vbar unless it is taken out. `centred=False` keeps the plain op; the benches
-measure both.
+Why v is still centred: without the output's e4m3 rounding, a common part in v still costs FA3 what it costs
+cuDNN. On one H200 at 44160 keys, with the towers' size of common part, the error against fp32 was 2.4e-1
+uncentred and 2.2e-3 centred (bf16: 1.7e-3); by our reading the FP8 tensor cores' accumulation of P8 v8 is
+where it comes from. `centred=False` keeps the plain op; the benches measure both.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ FA3_DISTRIBUTION = "fa3-fwd"
 # Whether FA3 packs the query heads that share a K/V head into one tile. Its heuristic packs every varlen call; at
 # Nano 720p (44160 gen tokens a branch, 4 query heads per K/V head) an FP8 step took 4014 ms unpacked against
 # 4191 with the heuristic and 4201 packed, two alternated runs each on one H200 (docs/PERFORMANCE.md, "FA3's FP8
-# forward"). Measured only there; the FP8 attention runs from 8192 gen tokens a branch up.
+# forward: the FP8 target met"). Measured only there, where the engine uses FA3 (FA3_MIN_GEN_TOKENS).
 PACK_GQA = False
 _BLOCK = 4096
 # FA3's FP8 softmax: P = exp2(x - max + 8), so the largest probability of a row is 2**8 before its e4m3 cast.
@@ -79,6 +80,8 @@ def unsupported(q: torch.Tensor, kv_buffer: torch.Tensor) -> str | None:
     why = unavailable(q.device)
     if why is None and q.shape[-1] not in HEAD_DIMS:
         why = f"head_dim {q.shape[-1]} (measured and allowed: {HEAD_DIMS})"
+    if why is None and q.dtype != torch.bfloat16:
+        why = f"dtype {q.dtype} (FA3's FP8 forward writes bf16; allowed: torch.bfloat16)"
     return why
 
 
