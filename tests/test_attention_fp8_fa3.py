@@ -132,3 +132,13 @@ def test_each_runner_says_which_kernel_a_length_runs_on(hopper):
     assert runner.kernel_for(fp8.FA3_MIN_GEN_TOKENS) == "fa3" and runner.kernel_for(fp8.FA3_MIN_GEN_TOKENS - 1) == "cudnn"
     assert attention_fp8_fa3.FA3FP8Attention().kernel_for(1) == "fa3"
     assert attention_fp8.CudnnFP8Attention().kernel_for(10**6) == "cudnn"
+
+
+def test_fa3_reads_each_branch_at_its_own_rows_of_the_packed_buffer():
+    # FA3's varlen offsets: queries N per branch, keys at each branch's [prefix | gen] rows as the buffer packs them.
+    runner = attention_fp8_fa3.FA3FP8Attention()
+    layout = PackedKVLayout((1606, 59), 100)
+    cu_q, cu_k = runner._cu_seqlens(layout, torch.device("cpu"))
+    assert cu_q.tolist() == [0, 100, 200] and cu_k.tolist() == [0, 1706, 1865]
+    assert cu_q.dtype == cu_k.dtype == torch.int32
+    assert runner._cu_seqlens(layout, torch.device("cpu"))[1] is cu_k  # made once per layout (graphs keep addresses)
