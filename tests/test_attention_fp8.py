@@ -143,6 +143,9 @@ def test_the_fp8_mode_routes_long_attention_calls_to_fp8(nano, monkeypatch, thre
         bf16 = engine.generate(nano, dict(request))
         nano.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch", fp8=True, fp8_policy="row:attn")
         ours = engine.generate(nano, dict(request))
+        # The FP8 weights stay on the model for the next FP8 request; a bf16 request after it ran no FP8 attention.
+        nano.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
+        after = engine.generate(nano, dict(request))
     finally:
         nano.fast_path, nano.fp8_weights = None, None
     assert ours.precision == FP8_LABEL and bf16.precision == "bf16"
@@ -154,7 +157,7 @@ def test_the_fp8_mode_routes_long_attention_calls_to_fp8(nano, monkeypatch, thre
     else:
         assert calls == [] and np.array_equal(ours.frames, bf16.frames)
         assert ours.summary()["fp8_attention"] is None  # FP8 GEMMs, bf16 attention
-    assert bf16.summary()["fp8_attention"] is None
+    assert bf16.summary()["fp8_attention"] is None and after.summary()["fp8_attention"] is None
 
 
 def test_the_fp8_attention_and_its_cudnn_graphs_outlive_a_change_of_policy(nano, monkeypatch):

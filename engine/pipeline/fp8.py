@@ -430,18 +430,25 @@ def tower_weights(model, options, fused) -> FP8Weights | None:
     return fp8_weights(model, fused(), host_policy(model.info.family, model.device, options.fp8_policy))
 
 
-def result_policy(model, tower) -> FP8Policy | None:
-    """The FP8 policy a request ran under (its tower's, or the FP8-only model's), None for bf16."""
+def _result_weights(model, tower) -> FP8Weights | None:
+    """The FP8 weights a request ran with: its tower's, or the FP8-only model's; None for bf16 (FP8 weights kept
+    beside the bf16 ones for other requests do not count)."""
     if getattr(tower, "fp8", None) is not None:
-        return tower.fp8.policy
+        return tower.fp8
     held = getattr(model, "fp8_weights", None)
-    return held.policy if held is not None and held.resident else None
+    return held if held is not None and held.resident else None
+
+
+def result_policy(model, tower) -> FP8Policy | None:
+    """The FP8 policy a request ran under, None for bf16."""
+    weights = _result_weights(model, tower)
+    return None if weights is None else weights.policy
 
 
 def result_attention_kernel(model, tower) -> str | None:
     """The FP8 attention kernel a request's attention ran on ("fa3", "cudnn"), None where it stayed bf16. Why in the
     summary: the two kernels round differently, so the same seed and policy give slightly different frames."""
-    weights = getattr(tower, "fp8", None) or getattr(model, "fp8_weights", None)
+    weights = _result_weights(model, tower)
     cache = getattr(tower, "cache", None)
     if weights is None or weights.attention is None or cache is None:
         return None
