@@ -125,13 +125,10 @@ def fa3_bf16(q, kv, layout):
     """FA3's bf16 varlen forward over the packed buffer as it lies (both branches, one call), for comparison."""
     batch, n_gen, hq, head_dim = q.shape
     rows = layout.total_rows
-    cu_q = torch.arange(0, (batch + 1) * n_gen, n_gen, dtype=torch.int32, device=q.device)
-    cu_k = torch.tensor([layout.branch_start(b) for b in range(batch + 1)], dtype=torch.int32, device=q.device)
     out = torch.empty(batch * n_gen, hq, head_dim, dtype=q.dtype, device=q.device)
-    attention_fp8_fa3._fa3().fwd(q.reshape(batch * n_gen, hq, head_dim), kv[0, :rows], kv[1, :rows], None, None,
-                                 None, out, cu_q, cu_k, None, None, None, n_gen, layout.max_kv_len, None, None, None,
-                                 None, None, None, None, None, None, 1 / math.sqrt(head_dim), False, -1, -1, 0, 0.0,
-                                 True, None, 1, None, 0)
+    attention_fp8_fa3.varlen_forward(q.reshape(batch * n_gen, hq, head_dim), kv[0, :rows], kv[1, :rows], out,
+                                     attention_fp8_fa3.varlen_offsets(layout, q.device), n_gen, layout.max_kv_len,
+                                     1 / math.sqrt(head_dim), pack_gqa=None)
     return out.view(batch, n_gen, hq, head_dim)
 
 

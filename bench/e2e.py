@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from contextlib import contextmanager
+from unittest import mock
 
 import torch
 
@@ -614,13 +615,12 @@ def fp8_step(model, width: int, height: int, frames: int, log=print, policies: t
     out = {"shape": f"{width}x{height} {frames}f", "prefix_lens": list(prefix_lens)}
     runs = [("bf16", FastPathOptions(enabled=True), "")]
     for policy in policies:
-        names_attention = fp8.policy_from_env("nano", policy).attention
+        names_attention = fp8.policy_from_env(model.info.family, policy).attention
         for number, backend in enumerate(attention_backends if names_attention else ("",)):
             label = f"FP8 {policy or 'default'}" + (f" [{backend or 'engine'}]" if names_attention else "")
             label += f" #{number + 1}" if names_attention and attention_backends.count(backend) > 1 else ""
             runs.append((label, FastPathOptions(enabled=True, fp8=True, fp8_policy=policy), backend))
-    saved = {name: os.environ.get(name) for name in ("COSMOS3_FP8_ATTENTION", "COSMOS3_FA3_PACK_GQA")}
-    with torch.no_grad():
+    with torch.no_grad(), mock.patch.dict(os.environ):  # the environment as it was afterwards
         for label, options, backend in runs:
             model.fast_path = options
             name, _, pack = backend.partition("/pack=")
@@ -635,11 +635,6 @@ def fp8_step(model, width: int, height: int, frames: int, log=print, policies: t
             finally:
                 model.fast_path, model.fp8_weights = None, None
             log({label: out.get(label + " ms/step", out.get(label + " failed"))})
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
     log(out)
     return out
 

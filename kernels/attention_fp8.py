@@ -29,11 +29,12 @@ score row) gained nothing there, so it is not done.
 
 Why cuDNN: flash-attn-4's FP8 forward is SM100-only, and cuDNN's is a maintained FP8 attention for Hopper from the
 registry (`nvidia-cudnn-frontend`, over the cuDNN that PyTorch ships). Where `fa3-fwd` is installed the FP8 mode
-takes FlashAttention-3's FP8 forward instead (`kernels.attention_fp8_fa3`, which shares this module's quantisation
-and reference): a Nano 720p FP8 step 4.0-4.2 s against 4.5 s with this one (docs/PERFORMANCE.md, "FA3's FP8
-forward"). This one stays for hosts without it and for GPUs past Hopper. Measured on one H200 with both CFG
-branches and this module's quantisation (bench/bench_attention_fp8.py; docs/PERFORMANCE.md, "FP8 attention through cuDNN" and
-"Centring v"): 79.8 ms against flash-attn-4's bf16 94.8 ms at Nano 720p/189f (44160 gen tokens), 1.19x; 7.36
+takes FlashAttention-3's FP8 forward instead for long calls (`kernels.attention_fp8_fa3`, which shares this
+module's quantisation and reference): a Nano 720p FP8 step took 4.32 s with it against 4.47-4.52 s with this one,
+alternated on each of two H200s, and 4.01 s with FA3 unpacked on a third (docs/PERFORMANCE.md, "FA3's FP8
+forward"). This one stays for shorter calls, for hosts without FA3, and for GPUs past Hopper. Measured on one
+H200 with both CFG branches and this module's quantisation (bench/bench_attention_fp8.py; docs/PERFORMANCE.md,
+"FP8 attention through cuDNN" and "Centring v"): 79.8 ms against flash-attn-4's bf16 94.8 ms at Nano 720p/189f (44160 gen tokens), 1.19x; 7.36
 against 8.24 ms at 480p/121f (12090), 1.12x. It is approximate (every operand keeps 3 mantissa bits), so it
 runs only where the FP8 mode's policy names it (`engine.pipeline.fp8`).
 
@@ -157,8 +158,7 @@ def _scalars(q_amax: torch.Tensor, k_amax: torch.Tensor, v_amax: torch.Tensor) -
 
 @dataclass(frozen=True)
 class BranchOperands:
-    """One branch's operands as contiguous [rows, heads, head_dim] tensors, what quantises them, and the call's
-    scalars (`SCALARS` order)."""
+    """One branch's operands as contiguous [rows, heads, head_dim] tensors and what quantises them."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -166,7 +166,12 @@ class BranchOperands:
     amaxes: tuple  # q's, k's, and the bound on |v - v_mean| (v's own amax when not centred)
     v_mean: torch.Tensor | None  # [K/V heads, head_dim] fp32, subtracted from v before quantisation
     out_bias: torch.Tensor | None  # v_mean per query head [heads, head_dim], added back to the output
-    scalars: torch.Tensor
+
+    @property
+    def scalars(self) -> torch.Tensor:
+        """cuDNN's fp32 scalars for this branch (`SCALARS` order), made on the device when asked: FA3's path takes
+        only the amaxes."""
+        return _scalars(*self.amaxes)
 
 
 def _branch_operands(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, branch: int,
@@ -179,7 +184,7 @@ def _branch_operands(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVL
         v_mean = v.mean(0, dtype=torch.float32)
         amaxes[2] = amaxes[2] + amax(v_mean)  # bounds |v - v_mean| without a pass over v - v_mean
         out_bias = v_mean.repeat_interleave(q_b.shape[1] // k.shape[1], 0)
-    return BranchOperands(q_b, k, v, tuple(amaxes), v_mean, out_bias, _scalars(*amaxes))
+    return BranchOperands(q_b, k, v, tuple(amaxes), v_mean, out_bias)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -306,11 +311,12 @@ class CudnnFP8Attention:
             o8 = torch.empty_like(q8)
             graph, tensors, workspace = self._graph(q.device, n_gen, k8.shape[0], hq, k8.shape[1], head_dim, scale)
             pack = {tensors["q"]: q8, tensors["k"]: k8, tensors["v"]: v8, tensors["o"]: o8}
-            pack.update({tensors[name]: ops.scalars[i:i + 1].view(1, 1, 1, 1)
+            scalars = ops.scalars
+            pack.update({tensors[name]: scalars[i:i + 1].view(1, 1, 1, 1)
                          for i, name in enumerate(SCALARS) if name in tensors})
             graph.execute(pack, workspace, handle=handle)
             target = out[branch]
-            descale_o = ops.scalars[6:7]
+            descale_o = scalars[6:7]
             if target.is_contiguous():
                 dequantize_e4m3(o8, descale_o, target, bias=ops.out_bias)
             else:

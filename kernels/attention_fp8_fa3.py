@@ -18,7 +18,7 @@ Why: FlashAttention-3 is the FP8 attention written for Hopper. The registry carr
 CUDA 13 against PyTorch's stable ABI, as the wheel `fa3-fwd` (Dao-AILab's Hopper code, forward only, FP8 and
 varlen built in). It is optional (requirements-extras.txt). Where both are installed the FP8 mode takes it
 over cuDNN's for long calls, where it measured faster (`engine.pipeline.fp8.FA3_MIN_GEN_TOKENS`; a Nano 720p FP8
-step 4.0 s against 4.5 s; docs/PERFORMANCE.md, "FA3's FP8 forward: the FP8 target met").
+step 4.32 s against 4.47-4.52 s, alternated on each of two H200s; docs/PERFORMANCE.md, "FA3's FP8 forward: the FP8 target met").
 
 Why v is still centred: without the output's e4m3 rounding, a common part in v still costs FA3 what it costs
 cuDNN. On one H200 at 44160 keys, with the towers' size of common part, the error against fp32 was 2.4e-1
@@ -124,6 +124,25 @@ def add_branch_bias_(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def varlen_offsets(layout: PackedKVLayout, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """FA3's varlen offsets over the packed buffer: queries `gen_len` a branch, keys each branch's rows."""
+    gen = [layout.gen_len * b for b in range(layout.num_branches + 1)]
+    keys = [layout.branch_start(b) for b in range(layout.num_branches + 1)]
+    return tuple(torch.tensor(v, dtype=torch.int32, device=device) for v in (gen, keys))
+
+
+def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, offsets: tuple,
+                   max_q: int, max_k: int, scale: float, descales: tuple = (None, None, None),
+                   pack_gqa: bool | None = PACK_GQA) -> torch.Tensor:
+    """FA3's varlen forward into `out` ([rows, heads, head_dim] each; `offsets` from `varlen_offsets`): FP8 with
+    `descales` ([branches, K/V heads] fp32 each, q's, k's, v's) or bf16 without. Everything else is off: no
+    causal mask, window, softcap, paged or appended K/V, and one split."""
+    cu_q, cu_k = offsets
+    return _fa3().fwd(q, k, v, None, None, None, out, cu_q, cu_k, None, None, None, max_q, max_k,
+                      None, None, None, None, None, None, *descales, scale, False, -1, -1, 0, 0.0, True, None, 1,
+                      pack_gqa, 0)[0]
+
+
 class FA3FP8Attention:
     """The op through FA3's FP8 varlen forward, both branches in one call. The row offsets it hands FA3 are kept
     per layout on the device, made on a layout's first call (which must not be under CUDA-graph capture, as with
@@ -157,11 +176,9 @@ class FA3FP8Attention:
             biases.append(ops.out_bias)
         # [3, B, Hk]: descale_q, descale_k, descale_v per branch, repeated over the K/V heads (FA3's shape)
         descales = (torch.stack(amaxes, 1) / E4M3_MAX)[:, :, None].expand(3, batch, hk).contiguous()
-        cu_q, cu_k = self._cu_seqlens(layout, q.device)
         result = torch.empty(batch * n_gen, hq, head_dim, dtype=torch.bfloat16, device=q.device)
-        _fa3().fwd(q8.view(batch * n_gen, hq, head_dim), k8, v8, None, None, None, result, cu_q, cu_k, None, None,
-                   None, n_gen, layout.max_kv_len, None, None, None, None, None, None,
-                   descales[0], descales[1], descales[2], scale, False, -1, -1, 0, 0.0, True, None, 1, self.pack_gqa, 0)
+        varlen_forward(q8.view(batch * n_gen, hq, head_dim), k8, v8, result, self._cu_seqlens(layout, q.device),
+                       n_gen, layout.max_kv_len, scale, tuple(descales), self.pack_gqa)
         result = result.view(batch, n_gen, hq, head_dim)
         if self.centred:  # vbar back, per branch and query head: summed in fp32, one rounding to bf16
             add_branch_bias_(result, torch.stack(biases))
@@ -176,7 +193,5 @@ class FA3FP8Attention:
     def _cu_seqlens(self, layout: PackedKVLayout, device: torch.device) -> tuple:
         key = (str(device), layout.prefix_lens, layout.gen_len)
         if key not in self._offsets:
-            gen = [layout.gen_len * b for b in range(layout.num_branches + 1)]
-            keys = [layout.branch_start(b) for b in range(layout.num_branches + 1)]
-            self._offsets[key] = tuple(torch.tensor(v, dtype=torch.int32, device=device) for v in (gen, keys))
+            self._offsets[key] = varlen_offsets(layout, device)
         return self._offsets[key]

@@ -1,6 +1,8 @@
 """FA3's FP8 attention (`kernels.attention_fp8_fa3`) on the CPU: its PyTorch reference, its refusals, and how the
 FP8 mode picks between it and cuDNN's (`engine.pipeline.fp8.FP8_ATTENTION_BACKENDS`). FA3's kernel itself runs on
 the H200 (tests/test_gpu_attention_fp8.py), where it is held to this reference and to fp32."""
+import sys
+
 import pytest
 import torch
 
@@ -97,7 +99,7 @@ def test_the_fp8_mode_takes_the_first_backend_the_host_can_run(hopper, monkeypat
     assert fp8.host_policy("nano", "cuda").attention is False
     monkeypatch.setattr(fp8, "mslk_unavailable", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setitem(__import__("sys").modules, "torchao", object())
+    monkeypatch.setitem(sys.modules, "torchao", object())  # check_available's import, on a host without it
     with pytest.raises(fp8.FP8Unavailable, match=r"'row:in\+attn' runs attention in FP8, which needs fa3-fwd is not "
                                                  r"installed or nvidia-cudnn-frontend"):
         fp8.check_available("cuda", policy)

@@ -250,19 +250,23 @@ def attention_backend_from_env() -> str:
     return named
 
 
-def attention_backend(device) -> tuple[str | None, str | None]:
-    """(the FP8 attention kernel for `device`, None) or (None, what the device or host lacks for any of them)."""
+def attention_backends(device) -> tuple[list[str], str | None]:
+    """The FP8 attention kernels `device` and this host can run, fastest first (only COSMOS3_FP8_ATTENTION's when
+    set), and, when there are none, what is lacking."""
     why = _hopper_missing(device)
     if why is not None:
-        return None, why
+        return [], why
     named = attention_backend_from_env()
-    reasons = []
-    for name in [named] if named else list(FP8_ATTENTION_BACKENDS):
-        lacking = _attention_module(name).unavailable(device)
-        if lacking is None:
-            return name, None
-        reasons.append(lacking)
-    return None, " or ".join(reasons)
+    candidates = [named] if named else list(FP8_ATTENTION_BACKENDS)
+    lacking = {name: _attention_module(name).unavailable(device) for name in candidates}
+    usable = [name for name in candidates if lacking[name] is None]
+    return usable, None if usable else " or ".join(lacking.values())
+
+
+def attention_backend(device) -> tuple[str | None, str | None]:
+    """(the fastest FP8 attention kernel for `device`, None) or (None, what the device or host lacks for any)."""
+    usable, why = attention_backends(device)
+    return (usable[0] if usable else None), why
 
 
 def attention_unavailable(device) -> str | None:
@@ -332,10 +336,10 @@ def fp8_attention(policy: FP8Policy, device, centred: bool = True):
     refuses such a policy before it gets here)."""
     if not policy.attention:
         return None
-    name = attention_backend(device)[0] or "cudnn"
-    if name == "fa3" and not attention_backend_from_env() and _attention_module("cudnn").unavailable(device) is None:
+    usable = attention_backends(device)[0] or ["cudnn"]
+    if usable[:2] == ["fa3", "cudnn"]:  # both, none named: each takes the lengths it measured faster at
         return FP8AttentionByLength(_runner("fa3", centred), _runner("cudnn", centred))
-    return _runner(name, centred)
+    return _runner(usable[0], centred)
 
 
 def _runner(name: str, centred: bool):
