@@ -4,11 +4,11 @@
     python bench/bench_attention_fp8.py --plans --json $OUT/plans.json     # ~30 s: every cuDNN plan, both storages
 
 Nano's heads (32 query, 8 K/V, head_dim 128), both CFG branches (prefixes 1606 and 59 tokens, as a request
-with a 1.6k-token prompt and the default negative prompt), gen tokens of 720p/189f (44160) and 480p/121f
-(12090): the bf16 path dispatch chooses (`KernelDispatcher.prefix_attention`, flash-attn-4 where installed)
+with a 1.6k-token prompt and the default negative prompt), gen tokens of 720p/189f (44160), 480p/121f
+(12090) and the shortest call the FP8 mode gives the FP8 attention (`FP8_ATTENTION_MIN_GEN_TOKENS`, 8192): the bf16 path dispatch chooses (`KernelDispatcher.prefix_attention`, flash-attn-4 where installed)
 against `kernels.attention_fp8.CudnnFP8Attention` (its quantisation and dequantisation passes included) and,
-where `fa3-fwd` is installed, `kernels.attention_fp8_fa3.FA3FP8Attention` and FA3's own bf16 forward, as the
-engine calls them, the FP8 ones with v centred (the default) and not; ms per call (CUDA events, median of
+where `fa3-fwd` is installed, `kernels.attention_fp8_fa3.FA3FP8Attention` (unpacked, the default, and with the query heads packed
+per K/V head) and FA3's own bf16 forward, as the engine calls them, the FP8 ones with v centred (the default) and not; ms per call (CUDA events, median of
 --iters), TFLOP/s (4 N L D Hq summed over the branches), and each one's relative error against fp32
 attention on the first --rows queries of each branch, for zero-mean v ("rel_error") and for v with a common
 offset per head and channel as the towers have one ("rel_error_v_offset", `V_OFFSET`).
@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.e2e import run_header  # noqa: E402
+from engine.pipeline.fp8 import FP8_ATTENTION_MIN_GEN_TOKENS  # noqa: E402
 from kernels import attention_fp8, attention_fp8_fa3  # noqa: E402
 from kernels.dispatch import KernelDispatcher  # noqa: E402
 from kernels.packed_kv import PackedKVLayout  # noqa: E402
@@ -38,7 +39,7 @@ from kernels.timing import time_ms  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 PREFIXES = (1606, 59)
-SHAPES = {"720p/189f": 44160, "480p/121f": 12090}
+SHAPES = {"720p/189f": 44160, "480p/121f": 12090, "FP8 floor": FP8_ATTENTION_MIN_GEN_TOKENS}
 # In random-weight towers v's mean over a branch's rows is 0.13-0.44 of its spread per (head, channel) (Edge
 # T2I 640x640, Nano T2V 832x480/17f, fp32 on the CPU: bench/bench_fp8_attention_inputs.py; docs/PERFORMANCE.md,
 # "Centring v").
@@ -132,7 +133,7 @@ def fa3_bf16(q, kv, layout):
     return out.view(batch, n_gen, hq, head_dim)
 
 
-def op_rows(iters: int, error_rows: int) -> list[dict]:
+def op_rows(iters: int, error_rows: int, shapes: dict) -> list[dict]:
     """The default section (module docstring): one row per shape, every path as the engine calls it."""
     rows = []
     dispatch = KernelDispatcher("auto")
@@ -142,10 +143,11 @@ def op_rows(iters: int, error_rows: int) -> list[dict]:
     why_not_fa3 = attention_fp8_fa3.unavailable("cuda")
     if why_not_fa3 is None:
         paths.update({"bf16 (FA3)": fa3_bf16, "FP8 (FA3)": attention_fp8_fa3.FA3FP8Attention(),
-                      "FP8 (FA3, v not centred)": attention_fp8_fa3.FA3FP8Attention(centred=False)})
+                      "FP8 (FA3, v not centred)": attention_fp8_fa3.FA3FP8Attention(centred=False),
+                      "FP8 (FA3, packed)": attention_fp8_fa3.FA3FP8Attention(pack_gqa=True)})
     else:
         print(json.dumps({"FA3 left out": why_not_fa3}), flush=True)
-    for label, gen in SHAPES.items():
+    for label, gen in shapes.items():
         q, kv, layout = inputs(gen)
         offset = inputs(gen, seed=1, v_offset=V_OFFSET)
         flops = sum(4 * gen * layout.kv_len(b) * HEAD_DIM * HEADS for b in range(layout.num_branches))
@@ -172,14 +174,16 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--rows", type=int, default=512)
     parser.add_argument("--plans", action="store_true", help="every cuDNN FP8 SDPA plan instead (module docstring)")
+    parser.add_argument("--gen", default=None, help="gen tokens per branch, comma-separated, instead of SHAPES")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    shapes = {f"{n} gen": int(n) for n in args.gen.split(",")} if args.gen else SHAPES
     results = {"header": run_header(torch.cuda.get_device_name())}
     print(json.dumps(results["header"]), flush=True)
     if args.plans:
         results["plans"] = plan_rows(args.iters)
     else:
-        results["rows"] = op_rows(args.iters, args.rows)
+        results["rows"] = op_rows(args.iters, args.rows, shapes)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0

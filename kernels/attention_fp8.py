@@ -323,9 +323,6 @@ class CudnnFP8Attention:
                 target.copy_(dequantize_e4m3(o8, descale_o, torch.empty_like(ops.q), bias=ops.out_bias))
         return out
 
-    def kernel_for(self, gen_len: int) -> str:
-        return self.name
-
     def _handle(self, device: torch.device):
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index not in self._handles:

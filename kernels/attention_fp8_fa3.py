@@ -17,8 +17,8 @@ Both branches go in one call: FA3's varlen form reads the packed rows as they li
 Why: FlashAttention-3 is the FP8 attention written for Hopper. The registry carries its forward prebuilt for
 CUDA 13 against PyTorch's stable ABI, as the wheel `fa3-fwd` (Dao-AILab's Hopper code, forward only, FP8 and
 varlen built in). It is optional (requirements-extras.txt). Where both are installed the FP8 mode takes it
-over cuDNN's for long calls, where it measured faster (`engine.pipeline.fp8.FA3_MIN_GEN_TOKENS`; a Nano 720p FP8
-step 4.32 s against 4.47-4.52 s, alternated on each of two H200s; docs/PERFORMANCE.md, "FA3's FP8 forward: the FP8 target met").
+over cuDNN's for every call, as it measured faster at every length (`engine.pipeline.fp8.FP8_ATTENTION_BACKENDS`
+says by how much; docs/PERFORMANCE.md, "One FP8 attention kernel at every length").
 
 Why v is still centred: without the output's e4m3 rounding, a common part in v still costs FA3 what it costs
 cuDNN. On one H200 at 44160 keys, with the towers' size of common part, the error against fp32 was 2.4e-1
@@ -42,7 +42,9 @@ FA3_DISTRIBUTION = "fa3-fwd"
 # Whether FA3 packs the query heads that share a K/V head into one tile. Its heuristic packs every varlen call; at
 # Nano 720p (44160 gen tokens a branch, 4 query heads per K/V head) an FP8 step took 4014 ms unpacked against
 # 4191 with the heuristic and 4201 packed, two alternated runs each on one H200 (docs/PERFORMANCE.md, "FA3's FP8
-# forward: the FP8 target met"). Measured only there, where the engine uses FA3 (FA3_MIN_GEN_TOKENS).
+# forward: the FP8 target met"). The call alone, swept from 4096 to 44160 gen tokens, was faster unpacked at every
+# length but 8192, the FP8 attention's shortest (3.53 and 3.83 ms against 3.49 and 3.51 packed, two runs): a
+# length rule for one length's 0.3 ms a layer was not worth its branch ("One FP8 attention kernel at every length").
 PACK_GQA = False
 _BLOCK = 4096
 # FA3's FP8 softmax: P = exp2(x - max + 8), so the largest probability of a row is 2**8 before its e4m3 cast.
@@ -186,9 +188,6 @@ class FA3FP8Attention:
             return result
         out.copy_(result)
         return out
-
-    def kernel_for(self, gen_len: int) -> str:
-        return self.name
 
     def _cu_seqlens(self, layout: PackedKVLayout, device: torch.device) -> tuple:
         key = (str(device), layout.prefix_lens, layout.gen_len)

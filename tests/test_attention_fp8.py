@@ -134,7 +134,7 @@ def test_the_fp8_mode_routes_long_attention_calls_to_fp8(nano, monkeypatch, thre
         calls.append(layout.gen_len)
         return attention_fp8.prefix_attention_fp8_reference(q, kv_buffer, layout, **kwargs)
 
-    recorded.kernel_for = lambda gen_len: "recorded"
+    recorded.name = "recorded"
     monkeypatch.setattr(fp8, "fp8_attention", lambda policy, device: recorded if policy.attention else None)
     request = dict(mode="t2v", prompt="a lighthouse at dusk", negative_prompt="blurry", seed=3, steps=2, num_frames=9)
     layers = len(nano.transformer.layers)

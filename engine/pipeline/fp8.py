@@ -22,8 +22,8 @@ Two ways to hold the weights:
 Attention can run in FP8 too (the policy's role "attn", e.g. "row:in+attn"), where a branch has at least
 `FP8_ATTENTION_MIN_GEN_TOKENS` gen tokens (shorter calls keep the bf16 attention), on the kernels of
 `FP8_ATTENTION_BACKENDS` the host has: FlashAttention-3's FP8 forward (`kernels.attention_fp8_fa3`, optional:
-`fa3-fwd`) from `FA3_MIN_GEN_TOKENS` up, cuDNN's FP8 SDPA (`kernels.attention_fp8`, optional:
-`nvidia-cudnn-frontend`) below it, or whichever one is installed.
+`fa3-fwd`) where it is installed, else cuDNN's FP8 SDPA (`kernels.attention_fp8`, optional:
+`nvidia-cudnn-frontend`).
 
 Numeric gate (tests/test_gpu_fp8.py, full-size random weights on the H200): one step's velocity
 against an fp32 forward of the same weights stays within 3x the relative error of diffusers' own
@@ -56,24 +56,23 @@ ROLES = GEMMS + ("attn",)
 QUANTISERS = ("torch", "mslk")
 MSLK_DISTRIBUTION = "mslk-cuda"
 
-# Below this many gen tokens per branch the FP8 attention is not offered: measured only at 12090 (1.12x bf16's
-# flash-attn-4, both branches, quantisation included) and 44160 (1.19-1.22x) on one H200 (bench/bench_attention_fp8.py;
-# docs/PERFORMANCE.md, "FP8 attention through cuDNN"), and at image sizes a call is too short for its
-# quantisation passes to pay.
+# Below this many gen tokens per branch the FP8 attention is not offered: there its quantisation passes cost more
+# than its FP8 tensor cores save. Swept on one H200 (Nano's heads, both branches, quantisation included; `python3
+# bench/bench_attention_fp8.py --iters 20 --gen 4096,...,32768`; docs/PERFORMANCE.md, "One FP8 attention kernel at
+# every length"): FA3's FP8 forward against bf16's flash-attn-4 took 2.31 against 2.18 ms at 6144 and 3.53
+# against 3.68 at 8192, and won at every length above. cuDNN's FP8 SDPA first won at 9216 (4.42 against 4.71; 3.88
+# against 3.68 at 8192), so on a host with cuDNN's and not FA3's the calls of 8192-9215 gen tokens lose about 5%.
 FP8_ATTENTION_MIN_GEN_TOKENS = 8192
 
-# The kernels the role "attn" runs on, by their module in `kernels`, fastest first at the lengths FA3_MIN_GEN_TOKENS
-# gives FA3: those this device and host can run are used, unless `COSMOS3_FP8_ATTENTION` names one. The order is
-# measured (one H200, Nano's heads, both CFG branches, quantisation included; bench/bench_attention_fp8.py and
-# bench_engine.py --fp8-attention; docs/PERFORMANCE.md, "FA3's FP8 forward"): FA3's FP8 forward, with a bf16
-# output, against cuDNN's FP8 SDPA, which on Hopper also rounds its output to e4m3.
+# The kernels the role "attn" runs on, by their module in `kernels`, fastest first: the first one this device and
+# host can run takes every FP8 attention call, unless `COSMOS3_FP8_ATTENTION` names one. The order is measured (one
+# H200, Nano's heads, both CFG branches, quantisation included; docs/PERFORMANCE.md, "One FP8 attention kernel at
+# every length"): FA3's FP8 forward (unpacked, with a bf16 output) took 3.6-12.8% less time than cuDNN's FP8 SDPA
+# (which on Hopper also rounds its output to e4m3) in each of 15 rows, three runs, 11 lengths from 4096 to 44160 gen
+# tokens per branch (720p/189f: 70.4 against 79.6 ms; 480p/121f: 6.80 against 7.05), and a 480p/121f FP8 step took
+# 639 and 630 ms against 668 and 663 (bench_engine.py --fp8-step 832x480x121 --fp8-attention fa3,cudnn,fa3,cudnn).
 FP8_ATTENTION_BACKENDS = {"fa3": ("attention_fp8_fa3", "FA3FP8Attention"),
                           "cudnn": ("attention_fp8", "CudnnFP8Attention")}
-# Where both are installed and none is named, FA3's takes the calls from this many gen tokens per branch up and
-# cuDNN's the shorter ones (from FP8_ATTENTION_MIN_GEN_TOKENS): FA3's was measured faster at 44160 (Nano 720p/189f)
-# and slower at 12090 (480p/121f: 7.93 against 7.06 ms a call, with FA3's packing heuristic and before the bias
-# kernel); between the two nothing was measured.
-FA3_MIN_GEN_TOKENS = 32768
 
 
 class FP8Unavailable(RuntimeError):
@@ -336,37 +335,11 @@ def fp8_attention(policy: FP8Policy, device, centred: bool = True):
     refuses such a policy before it gets here)."""
     if not policy.attention:
         return None
-    usable = attention_backends(device)[0] or ["cudnn"]
-    if usable[:2] == ["fa3", "cudnn"]:  # both, none named: each takes the lengths it measured faster at
-        return FP8AttentionByLength(_runner("fa3", centred), _runner("cudnn", centred))
-    return _runner(usable[0], centred)
-
-
-def _runner(name: str, centred: bool):
+    name = (attention_backends(device)[0] or ["cudnn"])[0]
     runner = getattr(_attention_module(name), FP8_ATTENTION_BACKENDS[name][1])
     if name == "fa3":
         return runner(centred=centred, pack_gqa=fa3_pack_gqa_from_env())
     return runner(centred=centred)
-
-
-@dataclass
-class FP8AttentionByLength:
-    """FA3's FP8 attention for calls from `FA3_MIN_GEN_TOKENS` gen tokens per branch up, cuDNN's for shorter ones
-    (read per call, so a benchmark can move the threshold)."""
-
-    long: object
-    short: object
-
-    @property
-    def centred(self) -> bool:
-        return self.long.centred
-
-    def kernel_for(self, gen_len: int) -> str:
-        return (self.long if gen_len >= FA3_MIN_GEN_TOKENS else self.short).kernel_for(gen_len)
-
-    def __call__(self, q, kv_buffer, layout, **kwargs):
-        runner = self.long if layout.gen_len >= FA3_MIN_GEN_TOKENS else self.short
-        return runner(q, kv_buffer, layout, **kwargs)
 
 
 def fa3_pack_gqa_from_env() -> bool | None:
@@ -459,7 +432,7 @@ def result_attention_kernel(model, tower) -> str | None:
     count = len(weights.qkv)
     if not any(weights.attends_in_fp8(index, count, cache.layout) for index in range(count)):
         return None
-    return weights.attention.kernel_for(cache.layout.gen_len)
+    return weights.attention.name
 
 
 def precision_label(policy: FP8Policy | None) -> str:
