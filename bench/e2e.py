@@ -315,6 +315,7 @@ def timed_generate(model, request) -> dict:
     row["steps"] = result.params["steps"]
     row["denoise_ms_per_step"] = 1000 * row["denoise_s"] / row["steps"]
     row["precision"], row["fp8_policy"] = result.precision, result.fp8_policy
+    row["fp8_attention"] = result.fp8_attention  # which FP8 attention kernel ran (None: bf16 attention)
     row.update(pauses)
     return row
 
@@ -468,7 +469,8 @@ def table_markdown(results: dict) -> str:
         checked = "warm" if "warm" in row else "cold"
         policy = row[checked].get("fp8_policy")  # None: bf16 (and rows recorded before the field existed)
         stage, limit = (FP8_TARGETS if policy else TARGETS).get(name, (None, None))
-        label = f"{name}, FP8 {policy}" if policy else name
+        kernel = row[checked].get("fp8_attention")  # absent from rows recorded before the field existed
+        label = f"{name}, FP8 {policy}" + (f" ({kernel})" if kernel else "") if policy else name
         for run_name in ("cold", "warm"):
             r = row.get(run_name)
             if r is None:
