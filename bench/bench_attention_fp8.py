@@ -3,15 +3,16 @@
     python bench/bench_attention_fp8.py --json $OUT/attention_fp8.json     # ~1 min on an H200
     python bench/bench_attention_fp8.py --plans --json $OUT/plans.json     # ~30 s: every cuDNN plan, both storages
 
-Nano's heads (32 query, 8 K/V, head_dim 128), both CFG branches (prefixes 1606 and 59 tokens, as a request
-with a 1.6k-token prompt and the default negative prompt), gen tokens of 720p/189f (44160), 480p/121f
-(12090) and the shortest call the FP8 mode gives the FP8 attention (`FP8_ATTENTION_MIN_GEN_TOKENS`, 8192): the bf16 path dispatch chooses (`KernelDispatcher.prefix_attention`, flash-attn-4 where installed)
-against `kernels.attention_fp8.CudnnFP8Attention` (its quantisation and dequantisation passes included) and,
-where `fa3-fwd` is installed, `kernels.attention_fp8_fa3.FA3FP8Attention` (unpacked, the default, and with the query heads packed
-per K/V head) and FA3's own bf16 forward, as the engine calls them, the FP8 ones with v centred (the default) and not; ms per call (CUDA events, median of
---iters), TFLOP/s (4 N L D Hq summed over the branches), and each one's relative error against fp32
-attention on the first --rows queries of each branch, for zero-mean v ("rel_error") and for v with a common
-offset per head and channel as the towers have one ("rel_error_v_offset", `V_OFFSET`).
+Nano's heads (32 query, 8 K/V, head_dim 128), both CFG branches (prefixes 1606 and 59 tokens, as a request with a
+1.6k-token prompt and the default negative prompt), gen tokens of 720p/189f (44160), 480p/121f (12090) and the
+shortest call the FP8 mode gives the FP8 attention (`FP8_ATTENTION_MIN_GEN_TOKENS`, 8192), or those `--gen` lists:
+the bf16 path dispatch chooses (`KernelDispatcher.prefix_attention`, flash-attn-4 where installed) against
+`kernels.attention_fp8.CudnnFP8Attention` (its quantisation and dequantisation passes included) and, where `fa3-fwd`
+is installed, `kernels.attention_fp8_fa3.FA3FP8Attention` (unpacked, the default, and with the query heads packed
+per K/V head) and FA3's own bf16 forward, as the engine calls them, the FP8 ones with v centred (the default) and
+not; ms per call (CUDA events, median of --iters), TFLOP/s (4 N L D Hq summed over the branches), and each one's
+relative error against fp32 attention on the first --rows queries of each branch, for zero-mean v ("rel_error") and
+for v with a common offset per head and channel as the towers have one ("rel_error_v_offset", `V_OFFSET`).
 
 `--plans`: cuDNN's FP8 SDPA alone, one branch (prefix 1606) at each shape: every execution plan cuDNN offers
 (heuristics A, B and fallback, all built), for the engine's token-major storage and for heads-major; ms per
@@ -128,7 +129,7 @@ def fa3_bf16(q, kv, layout):
     rows = layout.total_rows
     out = torch.empty(batch * n_gen, hq, head_dim, dtype=q.dtype, device=q.device)
     attention_fp8_fa3.varlen_forward(q.reshape(batch * n_gen, hq, head_dim), kv[0, :rows], kv[1, :rows], out,
-                                     attention_fp8_fa3.varlen_offsets(layout, q.device), n_gen, layout.max_kv_len,
+                                     layout.cu_seqlens(q.device), n_gen, layout.max_kv_len,
                                      1 / math.sqrt(head_dim), pack_gqa=None)
     return out.view(batch, n_gen, hq, head_dim)
 

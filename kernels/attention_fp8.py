@@ -29,14 +29,14 @@ score row) gained nothing there, so it is not done.
 
 Why cuDNN: flash-attn-4's FP8 forward is SM100-only, and cuDNN's is a maintained FP8 attention for Hopper from the
 registry (`nvidia-cudnn-frontend`, over the cuDNN that PyTorch ships). Where `fa3-fwd` is installed the FP8 mode
-takes FlashAttention-3's FP8 forward instead for long calls (`kernels.attention_fp8_fa3`, which shares this
-module's quantisation and reference): a Nano 720p FP8 step took 4.32 s with it against 4.47-4.52 s with this one,
-alternated on each of two H200s, and 4.01 s with FA3 unpacked on a third (docs/PERFORMANCE.md, "FA3's FP8
-forward"). This one stays for shorter calls, for hosts without FA3, and for GPUs past Hopper. Measured on one
-H200 with both CFG branches and this module's quantisation (bench/bench_attention_fp8.py; docs/PERFORMANCE.md,
-"FP8 attention through cuDNN" and "Centring v"): 79.8 ms against flash-attn-4's bf16 94.8 ms at Nano 720p/189f (44160 gen tokens), 1.19x; 7.36
-against 8.24 ms at 480p/121f (12090), 1.12x. It is approximate (every operand keeps 3 mantissa bits), so it
-runs only where the FP8 mode's policy names it (`engine.pipeline.fp8`).
+takes FlashAttention-3's FP8 forward instead, for every call (`kernels.attention_fp8_fa3`, which shares this
+module's quantisation and reference): it measured faster at every length
+(`engine.pipeline.fp8.FP8_ATTENTION_BACKENDS`; docs/PERFORMANCE.md, "One FP8 attention kernel at every length").
+This one stays for hosts without FA3 and for GPUs past Hopper. Measured on one H200 with both CFG branches and this
+module's quantisation (bench/bench_attention_fp8.py; docs/PERFORMANCE.md, "FP8 attention through cuDNN" and
+"Centring v"): 79.8 ms against flash-attn-4's bf16 94.8 ms at Nano 720p/189f (44160 gen tokens), 1.19x; 7.36 against
+8.24 ms at 480p/121f (12090), 1.12x. It is approximate (every operand keeps 3 mantissa bits), so it runs only where
+the FP8 mode's policy names it (`engine.pipeline.fp8`).
 
 The quantisation is ours (Triton, one pass each way, scales read on the device, so the call has no host
 sync and can be captured); the amax and mean reductions are PyTorch's.

@@ -126,18 +126,11 @@ def add_branch_bias_(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def varlen_offsets(layout: PackedKVLayout, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """FA3's varlen offsets over the packed buffer: queries `gen_len` a branch, keys each branch's rows."""
-    gen = [layout.gen_len * b for b in range(layout.num_branches + 1)]
-    keys = [layout.branch_start(b) for b in range(layout.num_branches + 1)]
-    return tuple(torch.tensor(v, dtype=torch.int32, device=device) for v in (gen, keys))
-
-
 def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, offsets: tuple,
                    max_q: int, max_k: int, scale: float, descales: tuple = (None, None, None),
                    pack_gqa: bool | None = PACK_GQA) -> torch.Tensor:
-    """FA3's varlen forward into `out` ([rows, heads, head_dim] each; `offsets` from `varlen_offsets`): FP8 with
-    `descales` ([branches, K/V heads] fp32 each, q's, k's, v's) or bf16 without. Everything else is off: no
+    """FA3's varlen forward into `out` ([rows, heads, head_dim] each; `offsets`: `PackedKVLayout.cu_seqlens`):
+    FP8 with `descales` ([branches, K/V heads] fp32 each, q's, k's, v's) or bf16 without. Everything else is off: no
     causal mask, window, softcap, paged or appended K/V, and one split."""
     cu_q, cu_k = offsets
     return _fa3().fwd(q, k, v, None, None, None, out, cu_q, cu_k, None, None, None, max_q, max_k,
@@ -146,16 +139,16 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
 
 
 class FA3FP8Attention:
-    """The op through FA3's FP8 varlen forward, both branches in one call. The row offsets it hands FA3 are kept
-    per layout on the device, made on a layout's first call (which must not be under CUDA-graph capture, as with
-    cuDNN's graph build); later calls, captured or not, launch with no host sync. `centred=False`: v as it is."""
+    """The op through FA3's FP8 varlen forward, both branches in one call. The row offsets it hands FA3 are the
+    layout's cached ones (`PackedKVLayout.cu_seqlens`), made on a layout's first call (which must not be under
+    CUDA-graph capture, as with cuDNN's graph build); later calls, captured or not, launch with no host sync.
+    `centred=False`: v as it is."""
 
     name = "fa3"  # what a result's summary says ran (engine.pipeline.fp8.result_attention_kernel)
 
     def __init__(self, centred: bool = True, pack_gqa: bool | None = PACK_GQA) -> None:
         self.centred = centred
         self.pack_gqa = pack_gqa  # None: FA3's own heuristic
-        self._offsets: dict[tuple, tuple] = {}
 
     def __call__(self, q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, *,
                  scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -179,7 +172,7 @@ class FA3FP8Attention:
         # [3, B, Hk]: descale_q, descale_k, descale_v per branch, repeated over the K/V heads (FA3's shape)
         descales = (torch.stack(amaxes, 1) / E4M3_MAX)[:, :, None].expand(3, batch, hk).contiguous()
         result = torch.empty(batch * n_gen, hq, head_dim, dtype=torch.bfloat16, device=q.device)
-        varlen_forward(q8.view(batch * n_gen, hq, head_dim), k8, v8, result, self._cu_seqlens(layout, q.device),
+        varlen_forward(q8.view(batch * n_gen, hq, head_dim), k8, v8, result, layout.cu_seqlens(q.device),
                        n_gen, layout.max_kv_len, scale, tuple(descales), self.pack_gqa)
         result = result.view(batch, n_gen, hq, head_dim)
         if self.centred:  # vbar back, per branch and query head: summed in fp32, one rounding to bf16
@@ -188,9 +181,3 @@ class FA3FP8Attention:
             return result
         out.copy_(result)
         return out
-
-    def _cu_seqlens(self, layout: PackedKVLayout, device: torch.device) -> tuple:
-        key = (str(device), layout.prefix_lens, layout.gen_len)
-        if key not in self._offsets:
-            self._offsets[key] = varlen_offsets(layout, device)
-        return self._offsets[key]

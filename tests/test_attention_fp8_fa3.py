@@ -128,13 +128,3 @@ def test_each_runner_names_itself_as_cosmos3_fp8_attention_spells_it(hopper, mon
     for spelling in fp8.FP8_ATTENTION_BACKENDS:
         monkeypatch.setenv("COSMOS3_FP8_ATTENTION", spelling)
         assert fp8.fp8_attention(FP8Policy.parse("row:attn"), "cuda").name == spelling
-
-
-def test_fa3_reads_each_branch_at_its_own_rows_of_the_packed_buffer():
-    # FA3's varlen offsets: queries N per branch, keys at each branch's [prefix | gen] rows as the buffer packs them.
-    runner = attention_fp8_fa3.FA3FP8Attention()
-    layout = PackedKVLayout((1606, 59), 100)
-    cu_q, cu_k = runner._cu_seqlens(layout, torch.device("cpu"))
-    assert cu_q.tolist() == [0, 100, 200] and cu_k.tolist() == [0, 1706, 1865]
-    assert cu_q.dtype == cu_k.dtype == torch.int32
-    assert runner._cu_seqlens(layout, torch.device("cpu"))[1] is cu_k  # made once per layout (graphs keep addresses)

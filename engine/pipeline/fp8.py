@@ -235,8 +235,6 @@ def _hopper_missing(device) -> str | None:
 
 
 def _attention_module(name: str):
-    import importlib
-
     return importlib.import_module("kernels." + FP8_ATTENTION_BACKENDS[name][0])
 
 
@@ -249,23 +247,20 @@ def attention_backend_from_env() -> str:
     return named
 
 
-def attention_backends(device) -> tuple[list[str], str | None]:
-    """The FP8 attention kernels `device` and this host can run, fastest first (only COSMOS3_FP8_ATTENTION's when
-    set), and, when there are none, what is lacking."""
+def attention_backend(device) -> tuple[str | None, str | None]:
+    """(the fastest FP8 attention kernel `device` and this host can run, None), only COSMOS3_FP8_ATTENTION's when
+    set; or (None, what the device or host lacks for any)."""
     why = _hopper_missing(device)
     if why is not None:
-        return [], why
+        return None, why
     named = attention_backend_from_env()
-    candidates = [named] if named else list(FP8_ATTENTION_BACKENDS)
-    lacking = {name: _attention_module(name).unavailable(device) for name in candidates}
-    usable = [name for name in candidates if lacking[name] is None]
-    return usable, None if usable else " or ".join(lacking.values())
-
-
-def attention_backend(device) -> tuple[str | None, str | None]:
-    """(the fastest FP8 attention kernel for `device`, None) or (None, what the device or host lacks for any)."""
-    usable, why = attention_backends(device)
-    return (usable[0] if usable else None), why
+    lacking = []
+    for name in [named] if named else FP8_ATTENTION_BACKENDS:
+        why = _attention_module(name).unavailable(device)
+        if why is None:
+            return name, None
+        lacking.append(why)
+    return None, " or ".join(lacking)
 
 
 def attention_unavailable(device) -> str | None:
@@ -335,7 +330,7 @@ def fp8_attention(policy: FP8Policy, device, centred: bool = True):
     refuses such a policy before it gets here)."""
     if not policy.attention:
         return None
-    name = (attention_backends(device)[0] or ["cudnn"])[0]
+    name = attention_backend(device)[0] or "cudnn"
     runner = getattr(_attention_module(name), FP8_ATTENTION_BACKENDS[name][1])
     if name == "fa3":
         return runner(centred=centred, pack_gqa=fa3_pack_gqa_from_env())
