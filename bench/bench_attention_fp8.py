@@ -7,8 +7,8 @@ Nano's heads (32 query, 8 K/V, head_dim 128), both CFG branches (prefixes 1606 a
 1.6k-token prompt and the default negative prompt), gen tokens of 720p/189f (44160), 480p/121f (12090) and the
 shortest call the FP8 mode gives the FP8 attention (`FP8_ATTENTION_MIN_GEN_TOKENS`, 8192), or those `--gen` lists:
 the bf16 path dispatch chooses (`KernelDispatcher.prefix_attention`, flash-attn-4 where installed) against
-`kernels.attention_fp8.CudnnFP8Attention` (its quantisation and dequantisation passes included) and, where `fa3-fwd`
-is installed, `kernels.attention_fp8_fa3.FA3FP8Attention` (unpacked, the default, and with the query heads packed
+`cosmos3_kernels.attention_fp8.CudnnFP8Attention` (its quantisation and dequantisation passes included) and, where `fa3-fwd`
+is installed, `cosmos3_kernels.attention_fp8_fa3.FA3FP8Attention` (unpacked, the default, and with the query heads packed
 per K/V head) and FA3's own bf16 forward, as the engine calls them, the FP8 ones with v centred (the default) and
 not; ms per call (CUDA events, median of --iters), TFLOP/s (4 N L D Hq summed over the branches), and each one's
 relative error against fp32 attention on the first --rows queries of each branch, for zero-mean v ("rel_error") and
@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.e2e import run_header  # noqa: E402
 from engine.pipeline.fp8 import FP8_ATTENTION_MIN_GEN_TOKENS  # noqa: E402
-from kernels import attention_fp8, attention_fp8_fa3  # noqa: E402
-from kernels.dispatch import KernelDispatcher  # noqa: E402
-from kernels.packed_kv import PackedKVLayout  # noqa: E402
-from kernels.timing import time_ms  # noqa: E402
+from cosmos3_kernels import attention_fp8, attention_fp8_fa3  # noqa: E402
+from cosmos3_kernels.dispatch import KernelDispatcher  # noqa: E402
+from cosmos3_kernels.packed_kv import PackedKVLayout  # noqa: E402
+from cosmos3_kernels.timing import time_ms  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 PREFIXES = (1606, 59)

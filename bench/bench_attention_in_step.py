@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import e2e  # noqa: E402
 from bench.models import as_loaded_model, build_transformer, build_vae  # noqa: E402
-from kernels import dispatch as dsp  # noqa: E402
+from cosmos3_kernels import dispatch as dsp  # noqa: E402
 
 _MEASURE = dsp.KernelDispatcher._measure
 

@@ -33,7 +33,7 @@ from bench.e2e import TABLE_SECTIONS, table_markdown  # noqa: E402
 from bench.models import as_loaded_model, build_transformer, build_vae, gen_step_flops, step_inputs  # noqa: E402
 from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
 from engine.pipeline.prefill import EagerGenTower, make_gen_tower  # noqa: E402
-from kernels.timing import time_ms  # noqa: E402
+from cosmos3_kernels.timing import time_ms  # noqa: E402
 
 MATMUL_CEILING_TFLOPS = 790.0
 
@@ -45,7 +45,7 @@ WORKLOADS = {
 
 
 def timed(fn, warmup: int, iters: int) -> dict:
-    """Median, min and max ms of `fn` (kernels.timing, the helper the kernel dispatcher measures with)."""
+    """Median, min and max ms of `fn` (cosmos3_kernels.timing, the helper the kernel dispatcher measures with)."""
     return time_ms(fn, warmup=warmup, iters=iters).summary()
 
 

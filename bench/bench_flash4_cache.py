@@ -28,8 +28,8 @@ def child() -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from kernels import prefix_attention as pa
-    from kernels.packed_kv import PackedKVLayout
+    from cosmos3_kernels import prefix_attention as pa
+    from cosmos3_kernels.packed_kv import PackedKVLayout
 
     layout = PackedKVLayout((1615, 2866), 12090)
     q = torch.randn(2, 12090, 32, 128, dtype=torch.bfloat16, device="cuda")
@@ -57,7 +57,7 @@ def main() -> int:
         child()
         return 0
     sys.path.insert(0, str(ROOT))
-    from kernels import prefix_attention as pa  # torch and triton only: flash-attn-4 is imported in the children
+    from cosmos3_kernels import prefix_attention as pa  # torch and triton only: flash-attn-4 is imported in the children
 
     results = {}
     with tempfile.TemporaryDirectory() as cache:

@@ -14,7 +14,7 @@ path). Nano's and Edge's heads, gen tokens of 720p/189f (44160) and 480p/121f (1
 --rows queries of every branch (`bench_attention_fp8.error_vs_fp32`).
 
 `fp8`: FlashInfer's single prefill on `fa3` with e4m3 q, k and v (per-head scales) and a bf16 output, against
-cuDNN's FP8 SDPA graph with the engine's plan (`kernels.attention_fp8._build_graph`), both on the same operands,
+cuDNN's FP8 SDPA graph with the engine's plan (`cosmos3_kernels.attention_fp8._build_graph`), both on the same operands,
 one branch (prefix 1606), Nano's heads. Error as above, against fp32 attention on the dequantised operands.
 
 Timing: each round takes one sample of every candidate in turn (CUDA events around --inner calls), so a clock
@@ -38,10 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_attention_fp8 import error_vs_fp32  # noqa: E402
 from bench.e2e import run_header  # noqa: E402
-from kernels import attention_fp8  # noqa: E402
-from kernels import prefix_attention as pa  # noqa: E402
-from kernels.packed_kv import PackedKVLayout  # noqa: E402
-from kernels.timing import time_ms  # noqa: E402
+from cosmos3_kernels import attention_fp8  # noqa: E402
+from cosmos3_kernels import prefix_attention as pa  # noqa: E402
+from cosmos3_kernels.packed_kv import PackedKVLayout  # noqa: E402
+from cosmos3_kernels.timing import time_ms  # noqa: E402
 
 HEAD_DIM = 128
 HEADS = {"nano": (32, 8), "edge": (16, 8)}  # (query heads, K/V heads)

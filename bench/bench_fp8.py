@@ -38,7 +38,7 @@ from bench.models import as_loaded_model, build_transformer, step_inputs, transf
 from engine.pipeline import fp8  # noqa: E402
 from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
 from engine.pipeline.prefill import make_gen_tower  # noqa: E402
-from kernels.timing import time_ms  # noqa: E402
+from cosmos3_kernels.timing import time_ms  # noqa: E402
 
 GATE = 3.0
 # Candidates: the current default; fp32 accumulation; tensor-wise scales; each GEMM role alone in FP8 (its
@@ -180,11 +180,11 @@ def e4m3_round_trip(x: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def SharedFirstLayerEverywhere():
-    """While active, the bf16 tower shares its first layer's gen block (kernels.shared_gen_attention) at every size and
+    """While active, the bf16 tower shares its first layer's gen block (cosmos3_kernels.shared_gen_attention) at every size and
     on flash-attn-4, not only from SHARE_MIN_GEN_TOKENS up where dispatch measures it faster: the gate's shapes are
     shorter than that, and its error is what is measured here."""
     from engine.pipeline import fast_path
-    from kernels import dispatch, prefix_attention as pa, shared_gen_attention as sga
+    from cosmos3_kernels import dispatch, prefix_attention as pa, shared_gen_attention as sga
 
     probe = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16, device="cuda" if torch.cuda.is_available() else "cpu")
     why = sga.shared_unsupported(probe)
@@ -205,9 +205,9 @@ def SharedFirstLayerEverywhere():
 @contextlib.contextmanager
 def MLPEpilogueEverywhere():
     """While active, a tower allowed one rounding in its MLP (`fast_path.fuses_mlp_activation`: videos) runs the
-    activation in QuACK's GEMM epilogue (kernels.gemm.mlp_in_quack) at every layer, not only where dispatch measures
+    activation in QuACK's GEMM epilogue (cosmos3_kernels.gemm.mlp_in_quack) at every layer, not only where dispatch measures
     it faster and no less accurate: its error is what is measured here."""
-    from kernels import dispatch, gemm
+    from cosmos3_kernels import dispatch, gemm
 
     probe = torch.empty(16, 128, dtype=torch.bfloat16, device="cuda" if torch.cuda.is_available() else "cpu")
     why = gemm.mlp_in_unsupported(probe, probe, "relu_sq")
@@ -228,7 +228,7 @@ class AttentionInputsE4M3:
     buffer: the cache itself stays bf16). Patches the dispatcher class, so it covers the tower built inside."""
 
     def __enter__(self):
-        from kernels.dispatch import KernelDispatcher
+        from cosmos3_kernels.dispatch import KernelDispatcher
 
         self._original = original = KernelDispatcher.prefix_attention
 
@@ -239,7 +239,7 @@ class AttentionInputsE4M3:
         return self
 
     def __exit__(self, *exc):
-        from kernels.dispatch import KernelDispatcher
+        from cosmos3_kernels.dispatch import KernelDispatcher
 
         KernelDispatcher.prefix_attention = self._original
         return False

@@ -3,10 +3,10 @@
 The GPU bench (bench_attention_fp8.py) times the op on synthetic inputs; what centring v buys depends on the
 inputs, so this one takes them from diffusers' forward of a full-size random-weight tower: every generation
 attention call (gen queries over [prompt | gen] keys) of one branch is captured, and
-`kernels.attention_fp8.prefix_attention_fp8_reference` (the op's model of cuDNN's roundings) runs on it both
+`cosmos3_kernels.attention_fp8.prefix_attention_fp8_reference` (the op's model of cuDNN's roundings) runs on it both
 ways, each against fp32 attention (`prefix_attention_reference`). Per layer it also reports how far v's mean
 over the keys stands out from v's spread, and how close the exact output lies to that mean, which is what
-centring works on (kernels/attention_fp8.py says why).
+centring works on (cosmos3_kernels/attention_fp8.py says why).
 
     python3 bench/bench_fp8_attention_inputs.py --family edge --size 640x640x1 --json $OUT/edge.json
     python3 bench/bench_fp8_attention_inputs.py --family nano --size 832x480x17 --layers 4 --json $OUT/nano.json
@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import models  # noqa: E402
 from bench.e2e import run_header  # noqa: E402
-from kernels.attention_fp8 import prefix_attention_fp8_reference  # noqa: E402
-from kernels.packed_kv import PackedKVLayout  # noqa: E402
-from kernels.prefix_attention import prefix_attention_reference  # noqa: E402
+from cosmos3_kernels.attention_fp8 import prefix_attention_fp8_reference  # noqa: E402
+from cosmos3_kernels.packed_kv import PackedKVLayout  # noqa: E402
+from cosmos3_kernels.prefix_attention import prefix_attention_reference  # noqa: E402
 
 PROMPT_TOKENS = 301  # the gate's first branch (bench_fp8.GATE_PREFIXES)
 

@@ -26,10 +26,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import norms, prefix_attention as pa, qk_norm_rope as qk  # noqa: E402
-from kernels.dispatch import KernelDispatcher  # noqa: E402
-from kernels.packed_kv import PackedKVLayout  # noqa: E402
-from kernels.timing import Timing, time_ms  # noqa: E402
+from cosmos3_kernels import norms, prefix_attention as pa, qk_norm_rope as qk  # noqa: E402
+from cosmos3_kernels.dispatch import KernelDispatcher  # noqa: E402
+from cosmos3_kernels.packed_kv import PackedKVLayout  # noqa: E402
+from cosmos3_kernels.timing import Timing, time_ms  # noqa: E402
 
 MODELS = {"Nano": dict(hq=32, hkv=8, d=128, hidden=4096, inter=12288, flavour="diffusers"),
           "Edge": dict(hq=16, hkv=8, d=128, hidden=2048, inter=9216, flavour="nemotron")}
@@ -67,7 +67,7 @@ class Env:
 
 
 def timed(env: Env, fn: Callable[[], object]) -> Timing:
-    """Median per-call time (and p10-p90); CUDA events around a batch of calls sized to ~1 ms (kernels.timing)."""
+    """Median per-call time (and p10-p90); CUDA events around a batch of calls sized to ~1 ms (cosmos3_kernels.timing)."""
     if env.smoke:  # CPU code-path check only: one call, the numbers mean nothing
         return time_ms(fn, warmup=0, iters=1)
     return time_ms(fn, warmup=env.warmup, iters=env.iters, inner="auto")

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.timing import time_ms  # noqa: E402
+from cosmos3_kernels.timing import time_ms  # noqa: E402
 
 NANO_WORKLOADS = [("Nano T2V 1280x720 189f", 1280, 720, 189), ("Nano T2V 832x480 121f", 832, 480, 121),
                   ("Nano T2I 1024x1024", 1024, 1024, 1)]
@@ -43,7 +43,7 @@ SUPER = dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num
 
 def timed_ms(fn, iters: int) -> float:
     """Median ms of `fn` on every rank, the ranks started together by a barrier before each sample
-    (kernels.timing, after one warm-up call: dispatch measurements, graphs, allocator)."""
+    (cosmos3_kernels.timing, after one warm-up call: dispatch measurements, graphs, allocator)."""
     return time_ms(fn, warmup=1, iters=iters, before=dist.barrier).median_ms
 
 
@@ -128,7 +128,7 @@ def measure(model, width: int, height: int, frames: int, iters: int, timer):
 
 
 def timed_ms_local(fn, iters: int) -> float:
-    """Median ms of `fn` on this rank alone (kernels.timing, after one warm-up call)."""
+    """Median ms of `fn` on this rank alone (cosmos3_kernels.timing, after one warm-up call)."""
     return time_ms(fn, warmup=1, iters=iters).median_ms
 
 

@@ -10,11 +10,11 @@ the fused residual add + RMSNorm, which reads the GEMM's output back. Fusing tho
 only pays where QuACK's GEMM keeps up with cuBLAS's.
 
 Sections (rows = both CFG branches' gen tokens: Nano at 720p/189f, 88320; Edge at 480p/121f, 24180):
-- `mlp_in`: x @ [gate; up]^T then SwiGLU (Nano), or x @ up^T then ReLU^2 (Edge): cuBLAS then kernels.norms'
+- `mlp_in`: x @ [gate; up]^T then SwiGLU (Nano), or x @ up^T then ReLU^2 (Edge): cuBLAS then cosmos3_kernels.norms'
   pass, against QuACK's `gemm_act` on the engine's fused [gate; up] weight (`concat_layout=("B",)`), the
-  pre-activation not stored (the engine's `kernels.gemm.mlp_in_quack`). QuACK must be installed under a
+  pre-activation not stored (the engine's `cosmos3_kernels.gemm.mlp_in_quack`). QuACK must be installed under a
   `site-packages` folder: installed elsewhere, every `gemm_act` call fails before a kernel runs, and the row
-  reports it under "failed" (`kernels.gemm`'s docstring says why; docs/PERFORMANCE.md, "GEMMs: QuACK").
+  reports it under "failed" (`cosmos3_kernels.gemm`'s docstring says why; docs/PERFORMANCE.md, "GEMMs: QuACK").
 - `residual`: the attention-out and down projections, then RMSNorm of the residual stream: cuBLAS then the
   fused add + RMSNorm, against QuACK's GEMM adding into the residual in place, then RMSNorm alone.
 - `plain`: every projection (q|k|v, attention-out, MLP input, down), cuBLAS against QuACK's GEMM.
@@ -49,8 +49,8 @@ from bench.bench_flashinfer import add_common_args, chosen_sections, interleaved
 from bench.bench_kernels import MODELS, gemm_shapes  # noqa: E402
 from bench.e2e import run_header  # noqa: E402
 from bench.step_ab import step_ab_rows  # noqa: E402
-from kernels import gemm, norms  # noqa: E402
-from kernels.graphs import capture  # noqa: E402
+from cosmos3_kernels import gemm, norms  # noqa: E402
+from cosmos3_kernels.graphs import capture  # noqa: E402
 
 SECTIONS = ("mlp_in", "residual", "plain", "step")
 ROWS = {"Nano": 88320, "Edge": 24180}  # 2 branches x (720p/189f: 44160 | 480p/121f: 12090) gen tokens

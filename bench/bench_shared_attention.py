@@ -2,7 +2,7 @@
 
     python bench/bench_shared_attention.py --json $OUT/shared_attention.json     # ~1 min on an H200
 
-`kernels.shared_gen_attention` computes the gen-to-gen block once (flash-attn-4, the branch-0 queries and keys),
+`cosmos3_kernels.shared_gen_attention` computes the gen-to-gen block once (flash-attn-4, the branch-0 queries and keys),
 each branch's prefix block on its own, and joins them with a Triton combine. Against it: flash-attn-4 over both
 branches in one varlen call, as every other layer runs (each config dispatch offers). Nano's and Edge's heads,
 gen tokens of 720p/189f (44160) and 480p/121f (12090), prefixes 1606 and 59. The operands are the first layer's:
@@ -33,8 +33,8 @@ from bench.bench_flashinfer import (HEAD_DIM, HEADS, PREFIXES, SHAPES, add_commo
                                     chosen_sections, interleaved)
 from bench.e2e import run_header  # noqa: E402
 from bench.step_ab import step_ab_rows  # noqa: E402
-from kernels import prefix_attention as pa, shared_gen_attention as sga  # noqa: E402
-from kernels.packed_kv import PackedKVLayout  # noqa: E402
+from cosmos3_kernels import prefix_attention as pa, shared_gen_attention as sga  # noqa: E402
+from cosmos3_kernels.packed_kv import PackedKVLayout  # noqa: E402
 
 SECTIONS = ("first_layer", "step")
 STEP_SHAPES = "nano:1280x720x189,edge:832x480x121"

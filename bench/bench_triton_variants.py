@@ -19,9 +19,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import prefix_attention as pa, qk_norm_rope as qk  # noqa: E402
-from kernels.dispatch import DEFAULT_ATTENTION_CONFIGS  # noqa: E402
-from kernels.packed_kv import PackedKVLayout  # noqa: E402
+from cosmos3_kernels import prefix_attention as pa, qk_norm_rope as qk  # noqa: E402
+from cosmos3_kernels.dispatch import DEFAULT_ATTENTION_CONFIGS  # noqa: E402
+from cosmos3_kernels.packed_kv import PackedKVLayout  # noqa: E402
 
 TEXT_LENGTHS = (1077, 1078, 1076, 1092, 161, 162)  # row counts 0, 1, 15, 15, 12, 13 mod 16 at 400 gen tokens
 NEGATIVE_LENGTH = 59

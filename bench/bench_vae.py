@@ -15,7 +15,7 @@ against the engine's causal walker (`engine.pipeline.causal_decode`) with tempor
 norm + SiLU (a Triton kernel writing the conv's padded input, or torch.compile) and stacked-time-tap conv2d. Per variant: a warm-up on a short clip that
 has every chunk shape of the full clip (its wall time, minus a second call's, is the compile time;
 its [-1, 1] output gives the max abs difference against the plain decode), then the full clip timed
-(`kernels.timing`), its uint8 bytes compared with the plain decode's and today's. A torch.profiler
+(`cosmos3_kernels.timing`), its uint8 bytes compared with the plain decode's and today's. A torch.profiler
 table (top 15 by GPU time) of one steady causal step of today's path and of the fastest variant.
 
 `engine`: the engine's decode stage (`engine.pipeline.decode.decode_stage`, what `engine.generate` runs)
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.models import build_vae  # noqa: E402
 from engine.pipeline.causal_decode import DecodePlan, decoded_chunks, latent_steps  # noqa: E402
 from engine.pipeline.decode import decode_uint8, diffusers_chunks  # noqa: E402
-from kernels.timing import time_ms  # noqa: E402
+from cosmos3_kernels.timing import time_ms  # noqa: E402
 
 CASES = (("image 1024x1024", 1, 1024, 1024), ("video 832x480 121f", 121, 480, 832))
 FIRST_CASE_SHARE = 0.8
@@ -73,7 +73,7 @@ def _set_format(module, channels_last: bool) -> None:
 
 
 def _time(fn, iters=3):
-    """Median ms of `fn` after one warm-up (kernels.timing), and its last output."""
+    """Median ms of `fn` after one warm-up (cosmos3_kernels.timing), and its last output."""
     held = {}
     timing = time_ms(lambda: held.__setitem__("out", fn()), warmup=1, iters=iters)
     return timing.median_ms, held["out"]

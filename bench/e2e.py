@@ -611,7 +611,7 @@ def fp8_step(model, width: int, height: int, frames: int, log=print, policies: t
     from engine.pipeline import fp8
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.prefill import make_gen_tower
-    from kernels.timing import time_ms
+    from cosmos3_kernels.timing import time_ms
 
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=tuple(prefix_lens))
     out = {"shape": f"{width}x{height} {frames}f", "prefix_lens": list(prefix_lens)}

@@ -38,7 +38,7 @@ def step_ab_rows(shapes: str, rounds: int, variants: dict[str, Callable], *,
     """One row per family and shape. ``variants``: {label: make(model, inputs) -> tower}; the first is the baseline
     that `speedup`, `saved_ms` and `velocity_rel_diff` compare against."""
     from bench.models import as_loaded_model, build_transformer, step_inputs
-    from kernels.timing import time_ms
+    from cosmos3_kernels.timing import time_ms
 
     rows = []
     for family, width, height, frames in parse_shapes(shapes):

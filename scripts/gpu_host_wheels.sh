@@ -2,10 +2,11 @@
 # The GPU extras as wheels, for a GPU host that cannot reach a package registry (docs/PERFORMANCE.md's runs).
 #
 #   bash scripts/gpu_host_wheels.sh fetch DIR     # here, with registry access: DIR gets every wheel
+#   WITH_FA3=1 bash scripts/gpu_host_wheels.sh fetch DIR   # and FA3's FP8 forward, the opt-in
 #   bash scripts/gpu_host_wheels.sh install DIR   # there: installs them, then prints the PYTHONPATH to export
 #
 # The host brings its own torch and triton; this adds diffusers and torchao (requirements.txt's pins) and
-# requirements-extras.txt's GPU pins, each with the pieces pip would have pulled in and the host lacks.
+# requirements-gpu.txt's GPU pins, each with the pieces pip would have pulled in and the host lacks.
 # Two things a plain `pip install --target` gets wrong here, and why this script exists:
 # - CuTe DSL 4.8 (nvidia-cutlass-dsl, which flash-attn-4 and QuACK run on) is split into three wheels: libs-base,
 #   libs-cu13 and libs-core, the last holding `cutlass.cute`. Without it both libraries fail to import and the
@@ -13,7 +14,7 @@
 # - the three share one package folder, so they are unpacked into it one after another (pip --target skips or
 #   replaces a folder that exists), and the `.pth` file that puts `dsl_packages` on sys.path is not read from a
 #   PYTHONPATH entry, so that folder goes on PYTHONPATH too.
-# QuACK builds its epilogue GEMMs only from a folder named site-packages (kernels/gemm.py), hence the target's name.
+# QuACK builds its epilogue GEMMs only from a folder named site-packages (cosmos3_kernels/gemm.py), hence the target's name.
 set -euo pipefail
 what=${1:?fetch or install}; dir=${2:?a folder for the wheels}
 python_version=${PYTHON_VERSION:-3.12}  # the GPU host's Python
@@ -26,13 +27,17 @@ pin() {  # NAME's pinned version in requirements FILE (the one place each versio
 
 case $what in
 fetch)
-  cutlass=$(pin requirements-extras.txt nvidia-cutlass-dsl)
+  cutlass=$(pin requirements-gpu.txt nvidia-cutlass-dsl)
   wheels=(
     "diffusers==$(pin requirements.txt diffusers)" "torchao==$(pin requirements.txt torchao)"
   )
-  for name in flash-attn-4 quack-kernels nvidia-cudnn-frontend mslk-cuda fa3-fwd; do
-    wheels+=("$name==$(pin requirements-extras.txt "$name")")
+  for name in flash-attn-4 quack-kernels nvidia-cudnn-frontend mslk-cuda; do
+    wheels+=("$name==$(pin requirements-gpu.txt "$name")")
   done
+  # FA3's FP8 forward is an opt-in (requirements-gpu.txt says why): WITH_FA3=1 takes the version named there.
+  if [ "${WITH_FA3:-0}" = 1 ]; then
+    wheels+=("fa3-fwd==$(sed -n 's/^#   pip install fa3-fwd==\([^ ]*\).*/\1/p' "$root/requirements-gpu.txt" | grep .)")
+  fi
   # CuTe DSL's three parts at its pinned version, and two pieces flash-attn-4 and QuACK need that the host lacks
   # (not pinned by this project: the versions these runs used).
   wheels+=("nvidia-cutlass-dsl==$cutlass" "nvidia-cutlass-dsl-libs-base==$cutlass" "nvidia-cutlass-dsl-libs-cu13==$cutlass"

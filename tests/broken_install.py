@@ -8,9 +8,9 @@ from contextlib import contextmanager
 def broken_install(monkeypatch, caplog, module: str, distribution: str, is_installed: bool, cached_import):
     """`import module...` fails (ModuleNotFoundError), also where the real library was imported before, while
     `distribution` reads as installed (or not), and `cached_import` (the kernel module's cached import function)
-    forgets its answer before and after; yields the messages `kernels.optional` logs inside the block, filled at
+    forgets its answer before and after; yields the messages `cosmos3_kernels.optional` logs inside the block, filled at
     its end."""
-    from kernels import optional
+    from cosmos3_kernels import optional
 
     # The package and every submodule already imported (an earlier GPU test's real import): a None entry makes
     # `import` raise for that exact name, and an imported submodule would otherwise still be found.
@@ -20,11 +20,11 @@ def broken_install(monkeypatch, caplog, module: str, distribution: str, is_insta
     messages = []
     cached_import.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="kernels.optional"):
+        with caplog.at_level(logging.WARNING, logger="cosmos3_kernels.optional"):
             yield messages
     finally:
         cached_import.cache_clear()
-    messages.extend(r.getMessage() for r in caplog.records if r.name == "kernels.optional")
+    messages.extend(r.getMessage() for r in caplog.records if r.name == "cosmos3_kernels.optional")
 
 
 def assert_repair_warning(messages, distribution: str, is_installed: bool, *fragments: str) -> None:
@@ -34,4 +34,4 @@ def assert_repair_warning(messages, distribution: str, is_installed: bool, *frag
         return
     [message] = messages
     assert message.startswith(f"{distribution} is installed but does not import (ModuleNotFoundError")
-    assert "requirements-extras.txt" in message and all(fragment in message for fragment in fragments)
+    assert "requirements-gpu.txt" in message and all(fragment in message for fragment in fragments)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("app", "cosmos3_ui", "engine", "kernels", "bench")
+PACKAGES = ("app", "cosmos3_ui", "engine", "cosmos3_kernels", "bench")
 MAX_CLASS_LINES = 300
 MAX_FUNCTION_LINES = 80
 # Known offenders of the size rule when it was added, each with the helper who owns the code.
@@ -146,8 +146,8 @@ def test_engine_never_imports_gradio_or_the_ui():
 def test_kernels_is_a_leaf():
     bad = {
         module: sorted(n for n in _imports(module, lazy=True)
-                       if any(_under(n, p) for p in PACKAGES if p != "kernels"))
-        for module in MODULES if _under(module, "kernels")
+                       if any(_under(n, p) for p in PACKAGES if p != "cosmos3_kernels"))
+        for module in MODULES if _under(module, "cosmos3_kernels")
     }
     assert {m: names for m, names in bad.items() if names} == {}
 
@@ -172,7 +172,7 @@ def test_the_ui_never_imports_torch():
     code = ("import importlib, sys\n"
             f"for name in {names!r}:\n"
             "    importlib.import_module(name)\n"
-            "print(sorted(m for m in ('torch', 'kernels', 'diffusers', 'engine.pipeline.run') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'cosmos3_kernels', 'diffusers', 'engine.pipeline.run') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -209,10 +209,10 @@ def test_no_class_over_300_lines_and_no_function_over_80():
 
 
 def test_one_timing_helper_for_bench_and_dispatch():
-    """GPU time is measured in one place (kernels.timing), so the dispatcher's choices and the tables in
+    """GPU time is measured in one place (cosmos3_kernels.timing), so the dispatcher's choices and the tables in
     docs/PERFORMANCE.md are measured the same way: no other module times with CUDA events."""
     timers = sorted(module for module, path in MODULES.items()
-                    if module != "kernels.timing" and ".elapsed_time(" in path.read_text(encoding="utf-8"))
+                    if module != "cosmos3_kernels.timing" and ".elapsed_time(" in path.read_text(encoding="utf-8"))
     assert timers == []
-    uses = {module for module, path in MODULES.items() if "kernels.timing import" in path.read_text(encoding="utf-8")}
-    assert {"kernels.dispatch", "bench.bench_engine", "bench.bench_kernels", "bench.bench_parallel"} <= uses
+    uses = {module for module, path in MODULES.items() if "cosmos3_kernels.timing import" in path.read_text(encoding="utf-8")}
+    assert {"cosmos3_kernels.dispatch", "bench.bench_engine", "bench.bench_kernels", "bench.bench_parallel"} <= uses

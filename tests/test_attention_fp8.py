@@ -1,4 +1,4 @@
-"""FP8 attention (`kernels.attention_fp8`) on the CPU: its PyTorch reference, its refusals, and how the FP8
+"""FP8 attention (`cosmos3_kernels.attention_fp8`) on the CPU: its PyTorch reference, its refusals, and how the FP8
 mode routes a layer's attention to it (`FP8Policy` role "attn"). cuDNN's kernel itself runs on the H200
 (tests/test_gpu_attention_fp8.py), where it is held to this reference and to fp32."""
 import numpy as np
@@ -9,9 +9,9 @@ import engine
 from engine.pipeline import fp8
 from engine.pipeline.fast_path import FastPathOptions
 from engine.pipeline.fp8 import FP8_LABEL, FP8Policy
-from kernels import attention_fp8
-from kernels.packed_kv import PackedKVLayout
-from kernels.prefix_attention import prefix_attention_reference
+from cosmos3_kernels import attention_fp8
+from cosmos3_kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels.prefix_attention import prefix_attention_reference
 
 
 def _rms_normed(*shape, generator):

@@ -1,4 +1,4 @@
-"""FA3's FP8 attention (`kernels.attention_fp8_fa3`) on the CPU: its PyTorch reference, its refusals, and how the
+"""FA3's FP8 attention (`cosmos3_kernels.attention_fp8_fa3`) on the CPU: its PyTorch reference, its refusals, and how the
 FP8 mode picks between it and cuDNN's (`engine.pipeline.fp8.FP8_ATTENTION_BACKENDS`). FA3's kernel itself runs on
 the H200 (tests/test_gpu_attention_fp8.py), where it is held to this reference and to fp32."""
 import sys
@@ -8,8 +8,8 @@ import torch
 
 from engine.pipeline import fp8
 from engine.pipeline.fp8 import FP8Policy
-from kernels import attention_fp8, attention_fp8_fa3
-from kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels import attention_fp8, attention_fp8_fa3
+from cosmos3_kernels.packed_kv import PackedKVLayout
 from tests.test_attention_fp8 import _fp32_attention, _inputs, _rel
 
 

@@ -8,7 +8,7 @@ pytest.importorskip("triton")
 
 from bench import bench_flashinfer as bench  # noqa: E402
 from bench.bench_attention_fp8 import error_vs_fp32  # noqa: E402
-from kernels.packed_kv import PackedKVLayout  # noqa: E402
+from cosmos3_kernels.packed_kv import PackedKVLayout  # noqa: E402
 
 
 def test_fp32_reference_is_gqa_attention_with_each_query_head_on_its_own_kv_head():

@@ -6,8 +6,8 @@ import torch
 pytest.importorskip("triton")
 
 from bench.bench_fp8 import AttentionInputsE4M3, e4m3_round_trip  # noqa: E402
-from kernels.dispatch import KernelDispatcher  # noqa: E402
-from kernels.packed_kv import PackedKVLayout  # noqa: E402
+from cosmos3_kernels.dispatch import KernelDispatcher  # noqa: E402
+from cosmos3_kernels.packed_kv import PackedKVLayout  # noqa: E402
 
 
 def test_e4m3_round_trip_keeps_three_mantissa_bits_per_row():
@@ -56,7 +56,7 @@ def test_uncentred_patch_gives_attention_policies_the_plain_op_and_is_removed():
 
 def test_mlp_epilogue_patch_forces_quack_where_it_can_run_and_refuses_where_it_cannot(monkeypatch):
     from bench.bench_fp8 import MLPEpilogueEverywhere
-    from kernels import dispatch, gemm
+    from cosmos3_kernels import dispatch, gemm
 
     original = dispatch.KernelDispatcher.choose_mlp_in
     with pytest.raises(RuntimeError, match="the MLP epilogue runs on QuACK only: device cpu"):

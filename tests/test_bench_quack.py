@@ -1,5 +1,5 @@
 """bench/bench_quack.py's pieces that run without a GPU: the fp32 references its error columns rest on (the MLP
-input's is kernels.gemm's, tested in test_kernels_gemm.py), its tile config spelling, its step shapes, and the
+input's is cosmos3_kernels.gemm's, tested in test_kernels_gemm.py), its tile config spelling, its step shapes, and the
 refusals of its command line."""
 import pytest
 import torch

@@ -6,8 +6,8 @@ import torch
 pytest.importorskip("triton")
 
 from bench import bench_shared_attention as bench  # noqa: E402
-from kernels import shared_gen_attention as sga  # noqa: E402
-from kernels.packed_kv import PackedKVLayout  # noqa: E402
+from cosmos3_kernels import shared_gen_attention as sga  # noqa: E402
+from cosmos3_kernels.packed_kv import PackedKVLayout  # noqa: E402
 
 
 def test_operands_hold_one_gen_block_in_every_branch():

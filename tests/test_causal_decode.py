@@ -3,7 +3,7 @@
 - `DecodePlan()` (one latent frame a step, diffusers' ops) is diffusers' `vae.decode` bit for bit;
 - temporal chunking is the same computation in bigger convs: equal within fp32 rounding in fp32, and
   in bf16 the frames stay within a few 8-bit levels;
-- the fused norm + SiLU kernel (`kernels.wan_norm`, under the Triton interpreter here) and the
+- the fused norm + SiLU kernel (`cosmos3_kernels.wan_norm`, under the Triton interpreter here) and the
   stacked-time-tap conv2d are bf16-close (the kernel against its reference: tests/test_kernels_wan_norm.py).
 """
 import copy
@@ -77,7 +77,7 @@ def test_subpixel_phases_are_the_upsample_then_conv(h, w):
     import torch.nn.functional as F
 
     from engine.pipeline.causal_decode import subpixel_weight
-    from kernels.wan_norm import interleave_phases
+    from cosmos3_kernels.wan_norm import interleave_phases
 
     generator = torch.Generator().manual_seed(h * w)
     x = torch.randn(2, 5, h, w, generator=generator, dtype=torch.float64)

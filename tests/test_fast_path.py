@@ -40,7 +40,7 @@ def test_fast_tower_matches_the_exact_engine(model, kernels, batched, fused, mon
 
     monkeypatch.setattr(pipeline, "make_gen_tower", spy)
     # Count which implementation each op actually ran: a silently skipped pass must fail this test.
-    from kernels import norms, prefix_attention, qk_norm_rope
+    from cosmos3_kernels import norms, prefix_attention, qk_norm_rope
 
     calls = {}
     targets = [(qk_norm_rope, "qk_norm_rope_pack"), (qk_norm_rope, "qk_norm_rope_pack_reference"),
@@ -134,7 +134,7 @@ def _exact_and_fast(model, mode: str, **options):
 def test_each_request_runs_the_qk_norm_rounding_its_frames_call_for(model, mode, video_qk_fp32, rounded, monkeypatch):
     # The rule must reach the kernel through the real prefill stage: a tower built without the request's
     # layout would round every video (the default), and one built for the wrong layout would not round an image.
-    from kernels import qk_norm_rope
+    from cosmos3_kernels import qk_norm_rope
 
     seen = []
     fn = qk_norm_rope.qk_norm_rope_pack
@@ -164,7 +164,7 @@ def test_each_request_lets_its_mlp_round_once_only_as_its_frames_allow(model, mo
     # Through the real prefill stage, for both MLPs (Nano's SwiGLU over the fused [gate; up], Edge's ReLU^2): every
     # layer's MLP input goes through dispatch's `mlp_in`, allowed one rounding only for a video with the switch on.
     # On the CPU dispatch then runs the split path, so the fast video stays within a level of the exact one.
-    from kernels.dispatch import KernelDispatcher
+    from cosmos3_kernels.dispatch import KernelDispatcher
 
     seen = []
     fn = KernelDispatcher.mlp_in
@@ -244,7 +244,7 @@ def test_first_layer_shares_its_gen_block_and_agrees_with_every_branch_on_its_ow
     # block computed once must give each branch's own attention, so both towers agree to fp32 rounding; and the
     # shared op must have run once per step (a pass that silently never applies fails here).
     from engine.pipeline import fast_path
-    from kernels import shared_gen_attention as sga
+    from cosmos3_kernels import shared_gen_attention as sga
 
     monkeypatch.setattr(fast_path, "SHARE_MIN_GEN_TOKENS", 1)
     calls = []
@@ -295,7 +295,7 @@ def test_gen_block_is_not_shared_when_positions_do_not_shift_alike(model, monkey
 
 
 def test_gen_block_is_shared_only_from_a_videos_gen_length(model, monkeypatch):
-    from kernels import shared_gen_attention as sga
+    from cosmos3_kernels import shared_gen_attention as sga
 
     calls = []
     fn = sga.shared_gen_attention_reference

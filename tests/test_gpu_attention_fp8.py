@@ -1,4 +1,4 @@
-"""On the H200: cuDNN's and FA3's FP8 attention (`kernels.attention_fp8`, `kernels.attention_fp8_fa3`) against
+"""On the H200: cuDNN's and FA3's FP8 attention (`cosmos3_kernels.attention_fp8`, `cosmos3_kernels.attention_fp8_fa3`) against
 their PyTorch references and fp32.
 
 - the Triton quantise and dequantise kernels equal their PyTorch references bit for bit, with and without
@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from bench.bench_attention_fp8 import V_OFFSET
-from kernels import attention_fp8, attention_fp8_fa3
-from kernels.prefix_attention import prefix_attention_reference
+from cosmos3_kernels import attention_fp8, attention_fp8_fa3
+from cosmos3_kernels.prefix_attention import prefix_attention_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

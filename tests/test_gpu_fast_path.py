@@ -91,11 +91,11 @@ def count_calls(monkeypatch, owner, name: str) -> list:
 
 
 def test_shared_first_layer_attention_keeps_the_step_as_close_to_diffusers(model, monkeypatch):
-    # The first layer's gen block computed once (kernels.shared_gen_attention) on flash-attn-4, forced at a short
+    # The first layer's gen block computed once (cosmos3_kernels.shared_gen_attention) on flash-attn-4, forced at a short
     # video (the engine shares from SHARE_MIN_GEN_TOKENS, where dispatch also measures it): the step's velocity
     # against diffusers' must stay within the bf16 bound, and near the unshared step's error.
     from bench.bench_fp8 import SharedFirstLayerEverywhere
-    from kernels import shared_gen_attention as sga
+    from cosmos3_kernels import shared_gen_attention as sga
 
     probe = torch.empty(1, 1, 1, 128, device="cuda", dtype=torch.bfloat16)
     if sga.shared_unsupported(probe) is not None:
@@ -110,11 +110,11 @@ def test_shared_first_layer_attention_keeps_the_step_as_close_to_diffusers(model
 
 
 def test_mlp_activation_in_the_gemm_keeps_the_step_as_close_to_diffusers(model, monkeypatch):
-    # QuACK's GEMM with the MLP's activation in its epilogue (kernels.gemm.mlp_in_quack), forced at a short video
+    # QuACK's GEMM with the MLP's activation in its epilogue (cosmos3_kernels.gemm.mlp_in_quack), forced at a short video
     # (dispatch otherwise measures it): the step's velocity against diffusers' must stay within the bf16 bound and
     # no further than the split path's; with the switch off it must not run at all.
     from bench.bench_fp8 import MLPEpilogueEverywhere
-    from kernels import gemm
+    from cosmos3_kernels import gemm
 
     activation = "relu_sq" if model.transformer.config.hidden_act == "relu2" else "swiglu"
     probe = torch.empty(16, 128, device="cuda", dtype=torch.bfloat16)

@@ -223,7 +223,7 @@ def test_uint8_decode_equals_the_exact_decode_on_cuda(edge):
 def test_whole_step_graphs_with_flash4_attention_equal_the_eager_fast_loop(edge, monkeypatch):
     """flash-attn-4 captured inside the step graph: dispatch is made to prefer it wherever it is offered, at a
     graphed shape (640x640 T2I, both branch counts), and the replayed graphs must equal the eager loop."""
-    from kernels import dispatch as dsp, prefix_attention as pa
+    from cosmos3_kernels import dispatch as dsp, prefix_attention as pa
 
     missing = pa.flash4_unsupported(torch.empty(1, 1, 1, 128, dtype=torch.bfloat16, device="cuda"))
     if missing is not None:

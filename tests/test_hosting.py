@@ -103,7 +103,7 @@ def test_safety_fails_loudly_without_the_guardrail(tmp_path, capsys, monkeypatch
 
 
 def test_start_up_says_where_flash4_would_help_and_is_missing(tmp_path, capsys, monkeypatch):
-    from kernels import prefix_attention
+    from cosmos3_kernels import prefix_attention
 
     launched = []
     studio = types.SimpleNamespace(service=types.SimpleNamespace(model_names=lambda: ["edge"]),
@@ -300,7 +300,7 @@ def test_safety_with_the_real_guardrail_fails_at_start_naming_what_is_missing(tm
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('cosmos_guardrail') is None)"
     if subprocess.run([sys.executable, "-c", probe], env=env, timeout=60).returncode != 0:
-        pytest.skip("cosmos_guardrail is not installed (requirements-extras.txt; not on a CPU-only torch)")
+        pytest.skip("cosmos_guardrail is not installed (requirements-gpu.txt; not on a CPU-only torch)")
     importable = subprocess.run([sys.executable, "-c", "import cosmos_guardrail"], env=env,
                                 capture_output=True, timeout=180).returncode == 0
     argv = [sys.executable, "app.py", "--safety", "--model", f"edge={tiny_family['edge']}",
@@ -311,7 +311,7 @@ def test_safety_with_the_real_guardrail_fails_at_start_naming_what_is_missing(tm
         for fragment in ("nvidia/Cosmos-1.0-Guardrail", "Qwen/Qwen3Guard-Gen-0.6B", "hf download", "HF_HUB_OFFLINE"):
             assert fragment in done.stderr, done.stderr[-2000:]
     else:
-        assert "cannot be imported" in done.stderr and "requirements-extras.txt" in done.stderr, done.stderr[-2000:]
+        assert "cannot be imported" in done.stderr and "requirements-gpu.txt" in done.stderr, done.stderr[-2000:]
 
 
 def test_the_real_spaces_package(tiny_family, tmp_path):

@@ -6,9 +6,9 @@ import types
 import pytest
 import torch
 
-from kernels import prefix_attention as pa
-from kernels.dispatch import DEFAULT_ATTENTION_CONFIGS
-from kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels import prefix_attention as pa
+from cosmos3_kernels.dispatch import DEFAULT_ATTENTION_CONFIGS
+from cosmos3_kernels.packed_kv import PackedKVLayout
 from attention_fp32 import sdpa_per_branch_fp32
 from broken_install import assert_repair_warning, broken_install
 
@@ -138,7 +138,7 @@ def test_the_start_up_advice_names_flash4_only_where_it_would_help_and_is_missin
     gpu(9, installed=False)
     advice = pa.flash4_advice()
     assert "flash-attn-4 is not installed" in advice and "9.0" in advice
-    assert "pip install -r requirements-extras.txt" in advice and pa.FLASH4_ENV_VAR in advice
+    assert "pip install -r requirements-gpu.txt" in advice and pa.FLASH4_ENV_VAR in advice
     gpu(9, installed=True)
     assert pa.flash4_advice() is None
     gpu(8, installed=False)  # an Ampere GPU: flash-attn-4's kernel does not run there

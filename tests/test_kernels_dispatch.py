@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from kernels import dispatch as dsp
-from kernels import prefix_attention as pa
-from kernels import qk_norm_rope as qk
-from kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels import dispatch as dsp
+from cosmos3_kernels import prefix_attention as pa
+from cosmos3_kernels import qk_norm_rope as qk
+from cosmos3_kernels.packed_kv import PackedKVLayout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -34,7 +34,7 @@ def test_mode_is_validated_and_read_from_env(monkeypatch):
 
 
 def test_candidates_are_timed_as_graph_replays_unless_eager_is_asked_for(monkeypatch):
-    from kernels.timing import Timing
+    from cosmos3_kernels.timing import Timing
 
     asked = []
     monkeypatch.setattr(dsp, "time_ms", lambda fn, **kw: asked.append(kw) or Timing((1.0,)))
@@ -126,7 +126,7 @@ def test_torch_compile_runs_the_split_path(monkeypatch):
 
 
 def test_measure_keeps_the_fastest_of_torch_triton_and_flash4(monkeypatch):
-    from kernels.timing import Timing
+    from cosmos3_kernels.timing import Timing
 
     ms = {}
     monkeypatch.setattr(dsp, "time_ms", lambda fn, **kw: Timing((ms[fn],)))
@@ -155,7 +155,7 @@ def test_measure_keeps_the_fastest_of_torch_triton_and_flash4(monkeypatch):
 
 
 def test_a_flash4_config_that_fails_to_build_is_left_out_not_fatal(monkeypatch, caplog):
-    from kernels.timing import Timing
+    from cosmos3_kernels.timing import Timing
 
     def broken():
         raise RuntimeError("launch shared memory exceeds the limit")
@@ -242,7 +242,7 @@ def test_shared_first_layer_attention_rules_off_the_gpu():
     d = dsp.KernelDispatcher("torch")
     out = d.shared_gen_attention(q[:1], buf[:, : one.total_rows], one)
     torch.testing.assert_close(out, pa.prefix_attention_reference(q[:1], buf[:, : one.total_rows], one))
-    from kernels import shared_gen_attention as sga
+    from cosmos3_kernels import shared_gen_attention as sga
 
     torch.testing.assert_close(d.shared_gen_attention(q, buf, layout), sga.shared_gen_attention_reference(q, buf, layout))
 

@@ -1,4 +1,4 @@
-"""The MLP input's dispatch (kernels.gemm, KernelDispatcher.mlp_in): the split path (cuBLAS, then the activation's
+"""The MLP input's dispatch (cosmos3_kernels.gemm, KernelDispatcher.mlp_in): the split path (cuBLAS, then the activation's
 own pass), or QuACK's GEMM with the activation in its epilogue, only where the caller allows one rounding and it is
 no further from fp32. The CPU tests cover the rules and the references; the GPU ones run QuACK where installed."""
 import importlib.util
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import dispatch as dsp
-from kernels import gemm
+from cosmos3_kernels import dispatch as dsp
+from cosmos3_kernels import gemm
 from broken_install import assert_repair_warning, broken_install
 
 cuda = torch.cuda.is_available()
@@ -212,7 +212,7 @@ def test_without_one_rounding_dispatch_never_considers_the_epilogue(monkeypatch)
 @pytest.mark.gpu
 @hopper_with_quack
 def test_quack_with_the_residual_in_its_epilogue_rounds_once_so_the_tower_does_not_use_it():
-    # Why kernels.gemm leaves QuACK's epilogue add out: it adds the fp32 accumulator to the residual and rounds
+    # Why cosmos3_kernels.gemm leaves QuACK's epilogue add out: it adds the fp32 accumulator to the residual and rounds
     # once, where the tower (as diffusers) rounds the GEMM's output, then the sum. Same shapes as the bench's
     # attention-out row, fewer rows.
     from quack.gemm_interface import gemm_tuned

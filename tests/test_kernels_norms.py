@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kernels import norms
+from cosmos3_kernels import norms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -9,8 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import qk_norm_rope as m
-from kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels import qk_norm_rope as m
+from cosmos3_kernels.packed_kv import PackedKVLayout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,4 +1,4 @@
-"""The first layer's attention with its gen block shared by the branches (kernels.shared_gen_attention).
+"""The first layer's attention with its gen block shared by the branches (cosmos3_kernels.shared_gen_attention).
 
 On the CPU: the reference against one fp32 attention per branch over the same keys, the Triton combine under the
 interpreter against its reference, and what the op must refuse. On a GPU with flash-attn-4: its parts and the
@@ -7,8 +7,8 @@ whole op against fp32 attention at a video's shape.
 import pytest
 import torch
 
-from kernels import prefix_attention as pa, shared_gen_attention as sga
-from kernels.packed_kv import DeviceLengths, PackedKVLayout
+from cosmos3_kernels import prefix_attention as pa, shared_gen_attention as sga
+from cosmos3_kernels.packed_kv import DeviceLengths, PackedKVLayout
 from attention_fp32 import sdpa_per_branch_fp32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,9 +1,9 @@
-"""The Wan decoder's fused RMS norm + SiLU kernel (`kernels.wan_norm`) against its reference (CPU: the
+"""The Wan decoder's fused RMS norm + SiLU kernel (`cosmos3_kernels.wan_norm`) against its reference (CPU: the
 Triton interpreter), and that it writes only the interior of its padded buffer."""
 import pytest
 import torch
 
-from kernels.wan_norm import (add_bias_dup_up_, add_bias_dup_up_phases, add_bias_dup_up_phases_reference,
+from cosmos3_kernels.wan_norm import (add_bias_dup_up_, add_bias_dup_up_phases, add_bias_dup_up_phases_reference,
                                add_bias_dup_up_reference, add_bias_residual_, add_bias_residual_reference,
                                interleave_phases, norm_silu_into, norm_silu_reference)
 
@@ -209,7 +209,7 @@ def test_a_new_video_size_compiles_no_new_kernel():
     # Each decode kernel must compile once per channel layout, not once per resolution or chunk length:
     # a first request at a new video size would otherwise pay seconds of compiles (Triton specialises an
     # integer argument on its divisibility by 16 and on being 1).
-    from kernels import wan_norm
+    from cosmos3_kernels import wan_norm
 
     def compiled(kernel) -> int:
         return sum(len(caches[0]) for caches in kernel.device_caches.values())

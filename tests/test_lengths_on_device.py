@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from engine.pipeline.transformer import allocate_cache
-from kernels import dispatch as dsp, prefix_attention as pa, qk_norm_rope as qk
-from kernels.packed_kv import DeviceLengths, PackedKVLayout
+from cosmos3_kernels import dispatch as dsp, prefix_attention as pa, qk_norm_rope as qk
+from cosmos3_kernels.packed_kv import DeviceLengths, PackedKVLayout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels run on the GPU there, else interpreted
 

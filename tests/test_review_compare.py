@@ -121,7 +121,7 @@ def test_the_ui_with_its_review_tabs_imports_neither_torch_nor_kernels():
 
     code = ("import sys, cosmos3_ui, cosmos3_ui.review_tabs, cosmos3_ui.review.tabs, cosmos3_ui.review.report, "
             "cosmos3_ui.review.listing, cosmos3_ui.review.runs, cosmos3_ui.batch, cosmos3_ui.zerogpu; "
-            "print(sorted(m for m in ('torch', 'kernels', 'engine.pipeline.run') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'cosmos3_kernels', 'engine.pipeline.run') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -1,11 +1,11 @@
-"""kernels.timing, the one timing helper (CPU: the wall clock; the same sample bookkeeping as on CUDA; CUDA: events,
+"""cosmos3_kernels.timing, the one timing helper (CPU: the wall clock; the same sample bookkeeping as on CUDA; CUDA: events,
 and graph replays)."""
 import logging
 
 import pytest
 import torch
 
-from kernels.timing import Timing, time_ms
+from cosmos3_kernels.timing import Timing, time_ms
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -62,7 +62,7 @@ def test_a_call_that_cannot_be_captured_is_timed_eagerly(caplog):
         counter.add_(1)
         torch.cuda.synchronize()  # not allowed while a stream is capturing
 
-    with caplog.at_level(logging.WARNING, logger="kernels.timing"):
+    with caplog.at_level(logging.WARNING, logger="cosmos3_kernels.timing"):
         timing = time_ms(step, warmup=0, iters=2, inner=1, graphed=True)
     assert "could not be captured" in caplog.text
     assert len(timing.samples_ms) == 2

@@ -389,15 +389,15 @@ def make_safety_checker():
         if exc.name != "cosmos_guardrail":
             raise SafetyUnavailable(
                 f"The 'cosmos_guardrail' package is installed but cannot be imported: it needs the module "
-                f"{exc.name!r}, which is missing. Install the extras (pip install -r requirements-extras.txt: "
+                f"{exc.name!r}, which is missing. Install the extras (pip install -r requirements-gpu.txt: "
                 "torchvision built for the installed torch) or run without --safety.") from exc
         raise SafetyUnavailable(
             "The safety checker was asked for, but the 'cosmos_guardrail' package is not installed. "
-            "Install it (pip install -r requirements-extras.txt) or run without --safety.") from exc
+            "Install it (pip install -r requirements-gpu.txt) or run without --safety.") from exc
     except Exception as exc:  # noqa: BLE001 - a broken dependency fails at import, e.g. a torchvision for another torch
         raise SafetyUnavailable(
             f"The 'cosmos_guardrail' package is installed but cannot be imported ({type(exc).__name__}: {exc}). "
-            "Its dependencies must match the installed torch (torchvision above all; requirements-extras.txt), "
+            "Its dependencies must match the installed torch (torchvision above all; requirements-gpu.txt), "
             "or run without --safety.") from exc
     try:
         return CosmosSafetyChecker()

@@ -126,7 +126,7 @@ class GroupPrefix:
         if layout.branches in self.rank_caches:
             return self.rank_caches[layout.branches]
         from engine.pipeline.transformer import GenRotary, KVCache
-        from kernels.packed_kv import PackedKVLayout
+        from cosmos3_kernels.packed_kv import PackedKVLayout
 
         branch = layout.branch_of(context.rank)
         attn = self.model.transformer.layers[0].self_attn

@@ -10,7 +10,7 @@ order, with the cache made explicit per conv, and three switchable changes (a `D
   latent frames go through each conv at once. Every other op is frame-local and every causal conv
   sees the same zero-padded-then-cached past, so this is the same computation, in bigger convolutions;
 - **fused norm + SiLU** (`elementwise="triton"`): the RMS norm and SiLU before each 3x3x3 conv are one
-  Triton kernel (`kernels.wan_norm`) that writes straight into the conv's zero-bordered input buffer, so
+  Triton kernel (`cosmos3_kernels.wan_norm`) that writes straight into the conv's zero-bordered input buffer, so
   the cache concatenation and the spatial padding copy nothing but the two cached frames (one read and
   one write of the activation instead of about ten full-resolution passes); `elementwise="compile"`
   is the same fusion by `torch.compile` (measured slower, and it compiles for about a minute);
@@ -23,7 +23,7 @@ order, with the cache made explicit per conv, and three switchable changes (a `D
   bytes: a documented difference, like the sub-pixel upsamplers below;
 - **folded biases** (`fold_bias`, with the Triton kernels): a residual block's two 3x3x3 convs run
   without their biases; the first's is added as the next norm reads it, the second's with the residual
-  add (`kernels.wan_norm`). PyTorch adds a cuDNN conv's bias in a pass of its own, so this saves a read
+  add (`cosmos3_kernels.wan_norm`). PyTorch adds a cuDNN conv's bias in a pass of its own, so this saves a read
   and a write of the activation per conv, and rounds where that pass rounds: the same bytes as without.
   In an up block the same plan adds the upsampler conv's bias with the `avg_shortcut` residual in one
   kernel that reads the shortcut's input where diffusers' `DupUp3D` would have repeated and unfolded it
@@ -54,7 +54,7 @@ from typing import Iterator, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kernels.wan_norm import (add_bias_dup_up_, add_bias_dup_up_phases, add_bias_residual_, interleave_phases,
+from cosmos3_kernels.wan_norm import (add_bias_dup_up_, add_bias_dup_up_phases, add_bias_residual_, interleave_phases,
                                norm_silu_into, norm_silu_reference)
 
 ELEMENTWISE = ("eager", "compile", "triton")
@@ -117,7 +117,7 @@ def _upsamples_by_phases(upsample, conv) -> bool:
 
 class Phases(NamedTuple):
     """An upsampler's output as its four sub-pixel phases [B, 4C, T, H + 1, W + 1]
-    (`kernels.wan_norm.interleave_phases`)."""
+    (`cosmos3_kernels.wan_norm.interleave_phases`)."""
 
     tensor: torch.Tensor
 

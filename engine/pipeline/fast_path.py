@@ -4,13 +4,13 @@
   per GEMM), and attention takes each branch's own prefix length from the packed cache (varlen), so
   branches of different text lengths are never zero-padded into each other's softmax;
 - **kernels**: fused QK-norm + RoPE + K/V pack, prefix attention, residual-add + RMSNorm and the MLP
-  activations, each through `kernels.dispatch`, which picks the Triton kernel or the PyTorch path per
+  activations, each through `cosmos3_kernels.dispatch`, which picks the Triton kernel or the PyTorch path per
   shape by measuring on the GPU in hand;
 - **video QK-norm in fp32**: for a video (more than one latent frame) the fused QK-norm + RoPE keeps the
   norm and the rotary in fp32 and rounds once, instead of reproducing every bf16 rounding of diffusers'
   ops (`rounds_qk_norm`): closer to an fp32 forward, and the kernel 1.9x faster at 720p. An image keeps
   the roundings;
-- **video MLP activation in the GEMM's epilogue** (`kernels.gemm`): for a video, the SwiGLU (Nano) or ReLU^2
+- **video MLP activation in the GEMM's epilogue** (`cosmos3_kernels.gemm`): for a video, the SwiGLU (Nano) or ReLU^2
   (Edge) runs on the MLP input GEMM's fp32 accumulator in QuACK's Hopper GEMM and rounds once, where dispatch
   measures that faster than the GEMM then the activation's pass and no further from fp32 (`fuses_mlp_activation`);
 - **video residual add in the GEMM**: for a video, the attention-out and down projections add their product to the
@@ -28,7 +28,7 @@
 - **whole step** (`engine.pipeline.whole_step`): the gen tokens, tower, velocity, CFG combine and the sampler
   update (`engine.pipeline.scheduler_tables`) run from static device buffers, captured as one graph where CUDA
   graphs apply, and kept across requests of the same shape;
-- **first-layer gen attention shared** (`kernels.shared_gen_attention`): every branch feeds the tower the same gen
+- **first-layer gen attention shared** (`cosmos3_kernels.shared_gen_attention`): every branch feeds the tower the same gen
   tokens, so the first layer's gen-to-gen attention block is the same in every branch; it is computed once and
   joined with each branch's prefix block by their log-sum-exps. From `SHARE_MIN_GEN_TOKENS` gen tokens a branch,
   where dispatch measures it faster (flash-attn-4), and only where the branches' gen positions are shifted alike
@@ -56,9 +56,9 @@ from typing import Callable, TypeVar
 
 import torch
 
-from kernels.dispatch import KernelDispatcher, timing_from_env
-from kernels.graphs import capture
-from kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels.dispatch import KernelDispatcher, timing_from_env
+from cosmos3_kernels.graphs import capture
+from cosmos3_kernels.packed_kv import PackedKVLayout
 
 from .fp8 import fp8_from_env, tower_weights
 from .transformer import KVCache
@@ -101,7 +101,7 @@ class FastPathOptions:
     vae_subpixel: bool = True  # the fast decode's upsamplers as sub-pixel phase convs (causal_decode.subpixel_weight)
     vae_norm_fp32: bool = True  # the fast decode's norm + SiLU in fp32, rounded once (causal_decode.DecodePlan)
     lengths_on_device: bool = True  # whole-step graphs kept for any prompt length (engine.pipeline.whole_step)
-    share_first_attention: bool = True  # the first layer's gen block once for all branches (kernels.shared_gen_attention)
+    share_first_attention: bool = True  # the first layer's gen block once for all branches (cosmos3_kernels.shared_gen_attention)
     mlp_epilogue: bool = True  # a video's MLP activation in its input GEMM's epilogue (`fuses_mlp_activation`)
     residual_epilogue: bool = True  # a video's residual add in its output GEMMs' epilogue (`fuses_residual_add`)
     fp8: bool = False  # approximate: off unless asked for (engine.pipeline.fp8)
@@ -152,7 +152,7 @@ def rounds_qk_norm(options: FastPathOptions, latent_frames: int | None) -> bool:
 
 def fuses_mlp_activation(options: FastPathOptions, latent_frames: int | None) -> bool:
     """Whether the tower may run the MLP's activation on its input GEMM's fp32 accumulator and round once
-    (`kernels.gemm.mlp_in_quack`), where dispatch measures that faster and no less accurate than the split path.
+    (`cosmos3_kernels.gemm.mlp_in_quack`), where dispatch measures that faster and no less accurate than the split path.
 
     Why: the split path writes the GEMM's output and reads it back for the activation, a memory-bound pass of
     ~58 ms a Nano 720p step (docs/PERFORMANCE.md, "The MLP's activation in its GEMM"). Why videos only: as with
@@ -194,7 +194,7 @@ def gen_positions_shift_alike(branches) -> bool:
 def capture_graph(run: Callable[[], T], pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
     """Capture `run()` as a CUDA graph on a side stream; returns (graph, what `run` returned).
 
-    `kernels.graphs.capture`, which leaves the allocator's cache alone (each recapture, one per new prompt
+    `cosmos3_kernels.graphs.capture`, which leaves the allocator's cache alone (each recapture, one per new prompt
     length and branch count, used to free every cached block, and the next request paid cudaMalloc for all
     of it again), after freeing it here only when the GPU is short of memory, where the graph's private pool
     could otherwise fail to grow. The kernels captured are the same, so the replay's bits are too.

@@ -21,8 +21,8 @@ Two ways to hold the weights:
 
 Attention can run in FP8 too (the policy's role "attn", e.g. "row:in+attn"), where a branch has at least
 `FP8_ATTENTION_MIN_GEN_TOKENS` gen tokens (shorter calls keep the bf16 attention), on the kernels of
-`FP8_ATTENTION_BACKENDS` the host has: FlashAttention-3's FP8 forward (`kernels.attention_fp8_fa3`, optional:
-`fa3-fwd`) where it is installed, else cuDNN's FP8 SDPA (`kernels.attention_fp8`, optional:
+`FP8_ATTENTION_BACKENDS` the host has: FlashAttention-3's FP8 forward (`cosmos3_kernels.attention_fp8_fa3`, optional:
+`fa3-fwd`) where it is installed, else cuDNN's FP8 SDPA (`cosmos3_kernels.attention_fp8`, optional:
 `nvidia-cudnn-frontend`).
 
 Numeric gate (tests/test_gpu_fp8.py, full-size random weights on the H200): one step's velocity
@@ -235,7 +235,7 @@ def _hopper_missing(device) -> str | None:
 
 
 def _attention_module(name: str):
-    return importlib.import_module("kernels." + FP8_ATTENTION_BACKENDS[name][0])
+    return importlib.import_module("cosmos3_kernels." + FP8_ATTENTION_BACKENDS[name][0])
 
 
 def attention_backend_from_env() -> str:
@@ -278,7 +278,7 @@ def mslk_unavailable(device) -> str | None:
     """What this device or host lacks for MSLK's activation quantiser (None: nothing)."""
     why = _hopper_missing(device)  # Hopper: torchao's own condition for KernelPreference.MSLK
     if why is None and not _mslk_installed():
-        why = f"the package {MSLK_DISTRIBUTION} (requirements-extras.txt), which is not installed"
+        why = f"the package {MSLK_DISTRIBUTION} (requirements-gpu.txt), which is not installed"
     return why
 
 
@@ -339,8 +339,8 @@ def fp8_attention(policy: FP8Policy, device, centred: bool = True):
 
 def fa3_pack_gqa_from_env() -> bool | None:
     """`COSMOS3_FA3_PACK_GQA` (for benchmarks): 1 or 0 turns FA3's packing of the query heads per K/V head on or
-    off, auto leaves it to FA3's heuristic; unset, the measured default (`kernels.attention_fp8_fa3.PACK_GQA`)."""
-    from kernels.attention_fp8_fa3 import PACK_GQA
+    off, auto leaves it to FA3's heuristic; unset, the measured default (`cosmos3_kernels.attention_fp8_fa3.PACK_GQA`)."""
+    from cosmos3_kernels.attention_fp8_fa3 import PACK_GQA
 
     text = os.environ.get("COSMOS3_FA3_PACK_GQA", "").strip().lower()
     choices = {"": PACK_GQA, "1": True, "0": False, "auto": None}

@@ -3,7 +3,7 @@
 The und (text) tower never sees gen tokens or the timestep, so its per-layer keys and values are
 the same at every denoising step. `prefill` runs it once per request and CFG branch and writes each
 layer's K-for-gen and V into the branch's prefix rows of a packed per-layer buffer (the layout in
-`kernels.packed_kv`: every branch's rows are `[prefix | gen]`). `gen_forward` then runs only the gen
+`cosmos3_kernels.packed_kv`: every branch's rows are `[prefix | gen]`). `gen_forward` then runs only the gen
 tower per step and writes the step's gen K/V into the gen rows, so no step concatenates or copies
 the prefix. The fast path (`engine.pipeline.fast_path`) reads the same buffers.
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from kernels.packed_kv import DeviceLengths, PackedKVLayout, kv_len_bucket
+from cosmos3_kernels.packed_kv import DeviceLengths, PackedKVLayout, kv_len_bucket
 
 from .attention import attend_causal, attend_prefix
 

@@ -38,7 +38,7 @@ from typing import Callable
 
 import torch
 
-from kernels.dispatch import lengths_on_device_refused
+from cosmos3_kernels.dispatch import lengths_on_device_refused
 
 from ..serving.events import JobCancelled
 from .fast_path import GRAPH_MAX_GEN_TOKENS, FastGenTower, FastPathOptions, capture_graph

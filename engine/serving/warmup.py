@@ -1,7 +1,7 @@
 """Warm a loaded model at every whitelisted size of its family's slow-to-start modes, so no user request is cold.
 
 A first request at a new size pays, on the user's time, for what the fast path does once per shape:
-Triton kernels compile (or load from Triton's on-disk cache), `kernels.dispatch` times its candidates,
+Triton kernels compile (or load from Triton's on-disk cache), `cosmos3_kernels.dispatch` times its candidates,
 cuDNN and cuBLAS build their plans, the VAE decoder's convolutions pick algorithms, and the step's
 CUDA graphs are captured. A warm-up runs a short request (a few steps, the mode's default frames and
 guidance, a prompt of typical caption length) at each whitelisted size, so all of that happens before

@@ -30,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import prefix_attention as pa
-from kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels import prefix_attention as pa
+from cosmos3_kernels.packed_kv import PackedKVLayout
 
 
 def check_shared_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, source: int = 0) -> None:

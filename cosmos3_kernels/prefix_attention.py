@@ -1,7 +1,7 @@
 """Gen-tower attention over the packed ``[prefix | gen]`` K/V buffer, with its PyTorch reference.
 
 Gen queries of every CFG branch attend, with no mask, over their own branch's rows of the packed
-buffer (``kernels/packed_kv.py``): prefix lengths differ between branches, the gen length is shared.
+buffer (``cosmos3_kernels/packed_kv.py``): prefix lengths differ between branches, the gen length is shared.
 Flash attention (online softmax) in one launch for all branches: each program owns BLOCK_M queries of
 one head of one branch and walks only that branch's ``prefix_b + N`` keys, so no padded key ever takes
 softmax weight, and no per-branch launch or K/V concatenation is needed.
@@ -22,8 +22,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.optional import installed, warn_if_installed
-from kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels.optional import installed, warn_if_installed
+from cosmos3_kernels.packed_kv import PackedKVLayout
 
 try:  # host-side TMA descriptors (Triton >= 3.3); the pointer path below works without them
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -348,7 +348,7 @@ def _flash4_entry() -> tuple[Callable | None, bool, str | None]:
 
     The knobs (tile shape, GQA packing) and a caller's ``out`` buffer are arguments of the library's
     ``_flash_attn_fwd``, which its public ``flash_attn_varlen_func`` wraps; the version is pinned in
-    requirements-extras.txt, and if that name ever moves we fall back to the public function (library
+    requirements-gpu.txt, and if that name ever moves we fall back to the public function (library
     defaults, one output copy) rather than fail."""
     if os.environ.get(FLASH4_ENV_VAR, "1") == "0":
         return None, False, f"{FLASH4_ENV_VAR}=0"
@@ -394,7 +394,7 @@ def flash4_advice() -> str | None:
         return None
     return (f"flash-attn-4 is not installed. On this GPU (compute capability {major}.{minor}) it is the fastest "
             f"attention the engine can use, and without it a Nano T2I request ran ~20% slower end to end "
-            f"(docs/PERFORMANCE.md). Install it with: pip install -r requirements-extras.txt "
+            f"(docs/PERFORMANCE.md). Install it with: pip install -r requirements-gpu.txt "
             f"(or set {FLASH4_ENV_VAR}=0 to silence this).")
 
 

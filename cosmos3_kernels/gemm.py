@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.optional import warn_if_installed
+from cosmos3_kernels.optional import warn_if_installed
 
 QUACK_ENV_VAR = "COSMOS3_QUACK"
 QUACK_DISTRIBUTION = "quack-kernels"

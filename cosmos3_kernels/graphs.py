@@ -2,10 +2,10 @@
 `gc.collect()` and `empty_cache()` before every capture.
 
 Why not `torch.cuda.graph`: the engine captures a step per new prompt length and branch count, and the
-dispatcher captures every kernel candidate of every shape mid-forward (`kernels.timing`); handing every
+dispatcher captures every kernel candidate of every shape mid-forward (`cosmos3_kernels.timing`); handing every
 cached block back to the driver each time made the next request pay cudaMalloc for all of it again. The
 engine decides itself when memory is short enough to free first (`engine.pipeline.fast_path.capture_graph`).
-It lives in kernels/, the leaf, so the timing helper and the engine share it.
+It lives in cosmos3_kernels/, the leaf, so the timing helper and the engine share it.
 """
 from __future__ import annotations
 

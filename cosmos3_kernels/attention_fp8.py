@@ -1,7 +1,7 @@
 """FP8 prefix attention for Hopper through cuDNN's FP8 SDPA, with its PyTorch reference.
 
 The op is `prefix_attention`'s (gen queries of each branch over that branch's ``[prefix | gen]`` rows of the
-packed buffer, `kernels/packed_kv.py`), computed on float8 e4m3 operands:
+packed buffer, `cosmos3_kernels/packed_kv.py`), computed on float8 e4m3 operands:
 
     per branch b:  vbar = mean of v over the branch's rows               one per K/V head and channel (fp32)
                    q8, k8 = e4m3(x * 448 / amax(x))                     one scale per tensor (cuDNN's contract)
@@ -29,7 +29,7 @@ score row) gained nothing there, so it is not done.
 
 Why cuDNN: flash-attn-4's FP8 forward is SM100-only, and cuDNN's is a maintained FP8 attention for Hopper from the
 registry (`nvidia-cudnn-frontend`, over the cuDNN that PyTorch ships). Where `fa3-fwd` is installed the FP8 mode
-takes FlashAttention-3's FP8 forward instead, for every call (`kernels.attention_fp8_fa3`, which shares this
+takes FlashAttention-3's FP8 forward instead, for every call (`cosmos3_kernels.attention_fp8_fa3`, which shares this
 module's quantisation and reference): it measured faster at every length
 (`engine.pipeline.fp8.FP8_ATTENTION_BACKENDS`; docs/PERFORMANCE.md, "One FP8 attention kernel at every length").
 This one stays for hosts without FA3 and for GPUs past Hopper. Measured on one H200 with both CFG branches and this
@@ -50,8 +50,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.packed_kv import PackedKVLayout
-from kernels.prefix_attention import check_prefix_attention_inputs
+from cosmos3_kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels.prefix_attention import check_prefix_attention_inputs
 
 E4M3_MAX = 448.0
 # O * scale_o stays within half of e4m3's range (see the module docstring); e4m3's relative precision is the same
@@ -203,7 +203,7 @@ def prefix_attention_fp8_reference(
 ) -> torch.Tensor:
     """The op in the module docstring, in fp32 from the e4m3 operands; returns [B, N, Hq, D] in q's dtype.
     `centred=False`: v quantised as it is (no mean taken out, none added back). The other two describe the kernel
-    (`kernels.attention_fp8_fa3` models FA3 with them): the scale a row's largest probability is rounded at (cuDNN's
+    (`cosmos3_kernels.attention_fp8_fa3` models FA3 with them): the scale a row's largest probability is rounded at (cuDNN's
     448), and whether the output is rounded to e4m3 before it is dequantised (cuDNN on Hopper) or kept in fp32 until
     its one rounding to q's dtype."""
     batch, n_gen, hq, head_dim = q.shape
@@ -239,7 +239,7 @@ CUDNN_DISTRIBUTION = "nvidia-cudnn-frontend"
 
 @functools.cache
 def _cudnn():
-    """cuDNN's Python frontend, or None where it is not installed (it is optional: requirements-extras.txt)."""
+    """cuDNN's Python frontend, or None where it is not installed (it is optional: requirements-gpu.txt)."""
     try:
         import cudnn
     except Exception:  # ImportError, or its compiled module failing to load the cuDNN library
@@ -256,7 +256,7 @@ def unavailable(device) -> str | None:
     if major < 9:
         return f"compute capability {major}.{minor} (cuDNN's FP8 attention needs Hopper, 9.0, or newer)"
     if _cudnn() is None:
-        return f"{CUDNN_DISTRIBUTION} is not installed (pip install -r requirements-extras.txt)"
+        return f"{CUDNN_DISTRIBUTION} is not installed (pip install -r requirements-gpu.txt)"
     return None
 
 

@@ -5,7 +5,7 @@ CUDA events on the current stream around `inner` back-to-back calls, after `warm
 the median, the spread or quantiles from the same numbers. Why one helper: the dispatcher's choice
 between a Triton kernel and its PyTorch path, and the tables in docs/PERFORMANCE.md, are only
 comparable when they are measured the same way (the same warm-up, the same clock, the same median).
-It lives in kernels/ because kernels/ is the leaf every floor that measures may import.
+It lives in cosmos3_kernels/ because cosmos3_kernels/ is the leaf every floor that measures may import.
 
 `graphed=True` times replays of a CUDA graph of the calls instead of the calls themselves. Why: a
 kernel that runs inside the engine's step graph pays no Python launch, and at image shapes a Triton or
@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from kernels.graphs import capture
+from cosmos3_kernels.graphs import capture
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 
-log = logging.getLogger("kernels.optional")
+log = logging.getLogger("cosmos3_kernels.optional")
 
 
 def installed(distribution: str) -> bool:
@@ -30,5 +30,5 @@ def warn_if_installed(distribution: str, error: BaseException, fallback: str) ->
     when it is not installed (absent on purpose). Callers call it from their cached import, so once per process."""
     if installed(distribution):
         log.warning("%s is installed but does not import (%s: %s), so %s runs instead, slower. Repair the install: "
-                    "pip install -r requirements-extras.txt (into site-packages).",
+                    "pip install -r requirements-gpu.txt (into site-packages).",
                     distribution, type(error).__name__, str(error)[:200], fallback)

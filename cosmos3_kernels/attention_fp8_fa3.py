@@ -1,10 +1,10 @@
 """FP8 prefix attention for Hopper through FlashAttention-3's FP8 forward, with its PyTorch reference.
 
-The op is `kernels.attention_fp8`'s (gen queries of each branch over that branch's ``[prefix | gen]`` rows of
+The op is `cosmos3_kernels.attention_fp8`'s (gen queries of each branch over that branch's ``[prefix | gen]`` rows of
 the packed buffer), on the same e4m3 operands, quantised by the same kernels with the same per-branch scales
 and the same centring of v. What differs is the kernel and so two roundings:
 
-    per branch b:  q8, k8, v8, vbar, bound as in `kernels.attention_fp8`
+    per branch b:  q8, k8, v8, vbar, bound as in `cosmos3_kernels.attention_fp8`
                    S = (q8 k8^T) * descale_q * descale_k * scale
                    P = exp(S - rowmax(S)) * 2**8;  P8 = e4m3(P)       FA3 offsets the exponent by 8 (our reading
                                                                        of its FP8 softmax), so P spans (0, 256]
@@ -16,7 +16,7 @@ Both branches go in one call: FA3's varlen form reads the packed rows as they li
 
 Why: FlashAttention-3 is the FP8 attention written for Hopper. The registry carries its forward prebuilt for
 CUDA 13 against PyTorch's stable ABI, as the wheel `fa3-fwd` (Dao-AILab's Hopper code, forward only, FP8 and
-varlen built in). It is optional (requirements-extras.txt). Where both are installed the FP8 mode takes it
+varlen built in). It is optional (requirements-gpu.txt). Where both are installed the FP8 mode takes it
 over cuDNN's for every call, as it measured faster at every length (`engine.pipeline.fp8.FP8_ATTENTION_BACKENDS`
 says by how much; docs/PERFORMANCE.md, "One FP8 attention kernel at every length").
 
@@ -34,9 +34,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_fp8 import (E4M3_MAX, HEAD_DIMS, _branch_operands, check_fp8_call,
+from cosmos3_kernels.attention_fp8 import (E4M3_MAX, HEAD_DIMS, _branch_operands, check_fp8_call,
                                    prefix_attention_fp8_reference, quantize_e4m3)
-from kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels.packed_kv import PackedKVLayout
 
 FA3_DISTRIBUTION = "fa3-fwd"
 # Whether FA3 packs the query heads that share a K/V head into one tile. Its heuristic packs every varlen call; at
@@ -57,7 +57,7 @@ def _fa3():
     try:
         import fa3_fwd._C  # noqa: F401  (registers torch.ops.fa3_fwd)
     except Exception as error:  # ImportError, or the library not loading beside this torch
-        from kernels.optional import warn_if_installed
+        from cosmos3_kernels.optional import warn_if_installed
 
         warn_if_installed(FA3_DISTRIBUTION, error, "cuDNN's FP8 attention (or the bf16 one)")
         return None
@@ -73,7 +73,7 @@ def unavailable(device) -> str | None:
     if (major, minor) != (9, 0):
         return f"compute capability {major}.{minor} (FA3's FP8 kernels are built for Hopper, 9.0, only)"
     if _fa3() is None:
-        return f"{FA3_DISTRIBUTION} is not installed or does not load (pip install -r requirements-extras.txt)"
+        return f"{FA3_DISTRIBUTION} is not installed or does not load (opt in: pip install fa3-fwd==0.0.3; requirements-gpu.txt says why it is not installed by default)"
     return None
 
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.qk_norm_rope import _round_to  # round to nearest even by integer ops (the cast truncates or folds)
+from cosmos3_kernels.qk_norm_rope import _round_to  # round to nearest even by integer ops (the cast truncates or folds)
 
 
 def _channel_bias(bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

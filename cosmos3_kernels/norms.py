@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.qk_norm_rope import FLAVOURS, _round_to, rms_norm_reference
+from cosmos3_kernels.qk_norm_rope import FLAVOURS, _round_to, rms_norm_reference
 
 
 # --------------------------------------------------------------------------------------------------

@@ -37,11 +37,11 @@ from typing import Callable, Hashable
 
 import torch
 
-from kernels import gemm, norms, prefix_attention as attn, qk_norm_rope as qk, shared_gen_attention as sga
-from kernels.packed_kv import PackedKVLayout, kv_len_bucket
-from kernels.timing import time_ms
+from cosmos3_kernels import gemm, norms, prefix_attention as attn, qk_norm_rope as qk, shared_gen_attention as sga
+from cosmos3_kernels.packed_kv import PackedKVLayout, kv_len_bucket
+from cosmos3_kernels.timing import time_ms
 
-log = logging.getLogger("kernels.dispatch")
+log = logging.getLogger("cosmos3_kernels.dispatch")
 
 MODES = ("auto", "triton", "torch")
 ENV_VAR = "COSMOS3_KERNELS"
@@ -85,7 +85,7 @@ class Decision:
 @dataclass(frozen=True)
 class SharingDecision:
     """Whether the first layer's attention computes its gen block once for all branches
-    (``kernels.shared_gen_attention``), and on what: ``path`` FLASH4 (flash-attn-4's parts, the Triton combine),
+    (``cosmos3_kernels.shared_gen_attention``), and on what: ``path`` FLASH4 (flash-attn-4's parts, the Triton combine),
     TORCH (the PyTorch reference: the CPU), or None (not shared: ``prefix_attention`` as at every other layer)."""
 
     path: Path | None
@@ -486,7 +486,7 @@ class KernelDispatcher:
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The first layer's attention, q [B, N, Hq, D] over each branch's rows, with the gen block of branch 0
-        for every branch (``kernels.shared_gen_attention``: only where every branch's gen tokens are the same
+        for every branch (``cosmos3_kernels.shared_gen_attention``: only where every branch's gen tokens are the same
         and their positions shifted alike) where `choose_shared_gen_attention` says so, else `prefix_attention`."""
         decision = self.choose_shared_gen_attention(q, kv_buffer, layout, scale=scale)
         if decision.path is Path.FLASH4:

@@ -9,7 +9,7 @@ What the split path (diffusers' ``Cosmos3AttnProcessor``) does every step, per l
 Each of those kernels reads and writes the full activation, so the split path moves the q/k activations
 through HBM roughly 20 times, plus a copy of the prefix. The fused kernel reads q, k, v and the cos/sin
 tables once, writes q and the gen rows of the packed ``[prefix | gen]`` K/V buffer once, and never
-touches the prefix (see ``kernels/packed_kv.py``). Bytes moved (Nano, 44160 gen tokens, one branch):
+touches the prefix (see ``cosmos3_kernels/packed_kv.py``). Bytes moved (Nano, 44160 gen tokens, one branch):
 q 2x362 MB, k and v 2x90 MB each, cos/sin 23 MB: ~1.1 GB, ~0.26 ms at the 4.3 TB/s copy ceiling.
 
 Bit-exactness (``round_norm_before_rope=True``): the split path in bf16 rounds after every op. The
@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels.packed_kv import PackedKVLayout
 
 FLAVOURS = ("diffusers", "nemotron")
 
