@@ -24,7 +24,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _TRUE = ("1", "true", "yes", "on")
 
 SAFETY_MISSING = ("--safety was given, but the 'cosmos_guardrail' package is not installed. Install it "
-                  "(pip install -r requirements-extras.txt, on a GPU host) or run without --safety; the checker is never skipped silently.")
+                  "(pip install -r requirements-gpu.txt, on a GPU host) or run without --safety; the checker is never skipped silently.")
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in _TRUE
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--safety", action="store_true",
                         help="run the Cosmos guardrail on every prompt and every generated result (faces blurred, "
                              "unsafe content refused, nothing saved); never skipped silently: the app refuses to "
-                             "start without the cosmos_guardrail package (requirements-extras.txt) or its models, "
+                             "start without the cosmos_guardrail package (requirements-gpu.txt) or its models, "
                              "and says which. Recommended for public demos (docs/HOSTING.md).")
     return parser
 
@@ -369,6 +369,12 @@ def http_api(args: argparse.Namespace, job_queue):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from engine.install_check import ENGINE_IMPORTS, broken_import
+
+    # A broken install ends here in one line (which package, what failed, the fix), not 40 frames into a job.
+    if (problem := broken_import(("gradio",) if args.remote else ("gradio", *ENGINE_IMPORTS))) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         studio = create_studio(args)
     except ValueError as exc:  # unknown folders, malformed checkpoints, --safety: say which, no traceback
@@ -377,7 +383,7 @@ def main(argv=None) -> int:
     mode = " in review mode (login required)" if args.review else (" (login required)" if args.auth else "")
     print(f"Cosmos3 Studio: serving {', '.join(studio.service.model_names())} on http://{args.host}:{args.port}/"
           f"{mode} (outputs in {args.outputs})")
-    from kernels.prefix_attention import flash4_advice
+    from cosmos3_kernels.prefix_attention import flash4_advice
 
     if (advice := flash4_advice()) is not None:
         print(f"note: {advice}", file=sys.stderr)
