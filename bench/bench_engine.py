@@ -6,6 +6,8 @@
     python bench/bench_engine.py --e2e-ablate edge-t2i-640,nano-t2i-1024            # the new pieces, one at a time
     python bench/bench_engine.py --table short        # docs/PERFORMANCE.md's end-to-end table, one section per call
     python bench/bench_engine.py --render a.json b.json                             # that table from saved runs
+    python bench/bench_engine.py --e2e super-t2v-720p,super-t2i-1024 --cold-only super-t2v-720p --steps 4  # Super, FP8
+    python bench/bench_engine.py --fresh-process edge-t2v-480p,nano-t2i-1024    # first request of a new process
 
 For each workload it builds the inputs of one denoising step with both CFG branches (JSON-caption
 prefixes of 1615 and 2866 tokens, as measured for real captions) and times:
@@ -204,6 +206,15 @@ def main(argv=None) -> int:
                         "comma-separated FP8 attention kernel (COSMOS3_FP8_ATTENTION: fa3, cudnn; '': the engine's "
                         "choice), in order, e.g. fa3,cudnn,fa3,cudnn")
     parser.add_argument("--cold-only", default="nano-t2v-720p", help="e2e workloads measured cold only (device time)")
+    parser.add_argument("--prompt-tokens", type=int, default=1600, help="e2e: the caption's length in tokens")
+    parser.add_argument("--steps", default=None, help="e2e: run this many denoising steps instead of the workload's "
+                        "(N for every row, or WORKLOAD=N,...); such a row also gets its total projected to the "
+                        "workload's steps (a projection)")
+    parser.add_argument("--fresh-process", default=None, help="e2e workloads (comma-separated) each run in new "
+                        "processes over one kernel cache folder (bench/fresh_process.py): a first process from an "
+                        "empty cache, then a second after it: its first request against a warm one")
+    parser.add_argument("--fresh-process-baseline", action="store_true", help="--fresh-process: also a process "
+                        "that keeps the compiled kernels but not the dispatch decisions (as before they were kept)")
     parser.add_argument("--table", choices=sorted(TABLE_SECTIONS), default=None,
                         help="one section of docs/PERFORMANCE.md's end-to-end table (bench/e2e.py TABLE_SECTIONS): "
                         "runs its arguments and prints its rows with the targets' status")
@@ -218,6 +229,10 @@ def main(argv=None) -> int:
         return 0
     if args.table:  # the section's arguments first, so that any given on the command line (--json) apply too
         args = parser.parse_args(TABLE_SECTIONS[args.table] + list(sys.argv[1:] if argv is None else argv))
+    if args.fresh_process:
+        from bench.fresh_process import main_fresh
+
+        return main_fresh(args)
     if args.e2e or args.e2e_ablate or args.warm_up_effect or args.warm_up_first or args.fp8_step or args.profile_step:
         return main_e2e(args)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -273,15 +288,46 @@ def main(argv=None) -> int:
     return 0
 
 
+def steps_for(spelling: str | None, workload: str) -> int | None:
+    """`--steps`' count for `workload`: N for every workload, or WORKLOAD=N pairs (None: the workload's own)."""
+    if not spelling:
+        return None
+    if "=" not in spelling:
+        return int(spelling)
+    pairs = dict(item.split("=") for item in spelling.split(",") if item)
+    return int(pairs[workload]) if workload in pairs else None
+
+
+def load_family(family: str, log=print):
+    """A full-size random-weight model of `family`, as `engine.load_model` would leave it: Super built FP8-only (its
+    bf16 weights do not fit one GPU) with its memory plan made and logged (engine.pipeline.memory)."""
+    from engine.model.tiny import build_tokenizer
+    from engine.pipeline.memory import prepare_at_load
+
+    if family != "super":
+        return as_loaded_model(build_transformer(family), family, vae=build_vae(), tokenizer=build_tokenizer())
+    from bench.bench_fp8 import build_super
+    from engine.pipeline import fp8
+
+    model, facts = build_super("cuda", fp8.host_policy("super", "cuda").name, log=log)
+    began = time.perf_counter()
+    facts["memory_plan"] = prepare_at_load(model)
+    facts["prepare_s"] = time.perf_counter() - began  # the text tower's host copy, pinned, where it is made
+    facts["text_tower_on_host"] = model.text_tower is not None
+    log(facts)
+    return model
+
+
 def main_e2e(args) -> int:
     """The end-to-end sections: one model per family, built once, workloads in the order given."""
     from bench import e2e
-    from engine.model.tiny import build_tokenizer
 
     header = e2e.run_header(torch.cuda.get_device_name())
     print(json.dumps(header), flush=True)
     clocks = e2e.ClockSampler()
-    names = list(e2e.WORKLOADS) if args.e2e == "all" else [n for n in (args.e2e or "").split(",") if n]
+    # "all": every workload but Super's (built FP8-only, minutes a request: named on their own)
+    names = ([n for n, w in e2e.WORKLOADS.items() if w[0] != "super"] if args.e2e == "all"
+             else [n for n in (args.e2e or "").split(",") if n])
     ablate = [n for n in (args.e2e_ablate or "").split(",") if n]
     warm_first = [n for n in (args.warm_up_first or "").split(",") if n]
     results = {"header": header, "e2e": [], "ablations": [], "warm_up": None, "warm_up_first": [], "decode": None,
@@ -291,7 +337,7 @@ def main_e2e(args) -> int:
         if args.json:  # as it goes, so a run cut short keeps what it measured
             Path(args.json).write_text(json.dumps(results, indent=2, default=str))
 
-    for family in ("edge", "nano"):
+    for family in ("edge", "nano", "super"):
         mine = [n for n in names if e2e.WORKLOADS[n][0] == family]
         mine_ablate = [n for n in ablate if e2e.WORKLOADS[n][0] == family]
         mine_warm_first = [n for n in warm_first if e2e.WORKLOADS[n][0] == family]
@@ -301,11 +347,12 @@ def main_e2e(args) -> int:
                  or (args.profile_step and family == profile_family))
         if not (mine or mine_ablate or mine_warm_first or extra):
             continue
-        model = as_loaded_model(build_transformer(family), family, vae=build_vae(), tokenizer=build_tokenizer())
+        model = load_family(family, log)
         for name in mine_warm_first:  # first, while the process has compiled and measured nothing for this model
             results["warm_up_first"].append(dict(workload=name, **e2e.warm_up_effect(model, name, log=log)))
         for name in mine:
-            e2e.run(model, [name], warm=name not in args.cold_only.split(","), log=log, rows=results["e2e"])
+            e2e.run(model, [name], warm=name not in args.cold_only.split(","), log=log, rows=results["e2e"],
+                    prompt_tokens=args.prompt_tokens, steps=steps_for(args.steps, name))
         for name in [n for n in (args.profile_request or "").split(",") if n in mine]:
             results.setdefault("profile_request", []).append(e2e.profile_request(model, name, log=log))
         for name in mine_ablate:

@@ -18,6 +18,16 @@ cached in the dispatcher instance. Rules, in order:
    (``gemm.mlp_in_unsupported``; ``COSMOS3_QUACK=0`` leaves it out), a candidate only where it is no further
    from the fp32 result than the split path on that call (``closer_candidates``); it is never forced.
 
+Within a memory budget: each candidate says how many bytes its timing allocates beyond its inputs (`sized`), and
+one that would not fit the device's free memory (the driver's, plus the caching allocator's unused blocks, less
+``MEMORY_HEADROOM``) is skipped, never run into an out-of-memory error; one that runs out anyway is left out too.
+Where none fits, the Triton kernel (which writes in place) is taken unmeasured, and the decision says so. Why:
+Super at 720p on one H200 died timing the PyTorch reference of QK-norm+RoPE (fp32 copies of 1.4 GB tensors).
+
+Measured decisions outlive the process where a ``store`` is given (``cosmos3_kernels.persist.DecisionStore``: one
+file per GPU, driver, library versions and kernel source, keyed here by op and shape): a restarted process
+reads them instead of timing again.
+
 How a candidate is timed (``TIMINGS``, ``COSMOS3_DISPATCH_TIMING``): "graph", the default, replays a CUDA
 graph of its calls, since the step runs inside one and pays no Python launch; "eager" times back-to-back
 calls, launches included, as the dispatcher did before (kept for the A/B in docs/PERFORMANCE.md).
@@ -28,6 +38,7 @@ then takes the PyTorch path and is not cached), and can list ``decisions()`` for
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import os
@@ -39,6 +50,7 @@ import torch
 
 from cosmos3_kernels import gemm, norms, prefix_attention as attn, qk_norm_rope as qk, shared_gen_attention as sga
 from cosmos3_kernels.packed_kv import PackedKVLayout, kv_len_bucket
+from cosmos3_kernels.persist import DecisionStore
 from cosmos3_kernels.timing import time_ms
 
 log = logging.getLogger("cosmos3_kernels.dispatch")
@@ -96,6 +108,60 @@ class SharingDecision:
 
 
 SPLIT = "split"  # the MLP input's split path, as a key among QuACK's configs
+# Left free when a candidate's timing is checked against the device's memory: cuBLAS and cuDNN workspaces, a graph
+# pool's rounding.
+MEMORY_HEADROOM = 512 * 2**20
+NOT_MEASURED = "not measured: no candidate fits the memory budget"
+
+
+class OverBudget(RuntimeError):
+    """A candidate's timing would not fit the device's free memory (or ran out of it): it is skipped."""
+
+
+def sized(fn: Callable[[], object], need_bytes: int) -> Callable[[], object]:
+    """``fn`` marked with the bytes its call allocates beyond its inputs (checked before it is timed)."""
+    fn.need_bytes = int(need_bytes)
+    return fn
+
+
+def free_device_bytes() -> int:
+    """What the current CUDA device can still give: the driver's free memory plus the caching allocator's unused
+    blocks (which a new tensor reuses)."""
+    free, _ = torch.cuda.mem_get_info()
+    return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+
+
+_CONFIG_TYPES = {cls.__name__: cls for cls in (attn.AttentionConfig, attn.Flash4Config, gemm.QuackConfig)}
+
+
+def encode_decision(decision) -> dict:
+    """A `Decision` or `SharingDecision` as plain JSON (`decode_decision` reads it back)."""
+    out = {"kind": type(decision).__name__}
+    for f in dataclasses.fields(decision):
+        value = getattr(decision, f.name)
+        if isinstance(value, Path):
+            value = value.value
+        elif dataclasses.is_dataclass(value):
+            value = {"type": type(value).__name__, **dataclasses.asdict(value)}
+        out[f.name] = value
+    return out
+
+
+def decode_decision(record: dict):
+    """`encode_decision`'s inverse; None for a record it cannot read (a stored file from other code)."""
+    try:
+        cls = {"Decision": Decision, "SharingDecision": SharingDecision}[record["kind"]]
+        values = {}
+        for f in dataclasses.fields(cls):
+            value = record.get(f.name)
+            if f.name == "path" and value is not None:
+                value = Path(value)
+            elif isinstance(value, dict):
+                value = _CONFIG_TYPES[value["type"]](**{k: v for k, v in value.items() if k != "type"})
+            values[f.name] = value
+        return cls(**values)
+    except (KeyError, TypeError, ValueError):
+        return None
 ALTERNATING_ROUNDS = 3  # `_time_alternating`: rounds over the MLP input's candidates
 
 
@@ -162,6 +228,10 @@ def closer_candidates(candidates: dict, split: Callable[[], torch.Tensor], exact
     return kept, left_out
 
 
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def _device_key(t: torch.Tensor) -> str:
     if t.device.type == "cuda":
         return f"cuda:{t.device.index if t.device.index is not None else torch.cuda.current_device()}"
@@ -181,6 +251,8 @@ class KernelDispatcher:
         flash4_configs: tuple[attn.Flash4Config, ...] = attn.DEFAULT_FLASH4_CONFIGS,
         quack_configs: tuple[gemm.QuackConfig, ...] = gemm.DEFAULT_QUACK_CONFIGS,
         timing: str = "graph",
+        store: DecisionStore | None = None,
+        free_memory: Callable[[], int] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -195,6 +267,8 @@ class KernelDispatcher:
         self.flash4_configs = tuple(flash4_configs)
         self.quack_configs = tuple(quack_configs)
         self.timing = timing
+        self.store = store  # measured decisions kept across processes (None: this process only)
+        self.free_memory = free_memory or free_device_bytes  # bytes a candidate's timing may take
         self._decisions: dict[Hashable, Decision] = {}
         self._sharing: dict[Hashable, SharingDecision] = {}
 
@@ -236,22 +310,54 @@ class KernelDispatcher:
             return Decision(Path.TRITON, "forced", config=self.attention_configs[0])
         if not on_cuda:  # pragma: no cover - unreachable: a CPU tensor is unsupported in auto mode
             return Decision(Path.TORCH, "cpu")
-        cached = self._decisions.get(key)
+        cached = self._decisions.get(key) or self._restored(key, Decision)
         if cached is not None:
+            self._decisions[key] = cached
             return cached
         if torch.cuda.is_current_stream_capturing():
             return Decision(Path.TORCH, "capturing: not measured; call once before capture")
         assert timers is not None
         decision = timers()
         self._decisions[key] = decision
+        self._keep(key, decision)
         return decision
 
+    def _store_key(self, key: tuple) -> str:
+        return f"{self.timing}|{key!r}"  # a dtype's repr (torch.bfloat16) reads the same in every process
+
+    def _restored(self, key: tuple, kind: type):
+        """The decision a previous process measured for `key` (`store`), or None."""
+        if self.store is None:
+            return None
+        record = self.store.get(self._store_key(key))
+        decision = decode_decision(record) if record is not None else None
+        return decision if isinstance(decision, kind) else None
+
+    def _keep(self, key: tuple, decision) -> None:
+        """Write a measured decision to the store; one taken without measuring all it could is not kept."""
+        if self.store is not None and decision.reason == "measured":
+            self.store.put(self._store_key(key), encode_decision(decision))
+
+    def fits(self, need_bytes: int) -> bool:
+        """Whether `need_bytes` more fit the device now, `MEMORY_HEADROOM` left over (always on the CPU)."""
+        if need_bytes <= 0 or not torch.cuda.is_available() and self.free_memory is free_device_bytes:
+            return True
+        return need_bytes + MEMORY_HEADROOM <= self.free_memory()
+
     def _time(self, fn: Callable[[], object]) -> float:
-        """Median ms of one candidate, the way ``self.timing`` says."""
+        """Median ms of one candidate, the way ``self.timing`` says; `OverBudget` where its `sized` bytes do not
+        fit, or it runs out of memory (the caching allocator's blocks then go back to the driver)."""
+        need = getattr(fn, "need_bytes", 0)
+        if not self.fits(need):
+            raise OverBudget(f"needs {need / 2**30:.2f} GiB, {self.free_memory() / 2**30:.2f} GiB free")
         graphed = self.timing == "graph"
-        # A graph of one short call would time the replay's launch with it: "auto" fills ~2 ms instead.
-        return time_ms(fn, warmup=self.warmup, iters=self.iters, inner="auto" if graphed else 1,
-                       graphed=graphed).median_ms
+        try:
+            # A graph of one short call would time the replay's launch with it: "auto" fills ~2 ms instead.
+            return time_ms(fn, warmup=self.warmup, iters=self.iters, inner="auto" if graphed else 1,
+                           graphed=graphed).median_ms
+        except torch.OutOfMemoryError as err:
+            torch.cuda.empty_cache()
+            raise OverBudget(f"ran out of memory: {str(err).splitlines()[0][:160]}") from None
 
     def _fastest(self, candidates: dict, skip_failures: bool = False) -> tuple[object, float | None]:
         """(key, median ms) of the fastest of ``{key: fn}``, (None, None) if none ran; the first listed wins a
@@ -260,6 +366,9 @@ class KernelDispatcher:
         for key, fn in candidates.items():
             try:
                 ms = self._time(fn)
+            except OverBudget as err:
+                log.warning("kernel candidate %s skipped: over the memory budget (%s)", key, err)
+                continue
             except Exception as err:  # noqa: BLE001 - a library config this GPU cannot build is not fatal
                 if not skip_failures:
                     raise
@@ -271,16 +380,26 @@ class KernelDispatcher:
 
     def _measure(self, run_triton: dict, run_torch: Callable[[], object] | None, run_flash4: dict | None = None) -> Decision:
         """Time every Triton candidate, the PyTorch path (unless None: not a candidate) and each flash-attn-4
-        config if offered; keep the fastest."""
-        torch_ms = None if run_torch is None else self._time(run_torch)
+        config if offered; keep the fastest. A candidate over the memory budget is skipped (`_time`); where none
+        fits, the first Triton candidate is taken unmeasured (it writes in place)."""
+        torch_ms = None
+        if run_torch is not None:
+            try:
+                torch_ms = self._time(run_torch)
+            except OverBudget as err:
+                log.warning("the PyTorch path is skipped: over the memory budget (%s)", err)
         best_cfg, best_ms = self._fastest(run_triton)
         # A library kernel may refuse a launch shape on a GPU it was not measured on: left out, not fatal.
         flash4_cfg, flash4_ms = self._fastest(run_flash4 or {}, skip_failures=True)
+        if torch_ms is None and best_ms is None and flash4_ms is None:
+            return Decision(Path.TRITON, NOT_MEASURED, config=next(iter(run_triton), None))
+        skipped = (run_torch is not None and torch_ms is None) or best_ms is None
         path = min(  # in this order, so that a tie keeps PyTorch
             ((Path.TORCH, torch_ms), (Path.TRITON, best_ms), (Path.FLASH4, flash4_ms)),
             key=lambda c: float("inf") if c[1] is None else c[1],
         )[0]
-        return Decision(path, "measured", triton_ms=best_ms, torch_ms=torch_ms, config=best_cfg, flash4_ms=flash4_ms,
+        return Decision(path, "measured, some candidates over the memory budget" if skipped else "measured",
+                        triton_ms=best_ms, torch_ms=torch_ms, config=best_cfg, flash4_ms=flash4_ms,
                         flash4_config=flash4_cfg)
 
     # ---------------------------------------------------------------------------------------------
@@ -317,6 +436,8 @@ class KernelDispatcher:
         )
 
         def timers() -> Decision:
+            if not self.fits(_bytes(q)):
+                return Decision(Path.TRITON, NOT_MEASURED)
             scratch = torch.empty_like(q)  # never time in place: q must stay the input
             args = (q, k, v, q_weight, k_weight, cos, sin, kv_buffer, layout)
             kw = dict(eps=eps, flavour=flavour, q_out=scratch)
@@ -327,7 +448,9 @@ class KernelDispatcher:
             def run_torch():
                 qk.qk_norm_rope_pack_reference(*args, **kw)
 
-            return self._measure({None: run_triton}, None if device_lengths else run_torch)
+            # The reference norms and rotates q and k in fp32 and bf16 temporaries: ~16 bytes an element at its peak.
+            torch_need = 16 * (q.numel() + k.numel())
+            return self._measure({None: run_triton}, None if device_lengths else sized(run_torch, torch_need))
 
         return self._decide(key, q, unsupported, timers)
 
@@ -390,6 +513,8 @@ class KernelDispatcher:
         )
 
         def timers() -> Decision:
+            if not self.fits(_bytes(q)):
+                return Decision(Path.TRITON, NOT_MEASURED, config=self.attention_configs[0])
             scratch = torch.empty_like(q)
             candidates = {
                 cfg: (lambda cfg=cfg: attn.prefix_attention(q, kv_buffer, layout, scale=scale, out=scratch, config=cfg))
@@ -400,12 +525,10 @@ class KernelDispatcher:
                                                                    config=cfg))
                 for cfg in attn.flash4_configs_for(q, self.flash4_configs)
             }
-            return self._measure(
-                candidates,
-                None if device_lengths else
-                (lambda: attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=scratch)),
-                run_flash4,
-            )
+            # SDPA's output and the copies of its transposed operands: about three times q.
+            reference = sized(lambda: attn.prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=scratch),
+                              3 * _bytes(q))
+            return self._measure(candidates, None if device_lengths else reference, run_flash4)
 
         return self._decide(key, q, unsupported, timers)
 
@@ -457,8 +580,14 @@ class KernelDispatcher:
         cached = self._sharing.get(key)
         if cached is not None:
             return cached
+        restored = self._restored(key, SharingDecision)
+        if restored is not None:
+            self._sharing[key] = restored
+            return restored
         if torch.cuda.is_current_stream_capturing():
             return SharingDecision(None, "capturing: not measured; call once before capture")
+        if not self.fits(2 * _bytes(q)):
+            return SharingDecision(None, NOT_MEASURED)
         scratch = torch.empty_like(q)
         # The one-call attention's own decision timed its chosen path the same way: that time is the bar.
         regular_ms = self.choose_prefix_attention(q, kv_buffer, layout, scale=scale).chosen_ms
@@ -474,6 +603,7 @@ class KernelDispatcher:
         decision = SharingDecision(Path.FLASH4 if faster else None, "measured", shared_ms=shared_ms,
                                    regular_ms=regular_ms, flash4_config=cfg if faster else None)
         self._sharing[key] = decision
+        self._keep(key, decision)
         return decision
 
     def shared_gen_attention(
@@ -504,7 +634,9 @@ class KernelDispatcher:
         if not supported:
             unsupported = f"dtype {probe.dtype} or layout (last dim must be contiguous)"
         key = (name, _device_key(probe), probe.dtype, tuple(probe.shape), *key_extra)
-        decision = self._decide(key, probe, unsupported, lambda: self._measure({None: triton_fn}, torch_fn))
+        # The references widen to fp32: a few fp32 copies of the probe; the kernels write their outputs only.
+        kernel, reference = sized(triton_fn, 2 * _bytes(probe)), sized(torch_fn, 12 * probe.numel())
+        decision = self._decide(key, probe, unsupported, lambda: self._measure({None: kernel}, reference))
         return (triton_fn if decision.path is Path.TRITON else torch_fn)()
 
     def add_rms_norm(
@@ -561,6 +693,9 @@ class KernelDispatcher:
             unsupported = "no Triton kernel for a GEMM (mode triton forces the kernels that exist)"
 
         def measure() -> Decision:
+            # The split path's GEMM output and its activation; QuACK writes the activation only.
+            if not self.fits(2 * x.shape[0] * w.shape[0] * x.element_size()):
+                return Decision(Path.TORCH, NOT_MEASURED)
             rows = min(x.shape[0], gemm.ERROR_ROWS)
             return self._measure_closer(
                 {cfg: (lambda cfg=cfg: gemm.mlp_in_quack(x, w, activation, config=cfg)) for cfg in self.quack_configs},

@@ -178,6 +178,8 @@ class LoadedModel:
     vae_channels_last: bool = False
     fp8_weights: Any = None  # engine.pipeline.fp8.FP8Weights, built when a request first asks for FP8
     parallel: Any = None  # engine.parallel.group.GroupContext on a rank of a GPU group
+    # engine.pipeline.memory.TextTower: the text tower's weights in host memory, where requests need its room
+    text_tower: Any = None
 
     def make_scheduler(self, **overrides):
         config = dict(self.scheduler_config)

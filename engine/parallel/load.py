@@ -30,7 +30,13 @@ def load_model(source: str | os.PathLike, *, gpus: int | str = 1, weights: str |
         fp8 = fp8_from_env()
     if fp8:
         in_process.setdefault("fp8_loader", FP8OnlyLoader())
-    return load_in_process(source, **in_process)
+    from cosmos3_kernels.persist import cache_dir, configure_compiler_caches
+    from ..pipeline.memory import prepare_at_load
+
+    configure_compiler_caches(cache_dir())  # before the first kernel compiles: a restart reads what this one wrote
+    model = load_in_process(source, **in_process)
+    prepare_at_load(model)  # the memory plan, logged; the text tower to the host where large requests need it
+    return model
 
 
 @dataclass(frozen=True)

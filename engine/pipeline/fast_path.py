@@ -59,6 +59,7 @@ import torch
 from cosmos3_kernels.dispatch import KernelDispatcher, timing_from_env
 from cosmos3_kernels.graphs import capture
 from cosmos3_kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels.persist import cache_dir, configure_compiler_caches, open_store
 
 from .fp8 import fp8_from_env, tower_weights
 from .transformer import KVCache
@@ -263,7 +264,12 @@ def dispatcher_for(model, mode: str) -> KernelDispatcher:
     """One dispatcher per loaded model and mode, so measured choices persist across requests."""
     cached = model.dispatchers.get(mode)
     if cached is None:
-        cached = model.dispatchers[mode] = KernelDispatcher(mode, timing=timing_from_env())
+        # Measured choices are kept on disk for the next process (cosmos3_kernels.persist), where the cache is on.
+        store = None
+        if mode == "auto" and model.device is not None and torch.device(model.device).type == "cuda":
+            configure_compiler_caches(cache_dir())  # a model built without `engine.load_model` (benchmarks)
+            store = open_store(model.device)
+        cached = model.dispatchers[mode] = KernelDispatcher(mode, timing=timing_from_env(), store=store)
     return cached
 
 

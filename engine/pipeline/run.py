@@ -37,6 +37,7 @@ from .denoise import denoise_stage, schedule_stage
 from .fast_path import FastPathOptions
 from .fp8 import BF16_LABEL, precision_label, result_attention_kernel, result_policy
 from .layout import layout_stage
+from .memory import after_prefill, memory_stage
 from .outputs import outputs_stage
 from .prefill import prefill_stage
 from .preview import previewer
@@ -164,7 +165,9 @@ def _generate(model: LoadedModel, request: Request, seed: int, on_progress, canc
     noise_stage(state)
     layout_stage(state)
     schedule_stage(state)
+    memory_stage(state)  # a request that cannot fit this GPU is refused here, before any of its GPU work
     prefill_stage(state)
+    after_prefill(state)
     clock.lap("prefill")
     state.preview = previewer(model, len(state.plan), on_progress, previews)
     denoise_stage(state)

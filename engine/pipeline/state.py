@@ -118,6 +118,7 @@ class RunState:
     branches: list[Branch] = field(default_factory=list)
     cache: Any = None  # engine.pipeline.transformer.KVCache, or a GPU group's GroupPrefix
     tower: Any = None  # the gen tower: (tokens, branch count) -> outputs
+    text_tower_leaves: bool = False  # the text tower's GPU copy is dropped after the prefill (engine.pipeline.memory)
     frames: np.ndarray | None = None
     audio: np.ndarray | None = None
     actions: np.ndarray | None = None

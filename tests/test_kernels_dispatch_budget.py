@@ -1,0 +1,155 @@
+"""Dispatch within a memory budget, and its decisions kept across processes (cosmos3_kernels.persist).
+
+No GPU: the timer is replaced by one that calls the candidate and returns the milliseconds it gives, the device's
+free memory is a number the test sets, and `_decide` is handed a stand-in tensor on "cuda" (it reads the device
+type only), so the rule chain runs as it does on the H200.
+"""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from cosmos3_kernels import dispatch as dsp
+from cosmos3_kernels import persist
+from cosmos3_kernels.prefix_attention import AttentionConfig, Flash4Config
+from cosmos3_kernels.timing import Timing
+
+GIB = 2**30
+FINGERPRINT = {"gpu": "NVIDIA H200", "driver": "580.159.04", "torch": "2.11.0", "triton": "3.6.0",
+               "flash-attn-4": "4.0.0b36", "kernels_source": "abc"}
+KEY = ("qk_norm_rope", "cuda:0", torch.bfloat16, (2, 44160, 64, 128), 8, "diffusers", True, False, False)
+ON_CUDA = SimpleNamespace(device=torch.device("cuda", 0))
+
+
+@pytest.fixture
+def calls_candidates(monkeypatch):
+    """time_ms calls the candidate once; the candidate returns its milliseconds. Returns the names that ran."""
+    ran = []
+    monkeypatch.setattr(dsp, "time_ms", lambda fn, **kw: Timing((fn(),)))
+    return ran
+
+
+def candidate(ran, name, ms, need_bytes):
+    return dsp.sized(lambda: ran.append(name) or ms, need_bytes)
+
+
+def test_a_candidate_over_the_memory_budget_is_skipped_never_run(calls_candidates):
+    ran = calls_candidates
+    d = dsp.KernelDispatcher("auto", free_memory=lambda: 4 * GIB)
+    # The PyTorch reference of QK-norm+RoPE at Super 720p asked for more than the GPU had left: it must not run.
+    decision = d._measure({None: candidate(ran, "triton", 2.0, 0)}, candidate(ran, "torch", 1.0, 11 * GIB))
+    assert ran == ["triton"]
+    assert decision.path is dsp.Path.TRITON and decision.torch_ms is None and decision.triton_ms == 2.0
+    assert "memory budget" in decision.reason
+    # The same candidates with room for both: the faster (the reference here) wins, as before.
+    ran.clear()
+    roomy = dsp.KernelDispatcher("auto", free_memory=lambda: 64 * GIB)
+    decision = roomy._measure({None: candidate(ran, "triton", 2.0, 0)}, candidate(ran, "torch", 1.0, 11 * GIB))
+    assert ran == ["torch", "triton"] and decision.path is dsp.Path.TORCH and decision.reason == "measured"
+
+
+def test_where_no_candidate_fits_the_in_place_kernel_is_taken_unmeasured(calls_candidates):
+    ran = calls_candidates
+    d = dsp.KernelDispatcher("auto", free_memory=lambda: 0)
+    config = AttentionConfig(block_m=64, block_n=64, num_warps=4)
+    decision = d._measure({config: candidate(ran, "triton", 1.0, 1)}, candidate(ran, "torch", 1.0, 1),
+                          {Flash4Config(): candidate(ran, "flash4", 1.0, 1)})
+    assert ran == []
+    assert (decision.path, decision.reason, decision.config) == (dsp.Path.TRITON, dsp.NOT_MEASURED, config)
+
+
+def test_a_candidate_that_runs_out_of_memory_anyway_is_left_out(calls_candidates):
+    def oom():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.70 GiB")
+
+    d = dsp.KernelDispatcher("auto", free_memory=lambda: 64 * GIB)
+    decision = d._measure({None: candidate(calls_candidates, "triton", 3.0, 0)}, dsp.sized(oom, GIB))
+    assert decision.path is dsp.Path.TRITON and decision.torch_ms is None
+
+
+def test_measured_decisions_are_read_back_by_a_fresh_dispatcher(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    measured = dsp.Decision(dsp.Path.FLASH4, "measured", triton_ms=1.5, torch_ms=2.0,
+                            config=AttentionConfig(block_m=64, block_n=64, num_warps=4),
+                            flash4_ms=0.9, flash4_config=Flash4Config(128, 176, pack_gqa=False))
+    first = dsp.KernelDispatcher("auto", store=persist.DecisionStore(tmp_path, FINGERPRINT))
+    assert first._decide(KEY, ON_CUDA, None, lambda: measured) == measured
+
+    def not_again():
+        raise AssertionError("a stored decision was timed again")
+
+    fresh = dsp.KernelDispatcher("auto", store=persist.DecisionStore(tmp_path, FINGERPRINT))
+    assert fresh._decide(KEY, ON_CUDA, None, not_again) == measured
+    assert fresh.decisions()[KEY] == measured
+    # Another shape is not that decision: it is measured.
+    other_shape = KEY[:3] + ((2, 12090, 64, 128),) + KEY[4:]
+    again = dsp.Decision(dsp.Path.TRITON, "measured", triton_ms=1.0, torch_ms=2.0)
+    assert fresh._decide(other_shape, ON_CUDA, None, lambda: again) == again
+    # Candidates timed another way (eager) are not the graph-timed decision either.
+    eager = dsp.KernelDispatcher("auto", timing="eager", store=persist.DecisionStore(tmp_path, FINGERPRINT))
+    assert eager._decide(KEY, ON_CUDA, None, lambda: again) == again
+
+
+@pytest.mark.parametrize("changed", ["gpu", "driver", "triton", "flash-attn-4", "kernels_source"])
+def test_decisions_of_another_environment_are_ignored(tmp_path, monkeypatch, changed):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    stored = dsp.Decision(dsp.Path.TORCH, "measured", triton_ms=2.0, torch_ms=1.0)
+    dsp.KernelDispatcher("auto", store=persist.DecisionStore(tmp_path, FINGERPRINT))._decide(
+        KEY, ON_CUDA, None, lambda: stored)
+    elsewhere = persist.DecisionStore(tmp_path, {**FINGERPRINT, changed: "other"})
+    assert len(elsewhere) == 0
+    remeasured = dsp.Decision(dsp.Path.TRITON, "measured", triton_ms=1.0, torch_ms=2.0)
+    assert dsp.KernelDispatcher("auto", store=elsewhere)._decide(KEY, ON_CUDA, None, lambda: remeasured) == remeasured
+    # A file under this environment's name whose recorded fingerprint differs (copied from elsewhere) is ignored too.
+    mine = persist.DecisionStore(tmp_path, FINGERPRINT)
+    data = json.loads(mine.path.read_text())
+    data["fingerprint"][changed] = "other"
+    mine.path.write_text(json.dumps(data))
+    assert len(persist.DecisionStore(tmp_path, FINGERPRINT)) == 0
+
+
+def test_only_measured_decisions_are_stored_and_two_stores_on_one_file_keep_both(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    a = dsp.KernelDispatcher("auto", store=persist.DecisionStore(tmp_path, FINGERPRINT))
+    b = dsp.KernelDispatcher("auto", store=persist.DecisionStore(tmp_path, FINGERPRINT))  # a second loaded model
+    unmeasured = dsp.KernelDispatcher("auto", store=persist.DecisionStore(tmp_path, FINGERPRINT))
+    unmeasured._decide(KEY, ON_CUDA, None, lambda: dsp.Decision(dsp.Path.TRITON, dsp.NOT_MEASURED))
+    assert len(persist.DecisionStore(tmp_path, FINGERPRINT)) == 0
+    other = KEY[:3] + ((2, 1024, 64, 128),) + KEY[4:]
+    a._decide(KEY, ON_CUDA, None, lambda: dsp.Decision(dsp.Path.TRITON, "measured", triton_ms=1.0))
+    b._decide(other, ON_CUDA, None, lambda: dsp.Decision(dsp.Path.TORCH, "measured", torch_ms=1.0))
+    assert len(persist.DecisionStore(tmp_path, FINGERPRINT)) == 2
+
+
+def test_sharing_decisions_round_trip():
+    shared = dsp.SharingDecision(dsp.Path.FLASH4, "measured", shared_ms=1.0, regular_ms=2.0,
+                                 flash4_config=Flash4Config(128, 176))
+    declined = dsp.SharingDecision(None, "measured", shared_ms=3.0, regular_ms=2.0)
+    for decision in (shared, declined):
+        assert dsp.decode_decision(json.loads(json.dumps(dsp.encode_decision(decision)))) == decision
+    assert dsp.decode_decision({"kind": "Decision", "path": "no such path"}) is None
+
+
+def test_the_cache_folder_and_the_compilers_caches(tmp_path, monkeypatch):
+    assert persist.cache_dir({persist.CACHE_ENV: str(tmp_path)}) == tmp_path
+    assert persist.cache_dir({persist.CACHE_ENV: "off"}) is None
+    assert persist.cache_dir({"COSMOS3_STUDIO_CACHE": str(tmp_path)}) == tmp_path / "kernels"
+    # On a Space: under HF_HOME, the folder its persistent storage keeps.
+    assert persist.cache_dir({"SPACE_ID": "org/app", "HF_HOME": "/data/hf"}) == \
+        persist.Path("/data/hf/cosmos3-studio/kernels")
+    environ = {"TRITON_CACHE_DIR": "/mine"}
+    done = persist.configure_compiler_caches(tmp_path, environ)
+    assert environ["TRITON_CACHE_DIR"] == "/mine" and "TRITON_CACHE_DIR" not in done  # a variable set is kept
+    assert environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] == str(tmp_path / "flash4")
+    assert environ["CUTE_DSL_CACHE_DIR"] == str(tmp_path / "cute_dsl")
+    assert persist.configure_compiler_caches(None, environ) == {}
+
+
+def test_the_fingerprint_names_the_environment_a_decision_depends_on():
+    fingerprint = persist.environment_fingerprint()
+    for field in ("torch", "cuda", "kernels_source", "gpu", "triton", "flash-attn-4", "quack-kernels"):
+        assert field in fingerprint
+    assert fingerprint["kernels_source"] == persist.kernels_source_hash()
