@@ -93,18 +93,23 @@ class _Asker:
         self.started = time.perf_counter()
         self.tokens = self.prompt_tokens = 0
         self.first_token_s: float | None = None
+        self._streamed = 0  # tokens this attempt has reported so far
 
     def _emit(self, text: str, count: int) -> None:
         if self.on_progress is None:
             return
         elapsed = time.perf_counter() - self.started
         self.on_progress(ReasonerText(text=text, tokens=count))
+        if count == self._streamed:  # the stream's end flushing held-back text: no new token, no new step
+            return
+        self._streamed = count
         total = self.request.max_new_tokens
         rate = count / elapsed if elapsed > 0 else None
         self.on_progress(Progress(stage="reason", step=count, total=total, elapsed_s=elapsed,
                                   eta_s=(total - count) / rate if rate else None))
 
     def __call__(self, system: str | None, text: str, media: Media) -> str:
+        self._streamed = 0
         out = self.backend.chat(system, text, image=media.image, video=media.video,
                                 max_new_tokens=self.request.max_new_tokens, temperature=self.request.temperature,
                                 seed=self.seed, on_text=self._emit, cancel=self.cancel)

@@ -95,7 +95,13 @@ class _TokenStream:
             raise JobCancelled()
 
     def end(self) -> None:
-        return None
+        # Generation is over: what was held back as a partial character is all that will come, so it goes out as
+        # the full decode writes it (the streamed text then always equals the result's).
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if len(text) > len(self.text):
+            delta, self.text = text[len(self.text):], text
+            if self.on_text is not None:
+                self.on_text(delta, len(self.ids))
 
 
 @dataclass
