@@ -4,7 +4,7 @@
     python bench/bench_engine.py --smoke         # a tiny CPU run that only checks the script works
     python bench/bench_engine.py --e2e all --warm-up-effect --fp8-step 1280x720x189   # end to end (bench/e2e.py)
     python bench/bench_engine.py --e2e-ablate edge-t2i-640,nano-t2i-1024            # the new pieces, one at a time
-    python bench/bench_engine.py --table short        # docs/PERFORMANCE.md's end-to-end table, one section per call
+    python bench/bench_engine.py --table short        # docs/perf-log/2026-12-02.md's end-to-end table, one section per call
     python bench/bench_engine.py --render a.json b.json                             # that table from saved runs
 
 For each workload it builds the inputs of one denoising step with both CFG branches (JSON-caption
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
                         "choice), in order, e.g. fa3,cudnn,fa3,cudnn")
     parser.add_argument("--cold-only", default="nano-t2v-720p", help="e2e workloads measured cold only (device time)")
     parser.add_argument("--table", choices=sorted(TABLE_SECTIONS), default=None,
-                        help="one section of docs/PERFORMANCE.md's end-to-end table (bench/e2e.py TABLE_SECTIONS): "
+                        help="one section of docs/perf-log/2026-12-02.md's end-to-end table (bench/e2e.py TABLE_SECTIONS): "
                         "runs its arguments and prints its rows with the targets' status")
     parser.add_argument("--render", nargs="+", default=None, metavar="JSON",
                         help="print the end-to-end table of earlier --e2e or --table runs' JSON files (no GPU)")
