@@ -227,8 +227,12 @@ def performance_md(current: dict, root: Path = ROOT) -> str:
     for name, title in (("step against diffusers", "One step against diffusers"), ("two GPUs", "Two GPUs")):
         out += [f"### {title}: the run", ""] + _group_provenance(root, group(current, name))
     out += ["## What each pass is worth", "",
-            "Every pass is on by default where it applies (FP8 is opt-in) and has a switch, read once when a model "
-            "loads. The worth is the pass's own A/B from the log, on the workload named.", ""]
+            "Every pass is on by default where it applies (FP8 is opt-in) and has an environment switch. The worth is "
+            "the pass's own A/B from the log, on the workload named. The switches without a row here: "
+            "`COSMOS3_FAST=0` (the whole fast path off: the exact tower, bit for bit diffusers), `COSMOS3_BATCHED_CFG=0`, "
+            "`COSMOS3_CUDA_GRAPHS=0`, `COSMOS3_WHOLE_STEP=0`, `COSMOS3_FUSED_PROJECTIONS=0`, `COSMOS3_UINT8_FRAMES=0`, "
+            "`COSMOS3_VAE_CHANNELS_LAST=0` and `COSMOS3_QUACK=0` (`engine/pipeline/fast_path.py` `FastPathOptions`, "
+            "`cosmos3_kernels/gemm.py`); `COSMOS3_FP8_POLICY` names the FP8 GEMMs (`engine/pipeline/fp8.py`).", ""]
     out += _passes_table(root, current)
     out += ["", "On a Hopper GPU host `pip install -r requirements-gpu.txt` adds flash-attn-4, QuACK, FA3's FP8 "
             "forward (`fa3-fwd`), cuDNN's frontend and MSLK; the app says at start when such a GPU lacks them, and "
