@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import os
 import re
 from pathlib import Path
 
@@ -112,15 +113,17 @@ def test_every_log_section_current_json_cites_exists():
         render.log_heading(ROOT, log)  # raises, naming the file and the section, when there is none
 
 
-SCANNED = ("*.py", "*.md", "*.sh", "*.txt", "*.in")
-SKIPPED = {".git", ".venv", "node_modules", "data", "outputs"}
+SCANNED = (".py", ".md", ".sh", ".txt", ".in")
+SKIPPED = {".git", ".venv", "venv", "node_modules", "data", "outputs", "__pycache__"}
 
 
 def _repo_texts():
-    for pattern in SCANNED:
-        for path in ROOT.rglob(pattern):
-            if not SKIPPED.intersection(path.relative_to(ROOT).parts):
-                yield path
+    """The repository's text files, never descending into a virtual environment, git's folder or data."""
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [name for name in subfolders if name not in SKIPPED and not name.startswith(".")]
+        for name in files:
+            if name.endswith(SCANNED):
+                yield Path(folder) / name
 
 
 def test_every_cited_doc_and_quoted_section_exists():
