@@ -18,8 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CURRENT = ROOT / "docs" / "data" / "current.json"
-PERFORMANCE = ROOT / "docs" / "PERFORMANCE.md"
-README = ROOT / "README.md"
+# The dated log the page links for what current.json does not hold (memory, several GPUs, the reasoner, previews).
+LOG = "docs/perf-log/2026-12-02.md"
 README_BEGIN = "<!-- speed table: rendered by docs/render_performance.py from docs/data/current.json -->"
 README_END = "<!-- end of the speed table -->"
 
@@ -51,10 +51,9 @@ def log_heading(root: Path, log: dict) -> str:
     raise ValueError(f"{log['file']} has no heading starting with {log['section']!r} (cited by docs/data/current.json)")
 
 
-def log_link(root: Path, log: dict, relative_to: str) -> str:
-    """A Markdown link to a log section, relative to the folder of the page that shows it."""
-    target = log["file"] if relative_to == "" else log["file"].removeprefix(relative_to)
-    return f"[{log['section']}]({target}#{anchor(log_heading(root, log))})"
+def log_link(root: Path, log: dict) -> str:
+    """A Markdown link to a log section from a page in docs/."""
+    return f"[{log['section']}]({log['file'].removeprefix('docs/')}#{anchor(log_heading(root, log))})"
 
 
 def unit(name: str) -> str:
@@ -150,7 +149,7 @@ def _measured_lines(root: Path, entry: dict, rows: str) -> list[str]:
     return [f"- {m['date']}, {m['gpu']} (driver {m['driver']}){clock}{commit}; {versions}",
             f"- `{entry['command']}`",
             f"- data: [{entry['data']}]({entry['data'].removeprefix('docs/')}) ({rows}); "
-            f"log: {log_link(root, entry['log'], 'docs/')}"]
+            f"log: {log_link(root, entry['log'])}"]
 
 
 def _provenance(root: Path, entry: dict) -> list[str]:
@@ -177,7 +176,7 @@ def _passes_table(root: Path, current: dict) -> list[str]:
     rows = ["| switch | pass | worth, as measured | measured | log |", "|---|---|---|---|---|"]
     for p in current["passes"]:
         rows.append(f"| `{p['switch']}` | {p['pass']} | {p['worth']} | {p['measured']} | "
-                    f"{log_link(root, p['log'], 'docs/')} |")
+                    f"{log_link(root, p['log'])} |")
     return rows
 
 
@@ -240,16 +239,16 @@ def performance_md(current: dict, root: Path = ROOT) -> str:
             "them on a host without a registry).", "",
             "## Memory, several GPUs, the reasoner", "",
             "Memory per model and GPU size: "
-            + log_link(root, {"file": "docs/perf-log/2026-12-02.md", "section": "Memory"}, "docs/")
+            + log_link(root, {"file": LOG, "section": "Memory"})
             + ". Scaling over 2 GPUs, Super with FSDP2 and the 4/8-GPU projection: "
-            + log_link(root, {"file": "docs/perf-log/2026-12-02.md", "section": "Multi-GPU"}, "docs/")
+            + log_link(root, {"file": LOG, "section": "Multi-GPU"})
             + ". The reasoner's speed and its GPU memory policy: "
-            + log_link(root, {"file": "docs/perf-log/2026-12-02.md", "section": "Reasoner"}, "docs/")
+            + log_link(root, {"file": LOG, "section": "Reasoner"})
             + ". The live preview's cost: "
-            + log_link(root, {"file": "docs/perf-log/2026-12-02.md", "section": "Live preview"}, "docs/") + ".",
+            + log_link(root, {"file": LOG, "section": "Live preview"}) + ".",
             "", "## The log", "",
             "How each figure was reached, what missed its target and why, the profiles, and every earlier run: "
-            "[perf-log/2026-12-02.md](perf-log/2026-12-02.md) (2026-11-29 to 2026-12-02). A new measurement goes "
+            f"[{LOG.removeprefix('docs/')}]({LOG.removeprefix('docs/')}) (2026-11-29 to 2026-12-02). A new measurement goes "
             "into a new dated file there, its data file into docs/data/, and its figure into current.json.", ""]
     return "\n".join(out)
 
