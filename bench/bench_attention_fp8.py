@@ -42,7 +42,7 @@ HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 PREFIXES = (1606, 59)
 SHAPES = {"720p/189f": 44160, "480p/121f": 12090, "FP8 floor": FP8_ATTENTION_MIN_GEN_TOKENS}
 # In random-weight towers v's mean over a branch's rows is 0.13-0.44 of its spread per (head, channel) (Edge
-# T2I 640x640, Nano T2V 832x480/17f, fp32 on the CPU: bench/bench_fp8_attention_inputs.py; docs/PERFORMANCE.md,
+# T2I 640x640, Nano T2V 832x480/17f, fp32 on the CPU: bench/bench_fp8_attention_inputs.py; docs/perf-log/2026-12-02.md,
 # "Centring v").
 V_OFFSET = 0.3
 

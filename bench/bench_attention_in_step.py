@@ -13,7 +13,7 @@ thermal and power history:
   (`COSMOS3_DISPATCH_TIMING=eager`).
 Everything else is dispatch's choice in each variant.
 
-Caution, measured (docs/PERFORMANCE.md, "The clock a request runs at"): sharing the power history also
+Caution, measured (docs/perf-log/2026-12-02.md, "The clock a request runs at"): sharing the power history also
 means one power-hungry variant holds every variant's clock down. With our Triton kernel among the
 variants, all of them ran at ~1590 MHz, and flash-attn-4 alone in its own process ran at ~1890. Run one
 variant per process (`--variants auto`, then `--variants triton`) to see what each costs a whole request.

@@ -3,7 +3,7 @@
     python3 bench/bench_clock_after_idle.py --json out.json     # Nano T2I 1024x1024, about 2 minutes on an H200
 
 Sustained bf16 work holds an H200 at its 700 W power limit, and the SM clock it settles at sets a
-GEMM-bound request's time (docs/PERFORMANCE.md, "The clock a request runs at"). One process, one
+GEMM-bound request's time (docs/perf-log/2026-12-02.md, "The clock a request runs at"). One process, one
 full-size random Nano, the e2e workload `nano-t2i-1024` (35 steps, CFG every step, a ~1.6k-token caption),
 warmed by one request. Then rounds of: a pause of `--idle` seconds with the GPU idle, then `--burst`
 requests back to back. Each request records its denoise time and the median SM clock and power that

@@ -4,7 +4,7 @@
     python bench/bench_engine.py --smoke         # a tiny CPU run that only checks the script works
     python bench/bench_engine.py --e2e all --warm-up-effect --fp8-step 1280x720x189   # end to end (bench/e2e.py)
     python bench/bench_engine.py --e2e-ablate edge-t2i-640,nano-t2i-1024            # the new pieces, one at a time
-    python bench/bench_engine.py --table short        # docs/PERFORMANCE.md's end-to-end table, one section per call
+    python bench/bench_engine.py --table short        # docs/perf-log/2026-12-02.md's end-to-end table, one section per call
     python bench/bench_engine.py --render a.json b.json                             # that table from saved runs
     python bench/bench_engine.py --e2e super-t2v-720p,super-t2i-1024 --cold-only super-t2v-720p --steps 4  # Super, FP8
     python bench/bench_engine.py --fresh-process edge-t2v-480p,nano-t2i-1024    # first request of a new process
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     parser.add_argument("--fresh-process-baseline", action="store_true", help="--fresh-process: also a process "
                         "that keeps the compiled kernels but not the dispatch decisions (as before they were kept)")
     parser.add_argument("--table", choices=sorted(TABLE_SECTIONS), default=None,
-                        help="one section of docs/PERFORMANCE.md's end-to-end table (bench/e2e.py TABLE_SECTIONS): "
+                        help="one section of docs/perf-log/2026-12-02.md's end-to-end table (bench/e2e.py TABLE_SECTIONS): "
                         "runs its arguments and prints its rows with the targets' status")
     parser.add_argument("--render", nargs="+", default=None, metavar="JSON",
                         help="print the end-to-end table of earlier --e2e or --table runs' JSON files (no GPU)")

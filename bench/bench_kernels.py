@@ -1,9 +1,9 @@
 """Micro-benchmarks: each gen-tower kernel against its PyTorch path, on the GPU in hand.
 
-    python3 bench/bench_kernels.py --out DIR          # the H200 run recorded in docs/PERFORMANCE.md
+    python3 bench/bench_kernels.py --out DIR          # the H200 run recorded in docs/perf-log/2026-12-02.md
     TRITON_INTERPRET=1 python3 bench/bench_kernels.py --smoke   # tiny shapes on a CPU: code paths only
 
-Method (docs/PERFORMANCE.md): ceilings measured first in the same process (device-to-device copy,
+Method (docs/perf-log/2026-12-02.md): ceilings measured first in the same process (device-to-device copy,
 counting bytes read + written; an 8192^3 bf16 matmul on random data); every variant warmed up, then
 timed with CUDA events around ``inner`` back-to-back calls (enough for ~1 ms) and reported as the median
 over ``iters`` samples with the 10th-90th percentile spread. Inputs are random, never zeros. Small
@@ -397,7 +397,7 @@ def bench_gemms(env: Env, models: dict, row_counts, ceilings) -> list[dict]:
     """Each projection at each row count (both CFG branches' tokens), under cuBLAS, under cuBLASLt
     (`torch.backends.cuda.preferred_blas_library`) and under PyTorch's TunableOp (`torch.cuda.tunable`),
     which times every implementation it has registered for the shape on its first call and keeps the fastest
-    (on torch 2.11's CUDA build that was cuBLAS's default alone, docs/PERFORMANCE.md): is the GEMM term of a
+    (on torch 2.11's CUDA build that was cuBLAS's default alone, docs/perf-log/2026-12-02.md): is the GEMM term of a
     step at the matmul ceiling, does the other library's heuristic pick a faster kernel, and would a search
     find one? Same inputs; same output bits are not assumed (`same_bits` says)."""
     rows = []

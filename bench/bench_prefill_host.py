@@ -14,7 +14,7 @@ the rest: the branches' positions), then a fourth under cProfile (top functions 
 branches' positions (diffusers' M-RoPE builders) are CPU tensor ops on ~40k values, above PyTorch's grain for a
 parallel region, run once a request after seconds in which no CPU op ran; on this project's CPU machine such an op
 (a `cat` or `max` over 3 x 12090 values) took ~6 ms after a 30 ms pause with two threads, and microseconds with one
-(docs/PERFORMANCE.md, "The decode's last join, a noise worker measured and dropped").
+(docs/perf-log/2026-12-02.md, "The decode's last join, a noise worker measured and dropped").
 """
 from __future__ import annotations
 

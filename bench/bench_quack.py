@@ -14,7 +14,7 @@ Sections (rows = both CFG branches' gen tokens: Nano at 720p/189f, 88320; Edge a
   pass, against QuACK's `gemm_act` on the engine's fused [gate; up] weight (`concat_layout=("B",)`), the
   pre-activation not stored (the engine's `cosmos3_kernels.gemm.mlp_in_quack`). QuACK must be installed under a
   `site-packages` folder: installed elsewhere, every `gemm_act` call fails before a kernel runs, and the row
-  reports it under "failed" (`cosmos3_kernels.gemm`'s docstring says why; docs/PERFORMANCE.md, "GEMMs: QuACK").
+  reports it under "failed" (`cosmos3_kernels.gemm`'s docstring says why; docs/perf-log/2026-12-02.md, "GEMMs: QuACK").
 - `residual`: the attention-out and down projections, then RMSNorm of the residual stream: cuBLAS then the
   fused add + RMSNorm, against QuACK's GEMM adding into the residual in place, then RMSNorm alone.
 - `plain`: every projection (q|k|v, attention-out, MLP input, down), cuBLAS against QuACK's GEMM.
@@ -22,7 +22,7 @@ Sections (rows = both CFG branches' gen tokens: Nano at 720p/189f, 88320; Edge a
   1280x720/189f and Edge 832x480/121f (--step-shapes): the MLP's activation as its own pass, then in QuACK's
   epilogue (`FastPathOptions.mlp_epilogue`), then that and the residual add in cuBLAS's epilogue
   (`FastPathOptions.residual_epilogue`). ~4 min on an H200. (Its run at 34b0776 had QuACK's plain GEMMs for the
-  projections as a tower; the engine has not used them since, docs/PERFORMANCE.md.)
+  projections as a tower; the engine has not used them since, docs/perf-log/2026-12-02.md.)
 
 Every QuACK candidate runs at each of --configs, explicit tile configs (its autotuner would compile ~40 configs
 a kernel); the first call's compile time is reported. Errors: relative L2 against the fp32 computation on the

@@ -48,7 +48,7 @@ TARGETS = {"nano-t2v-720p": ("total_s", 190.0), "edge-t2v-480p": ("total_s", 12.
 FP8_TARGETS = {"nano-t2v-720p": ("total_s", 150.0)}
 # The first request at a size after warm-up, against the same request warm.
 FIRST_REQUEST_LIMIT = 1.5
-# docs/PERFORMANCE.md's end-to-end table in sections, each one `bench_engine.py --table SECTION` that fits the
+# docs/perf-log/2026-12-02.md's end-to-end table in sections, each one `bench_engine.py --table SECTION` that fits the
 # device's 10-minute call: section -> the bench arguments it stands for.
 TABLE_SECTIONS = {
     "short": ["--e2e", "edge-t2i-640,edge-t2i-480-new-size,edge-t2v-480p,nano-t2i-1024", "--warm-up-effect"],
@@ -140,7 +140,7 @@ class ClockSampler:
     """nvidia-smi's SM clock and board power (and, where it can, temperature and why the clock is held) every
     50 ms, in the background, so that each measured request can say what clock it ran at. Why: sustained bf16
     work can hold an H200 at its 700 W limit, and the clock it settles at differs between runs and machines
-    enough to move a GEMM-bound request by ~17% (Nano T2I, docs/PERFORMANCE.md). Off (every `during` empty)
+    enough to move a GEMM-bound request by ~17% (Nano T2I, docs/perf-log/2026-12-02.md). Off (every `during` empty)
     where nvidia-smi is missing."""
 
     def __init__(self):
@@ -264,13 +264,13 @@ def host_pauses():
     """What held the host up inside the block besides the code it ran, as a dict filled at the end:
     - `gc_full`: each full (oldest-generation) collection of Python's cyclic collector, as [seconds from the
       block's start, milliseconds it took]. It walks every tracked object (~0.47M in a process with the engine
-      imported: 166 ms a walk on the CPU here, docs/PERFORMANCE.md) and holds the GIL throughout, so in a
+      imported: 166 ms a walk on the CPU here, docs/perf-log/2026-12-02.md) and holds the GIL throughout, so in a
       host-bound stage (the text tower's eager launches, the decode's) the GPU waits for it;
     - `cuda_segments_allocated`: memory segments the CUDA caching allocator had to get from the driver
       (cudaMalloc), none for a warm request that fits its cache; None without CUDA.
 
     Why: warm Edge T2V requests on one H200 took 0.06 s and 0.13 s before denoising, in two runs of the same
-    table with the same denoise and decode (docs/PERFORMANCE.md), and these are the host's two pauses that no
+    table with the same denoise and decode (docs/perf-log/2026-12-02.md), and these are the host's two pauses that no
     stage asks for."""
     oldest = len(gc.get_threshold()) - 1
     out = {"gc_full": [], "cuda_segments_allocated": None}
@@ -484,7 +484,7 @@ def header_line(header: dict) -> str:
 
 def table_markdown(results: dict) -> str:
     """One bench run (`bench_engine.py --e2e`, `--warm-up-effect`, `--warm-up-first`, or `--table SECTION`) as
-    docs/PERFORMANCE.md's end-to-end rows: seconds (denoise ms per step), published numbers, issue 17's target
+    docs/perf-log/2026-12-02.md's end-to-end rows: seconds (denoise ms per step), published numbers, issue 17's target
     and whether it is met. A target is checked on the warm run (the cold one where no warm run was made);
     a first request after warm-up against the same request warm."""
     lines = [

@@ -2,7 +2,7 @@
 
     python3 bench/project_throughput.py [E2E_JSON [STEPS_JSON]]
 
-Per request: the measured end-to-end time of `engine.generate` on one H200 (docs/PERFORMANCE.md, "End to
+Per request: the measured end-to-end time of `engine.generate` on one H200 (docs/perf-log/2026-12-02.md, "End to
 end on one H200", `docs/data/bench_e2e_2026-12-01.json`; the warm run where there is one). A workload
 with no end-to-end run is projected from the per-step table (`docs/data/bench_engine_2026-11-29.json`):
 prefill + default steps x the measured step + the measured VAE decode. Across GPUs it is a projection:

@@ -23,7 +23,7 @@ then costs ~2.7% of the whole output; centred, it costs that share of what is le
 two fifths of the output in the towers measured). On the attention inputs of random-weight towers (fp32 on the
 CPU, bench/bench_fp8_attention_inputs.py): 2.95e-2 -> 1.51e-2 from fp32 attention over Edge T2I 640x640's
 layers, 2.83e-2 -> 1.16e-2 over Nano T2V 832x480/17f's first four; in the FP8 gate, the attention alone in FP8
-(row:attn) went from 1.96x / 2.82x bf16's velocity error to 1.13x / 1.12x (docs/PERFORMANCE.md, "Centring v").
+(row:attn) went from 1.96x / 2.82x bf16's velocity error to 1.13x / 1.12x (docs/perf-log/2026-12-02.md, "Centring v").
 `centred=False` keeps the plain op (the benches measure both). Centring k instead (exact too, a shift of each
 score row) gained nothing there, so it is not done.
 
@@ -31,9 +31,9 @@ Why cuDNN: flash-attn-4's FP8 forward is SM100-only, and cuDNN's is a maintained
 registry (`nvidia-cudnn-frontend`, over the cuDNN that PyTorch ships). Where `fa3-fwd` is installed the FP8 mode
 takes FlashAttention-3's FP8 forward instead, for every call (`cosmos3_kernels.attention_fp8_fa3`, which shares this
 module's quantisation and reference): it measured faster at every length
-(`engine.pipeline.fp8.FP8_ATTENTION_BACKENDS`; docs/PERFORMANCE.md, "One FP8 attention kernel at every length").
+(`engine.pipeline.fp8.FP8_ATTENTION_BACKENDS`; docs/perf-log/2026-12-02.md, "One FP8 attention kernel at every length").
 This one stays for hosts without FA3 and for GPUs past Hopper. Measured on one H200 with both CFG branches and this
-module's quantisation (bench/bench_attention_fp8.py; docs/PERFORMANCE.md, "FP8 attention through cuDNN" and
+module's quantisation (bench/bench_attention_fp8.py; docs/perf-log/2026-12-02.md, "FP8 attention through cuDNN" and
 "Centring v"): 79.8 ms against flash-attn-4's bf16 94.8 ms at Nano 720p/189f (44160 gen tokens), 1.19x; 7.36 against
 8.24 ms at 480p/121f (12090), 1.12x. It is approximate (every operand keeps 3 mantissa bits), so it runs only where
 the FP8 mode's policy names it (`engine.pipeline.fp8`).
@@ -340,7 +340,7 @@ class CudnnFP8Attention:
 def _build_graph(cudnn, handle, device, n_q: int, n_kv: int, hq: int, hk: int, head_dim: int, scale: float):
     """cuDNN's FP8 SDPA graph over contiguous token-major e4m3 operands, built with the heuristic's first plan.
     Why that plan: of the three cuDNN 9.19 offers on an H200 it was the fastest at 44k tokens (38.6-39.3 ms a
-    branch against 44.2-44.7) and within 2% at 12k (`bench/bench_attention_fp8.py --plans`; docs/PERFORMANCE.md)."""
+    branch against 44.2-44.7) and within 2% at 12k (`bench/bench_attention_fp8.py --plans`; docs/perf-log/2026-12-02.md)."""
     graph, tensors = sdpa_fp8_graph(cudnn, handle, n_q, n_kv, hq, hk, head_dim, scale)
     graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     workspace = torch.empty(max(graph.get_workspace_size(), 1), dtype=torch.uint8, device=device)

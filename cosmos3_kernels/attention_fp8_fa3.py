@@ -18,7 +18,7 @@ Why: FlashAttention-3 is the FP8 attention written for Hopper. The registry carr
 CUDA 13 against PyTorch's stable ABI, as the wheel `fa3-fwd` (Dao-AILab's Hopper code, forward only, FP8 and
 varlen built in). It is optional (requirements-gpu.txt). Where both are installed the FP8 mode takes it
 over cuDNN's for every call, as it measured faster at every length (`engine.pipeline.fp8.FP8_ATTENTION_BACKENDS`
-says by how much; docs/PERFORMANCE.md, "One FP8 attention kernel at every length").
+says by how much; docs/perf-log/2026-12-02.md, "One FP8 attention kernel at every length").
 
 Why v is still centred: without the output's e4m3 rounding, a common part in v still costs FA3 what it costs
 cuDNN. On one H200 at 44160 keys, with the towers' size of common part, the error against fp32 was 2.4e-1
@@ -41,7 +41,7 @@ from cosmos3_kernels.packed_kv import PackedKVLayout
 FA3_DISTRIBUTION = "fa3-fwd"
 # Whether FA3 packs the query heads that share a K/V head into one tile. Its heuristic packs every varlen call; at
 # Nano 720p (44160 gen tokens a branch, 4 query heads per K/V head) an FP8 step took 4014 ms unpacked against
-# 4191 with the heuristic and 4201 packed, two alternated runs each on one H200 (docs/PERFORMANCE.md, "FA3's FP8
+# 4191 with the heuristic and 4201 packed, two alternated runs each on one H200 (docs/perf-log/2026-12-02.md, "FA3's FP8
 # forward: the FP8 target met"). The call alone, swept from 4096 to 44160 gen tokens, was faster unpacked at every
 # length but 8192, the FP8 attention's shortest (3.53 and 3.83 ms against 3.49 and 3.51 packed, two runs): a
 # length rule for one length's 0.3 ms a layer was not worth its branch ("One FP8 attention kernel at every length").
@@ -114,7 +114,7 @@ def _add_branch_bias_kernel(x_ptr, bias_ptr, per_branch, period, BLOCK: tl.const
 def add_branch_bias_(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """`add_branch_bias_reference` in place: one read and one write of x. Why a kernel: timed alone and eagerly at
     Nano 720p on an H200, the call with PyTorch's broadcast add of the fp32 bias into bf16 took 77.1 ms against 74.6
-    uncentred; this kernel took 0.35 ms a call in the FP8 step's profile (docs/PERFORMANCE.md, "FA3's FP8 forward")."""
+    uncentred; this kernel took 0.35 ms a call in the FP8 step's profile (docs/perf-log/2026-12-02.md, "FA3's FP8 forward")."""
     batch, n, heads, head_dim = x.shape
     if (not (x.is_contiguous() and bias.is_contiguous()) or bias.shape != (batch, heads, head_dim)
             or bias.dtype != torch.float32):

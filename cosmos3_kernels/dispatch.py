@@ -30,7 +30,7 @@ reads them instead of timing again.
 
 How a candidate is timed (``TIMINGS``, ``COSMOS3_DISPATCH_TIMING``): "graph", the default, replays a CUDA
 graph of its calls, since the step runs inside one and pays no Python launch; "eager" times back-to-back
-calls, launches included, as the dispatcher did before (kept for the A/B in docs/PERFORMANCE.md).
+calls, launches included, as the dispatcher did before (kept for the A/B in docs/perf-log/2026-12-02.md).
 
 The engine owns one ``KernelDispatcher`` per loaded model (no module-level state), calls each entry
 point once eagerly before any CUDA-graph capture (a capture cannot time anything: an unmeasured shape
@@ -166,7 +166,7 @@ ALTERNATING_ROUNDS = 3  # `_time_alternating`: rounds over the MLP input's candi
 
 
 # Candidate launch shapes for attention, timed against each other and SDPA on first use of a shape.
-# Why these two (H200 sweep, docs/PERFORMANCE.md): 128x128 with 8 warps (two warpgroups, TMA-fed K/V)
+# Why these two (H200 sweep, docs/perf-log/2026-12-02.md): 128x128 with 8 warps (two warpgroups, TMA-fed K/V)
 # was fastest from 12k gen tokens up; 64x64 with 4 warps was fastest at the T2I shapes (400 and 1024
 # gen tokens), where 128-row blocks leave too few programs per SM.
 DEFAULT_ATTENTION_CONFIGS = (
@@ -720,7 +720,7 @@ class KernelDispatcher:
     def _time_alternating(self, fns: dict, rounds: int = ALTERNATING_ROUNDS) -> dict:
         """{key: median ms} over ``rounds`` rounds that time every candidate in turn, the order reversed every other
         round. Why for the MLP input: under the power cap the first candidate timed after a pause runs at a higher
-        clock than the next, and the two paths differ by a few percent (docs/PERFORMANCE.md, "The MLP's activation
+        clock than the next, and the two paths differ by a few percent (docs/perf-log/2026-12-02.md, "The MLP's activation
         in its GEMM"). A candidate after the first that raises is left out (logged)."""
         samples = {key: [] for key in fns}
         for round_ in range(rounds):

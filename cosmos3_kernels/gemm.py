@@ -10,7 +10,7 @@ split path's write and read-back of the GEMM's output (for SwiGLU twice the acti
 `engine.pipeline.fast_path.fuses_mlp_activation`) and only where its output is no further from the fp32 result
 than the split path's on that call.
 
-What QuACK offers that is not used, for measured reasons (docs/PERFORMANCE.md, "GEMMs: QuACK"):
+What QuACK offers that is not used, for measured reasons (docs/perf-log/2026-12-02.md, "GEMMs: QuACK"):
 - its plain GEMM for the projections: cuBLAS's bytes at every tower shape, and faster than cuBLAS at some shapes
   when timed alone, but a whole step with it, where dispatch took it, was slower (Nano 720p +9.7 ms, Edge 480p
   +5.8 ms, interleaved in one process);

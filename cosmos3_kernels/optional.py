@@ -4,7 +4,7 @@ say when one is installed and does not import.
 An absent library is left out quietly: dispatch records why, and the app says at start where flash-attn-4 would
 help (`prefix_attention.flash4_advice`). An installed one that does not import is an install to repair, and it
 costs every request: CuTe DSL 4.8, which both run on, ships in three wheels, and an H200 host that had two of
-them served an Edge T2V step in 239.7 ms on cuDNN's attention and cuBLAS instead of 209.8 ms (docs/PERFORMANCE.md,
+them served an Edge T2V step in 239.7 ms on cuDNN's attention and cuBLAS instead of 209.8 ms (docs/perf-log/2026-12-02.md,
 "What flash-attn-4 and QuACK are worth"), with nothing in its log. So that case is logged once per library, as a
 warning that quotes the error and names the fix.
 """

@@ -187,7 +187,7 @@ def _prefix_attention_kernel(
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Launch shape of the Triton kernel. Defaults are the H200 pick recorded in docs/PERFORMANCE.md."""
+    """Launch shape of the Triton kernel. Defaults are the H200 pick recorded in docs/perf-log/2026-12-02.md."""
 
     block_m: int = 128
     block_n: int = 128
@@ -308,7 +308,7 @@ class Flash4Config:
     Why expose them: the library picks 128x128 tiles and packs GQA heads into the query tile for any
     head_dim-128 call, while FA3's C++ build uses 128x176 tiles at head_dim 128 and packs GQA only where
     a query tile would otherwise be short. Which is faster at our shapes is measured (bench_kernels'
-    flash4 sweep, docs/PERFORMANCE.md) and dispatch times the candidates in ``DEFAULT_FLASH4_CONFIGS``.
+    flash4 sweep, docs/perf-log/2026-12-02.md) and dispatch times the candidates in ``DEFAULT_FLASH4_CONFIGS``.
     """
 
     tile_m: int | None = None
@@ -334,7 +334,7 @@ class Flash4Config:
         return " ".join([tile, *knobs])
 
 
-# The library's own choice, and the fastest of 17 launch shapes in our H200 sweep (docs/PERFORMANCE.md,
+# The library's own choice, and the fastest of 17 launch shapes in our H200 sweep (docs/perf-log/2026-12-02.md,
 # flash-attn-4 launch shapes): 192-row query tiles over three MMA warp groups, P through shared memory, GQA
 # heads not packed. At 44k gen tokens it took 2.5-3.6% less time than the library's 128x128 in both rounds and,
 # with the same 128-key blocks, gives the same bits; at 12k the rounds disagreed. Dispatch times both per
@@ -354,7 +354,7 @@ def _flash4_entry() -> tuple[Callable | None, bool, str | None]:
         return None, False, f"{FLASH4_ENV_VAR}=0"
     # Its on-disk kernel cache (read when the library is imported; keyed by its sources and versions), so a
     # restarted server loads a compiled config in ~0.01 s instead of compiling it again in ~2 s
-    # (bench/bench_flash4_cache.py, docs/PERFORMANCE.md). An explicit setting, 0 included, is kept.
+    # (bench/bench_flash4_cache.py, docs/perf-log/2026-12-02.md). An explicit setting, 0 included, is kept.
     os.environ.setdefault(FLASH4_CACHE_ENV_VAR, "1")
     try:
         from flash_attn.cute import flash_attn_varlen_func
@@ -385,7 +385,7 @@ def flash4_advice() -> str | None:
 
     Why say it at start: flash-attn-4 is an optional install, and without it a kept image step's attention
     runs on our Triton kernel, which held a whole Nano T2I request at a ~300 MHz lower clock (1.78 s against
-    1.46 s, docs/PERFORMANCE.md). It reads the installed distributions without importing the library, which
+    1.46 s, docs/perf-log/2026-12-02.md). It reads the installed distributions without importing the library, which
     costs seconds."""
     if not torch.cuda.is_available() or os.environ.get(FLASH4_ENV_VAR, "1") == "0":
         return None
@@ -394,7 +394,7 @@ def flash4_advice() -> str | None:
         return None
     return (f"flash-attn-4 is not installed. On this GPU (compute capability {major}.{minor}) it is the fastest "
             f"attention the engine can use, and without it a Nano T2I request ran ~20% slower end to end "
-            f"(docs/PERFORMANCE.md). Install it with: pip install -r requirements-gpu.txt "
+            f"(docs/perf-log/2026-12-02.md). Install it with: pip install -r requirements-gpu.txt "
             f"(or set {FLASH4_ENV_VAR}=0 to silence this).")
 
 

@@ -10,7 +10,7 @@ It lives in cosmos3_kernels/ because cosmos3_kernels/ is the leaf every floor th
 `graphed=True` times replays of a CUDA graph of the calls instead of the calls themselves. Why: a
 kernel that runs inside the engine's step graph pays no Python launch, and at image shapes a Triton or
 CuTe DSL launch takes about as long on the host as its kernel on the GPU, so eager back-to-back calls
-time partly the host (docs/PERFORMANCE.md, "The clock a request runs at"). The dispatcher times this way.
+time partly the host (docs/perf-log/2026-12-02.md, "The clock a request runs at"). The dispatcher times this way.
 """
 from __future__ import annotations
 

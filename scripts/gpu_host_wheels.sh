@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU extras as wheels, for a GPU host that cannot reach a package registry (docs/PERFORMANCE.md's runs).
+# The GPU extras as wheels, for a GPU host that cannot reach a package registry (docs/perf-log/2026-12-02.md's runs).
 #
 #   bash scripts/gpu_host_wheels.sh fetch DIR     # here, with registry access: DIR gets every wheel
 #   WITH_FA3=1 bash scripts/gpu_host_wheels.sh fetch DIR   # and FA3's FP8 forward, the opt-in
@@ -10,7 +10,7 @@
 # Two things a plain `pip install --target` gets wrong here, and why this script exists:
 # - CuTe DSL 4.8 (nvidia-cutlass-dsl, which flash-attn-4 and QuACK run on) is split into three wheels: libs-base,
 #   libs-cu13 and libs-core, the last holding `cutlass.cute`. Without it both libraries fail to import and the
-#   engine falls back to cuDNN's SDPA and cuBLAS (an Edge T2V step 239.7 ms instead of 209.8, docs/PERFORMANCE.md);
+#   engine falls back to cuDNN's SDPA and cuBLAS (an Edge T2V step 239.7 ms instead of 209.8, docs/perf-log/2026-12-02.md);
 # - the three share one package folder, so they are unpacked into it one after another (pip --target skips or
 #   replaces a folder that exists), and the `.pth` file that puts `dsl_packages` on sys.path is not read from a
 #   PYTHONPATH entry, so that folder goes on PYTHONPATH too.

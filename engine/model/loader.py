@@ -274,7 +274,7 @@ def _check_fits(info, device, need: int, budget: int | None, weight_shards: int,
     raise MemoryError(
         f"{info.family} weights need about {need / 2**30:.1f} GiB on {device}, which has "
         f"{budget / 2**30:.1f} GiB free. Shard them over {shards} GPUs of this size: pass --gpus {shards} "
-        f"(or engine.load_model(source, gpus={shards})); see docs/PERFORMANCE.md, Multi-GPU.{fp8}"
+        f"(or engine.load_model(source, gpus={shards})); see docs/perf-log/2026-12-02.md, Multi-GPU.{fp8}"
     )
 
 

@@ -4,7 +4,7 @@ Why FSDP2 and not tensor parallel: a step of Super at 720p moves, per rank, half
 weights once (FSDP2's all-gather, about 29 GB in bf16, overlapped with the previous layer's compute),
 where tensor parallel would all-reduce the activations twice per layer (2 x 64 x 44k x 5120 x 2 bytes,
 about 58 GB), and FSDP2 leaves the CFG-parallel and Ulysses layouts as they are, since every rank
-still holds whole heads once a layer's weights are gathered. docs/PERFORMANCE.md (Multi-GPU) has
+still holds whole heads once a layer's weights are gathered. docs/perf-log/2026-12-02.md (Multi-GPU) has
 what was measured.
 
 Why per linear layer: the engine calls the layers' submodules directly (the prefix cache runs the

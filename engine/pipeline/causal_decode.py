@@ -37,14 +37,14 @@ order, with the cache made explicit per conv, and three switchable changes (a `D
   input. The phases are interleaved by the kernel that ends the up block (`add_bias_dup_up_phases`), or
   by one copy (`interleave_phases`) where there is no such kernel. Its weights are sums of the 3x3 conv's
   weights rounded once to bf16, so this plan is not the same bytes: it is a documented difference,
-  gated against an fp32 decode (docs/PERFORMANCE.md, VAE decode).
+  gated against an fp32 decode (docs/perf-log/2026-12-02.md, VAE decode).
 
 Why the cache is always two zero frames at first: diffusers pads the first chunk's input with zeros
 (no cache yet) and a one-frame chunk's cache with a zero frame ("Rep" for the upsample's time conv),
 so a cache that starts as two zero frames gives each conv exactly the input diffusers gives it.
 `DecodePlan()` (one frame a step, eager ops, conv3d) is diffusers' decode op for op
 (tests/test_causal_decode.py checks it bit for bit); the others are bf16-close, measured in
-docs/PERFORMANCE.md (VAE decode). The fast path uses `VIDEO_PLAN` for videos (`plan_for`, the measured rule).
+docs/perf-log/2026-12-02.md (VAE decode). The fast path uses `VIDEO_PLAN` for videos (`plan_for`, the measured rule).
 """
 from __future__ import annotations
 
@@ -368,14 +368,14 @@ class CausalDecoder:
         return out.view(b, t, out.shape[1], out.shape[2], out.shape[3]).permute(0, 2, 1, 3, 4)
 
 
-# The measured rule (docs/PERFORMANCE.md, VAE decode; `python3 bench/bench_vae.py` on the H200, 2026-12-01):
+# The measured rule (docs/perf-log/2026-12-02.md, VAE decode; `python3 bench/bench_vae.py` on the H200, 2026-12-01):
 # the decode stage at 1280x720/189f took 9.11 s today (channels-last, one latent frame a step), 6.93 s with
 # the fused norm + SiLU kernel, 7.07 s with it and 4 frames a step, 10.01 s with 4 frames a step alone, 7.93 s
 # with the stacked-tap conv2d, 8.22 s with torch.compile's fusion (plus 55 s of compiling); at 832x480/121f
 # 2.53 s today, 1.89 s fused. So a video decodes one latent frame a step with the fused kernel; an image
 # (one latent frame, not measured) keeps diffusers' decoder and its bit-for-bit bytes. The folded biases
 # change no byte (they round where PyTorch's bias pass rounds) and took the same stage to 5.86 s at 720p and
-# 1.65 s at 480p (b126671, docs/PERFORMANCE.md). The sub-pixel upsamplers take 121 of the 891 TFLOP of an
+# 1.65 s at 480p (b126671, docs/perf-log/2026-12-02.md). The sub-pixel upsamplers take 121 of the 891 TFLOP of an
 # 832x480/121f decode down to 54 and drop three upsampled copies a step (FlopCounterMode on the Wan2.2
 # decoder); `COSMOS3_VAE_SUBPIXEL=0` keeps the nearest upsample and the bytes above. The norm in fp32 drops the
 # per-value rounding steps that made its kernel issue-bound (`COSMOS3_VAE_NORM_FP32=0` keeps them). With both the

@@ -18,7 +18,7 @@ nearest 2x + 3x3 conv run as four 2x2 sub-pixel convs (`COSMOS3_VAE_SUBPIXEL=0` 
 in fp32 with one rounding (`COSMOS3_VAE_NORM_FP32=0`), the plan a measured rule picks (`causal_decode.plan_for`):
 1280x720x189 in 5.26 s instead of 9.5 s on the H200. So a video's bytes are close to the exact path's, not equal:
 its [-1, 1] output is closer to an fp32 decode than diffusers' bf16 decode is, and its frames stay within 6 of 255
-levels of the exact ones (docs/PERFORMANCE.md, VAE decode; tests/test_gpu_causal_decode.py). Images, and the switch
+levels of the exact ones (docs/perf-log/2026-12-02.md, VAE decode; tests/test_gpu_causal_decode.py). Images, and the switch
 off, keep the bit-for-bit promise above.
 """
 from __future__ import annotations

@@ -142,7 +142,7 @@ def rounds_qk_norm(options: FastPathOptions, latent_frames: int | None) -> bool:
 
     Why per frame count: the roundings (integer round-to-nearest-even and PyTorch's summation order)
     nearly double the kernel's time at video sizes: 46.9 against 25.0 ms of a Nano 720p step on the H200
-    (docs/PERFORMANCE.md, "Where a Nano T2V 720p step goes"). At image sizes the kernel is launch-bound
+    (docs/perf-log/2026-12-02.md, "Where a Nano T2V 720p step goes"). At image sizes the kernel is launch-bound
     either way (~50 us), so an image keeps them and a seed's image stays what it was. The single rounding
     is the more accurate of the two (fp32 throughout, as SGLang runs T > 1); a video's fast step is held
     to a tolerance against diffusers, not to its bytes (its CFG is batched and its attention
@@ -156,7 +156,7 @@ def fuses_mlp_activation(options: FastPathOptions, latent_frames: int | None) ->
     (`cosmos3_kernels.gemm.mlp_in_quack`), where dispatch measures that faster and no less accurate than the split path.
 
     Why: the split path writes the GEMM's output and reads it back for the activation, a memory-bound pass of
-    ~58 ms a Nano 720p step (docs/PERFORMANCE.md, "The MLP's activation in its GEMM"). Why videos only: as with
+    ~58 ms a Nano 720p step (docs/perf-log/2026-12-02.md, "The MLP's activation in its GEMM"). Why videos only: as with
     the QK-norm (`rounds_qk_norm`), an image keeps diffusers' roundings and a seed's image stays what it was; a
     video's fast step is held to a tolerance against diffusers, and one rounding is the closer to fp32.
     `COSMOS3_MLP_EPILOGUE=0` turns it off. `latent_frames=None` (not known): off."""
@@ -246,7 +246,7 @@ def fused_projections(model) -> FusedProjections:
 def vae_channels_last(model, options: FastPathOptions) -> bool:
     """Put the VAE's 3-D conv weights in channels-last-3d once, where the fast path allows it.
 
-    Why: measured on the H200 (docs/PERFORMANCE.md, VAE decode), cuDNN's channels-last kernels decode
+    Why: measured on the H200 (docs/perf-log/2026-12-02.md, VAE decode), cuDNN's channels-last kernels decode
     832x480x121 in 2.44 s instead of 2.67 s (1.09x), within 2.5e-2 of the plain decode on its [-1, 1]
     output; an image decode gains nothing either way.
     """

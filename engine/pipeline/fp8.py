@@ -51,14 +51,14 @@ ROLES = GEMMS + ("attn",)
 # is `torch._scaled_mm` under both. "torch": torchao's PyTorch ops, six generic kernels a GEMM. "mslk": MSLK's
 # fused Triton row kernel, one, through torchao's `KernelPreference.MSLK` (optional: `mslk-cuda`). One rounding
 # differs: torchao takes amax / 448 in the activation's dtype (bf16) before widening it, MSLK in fp32, so an
-# element can land one e4m3 step apart (tests/test_gpu_fp8.py; the gate holds either way, docs/PERFORMANCE.md).
+# element can land one e4m3 step apart (tests/test_gpu_fp8.py; the gate holds either way, docs/perf-log/2026-12-02.md).
 # Only MSLK's Triton quantiser is used, so its native library stays unloaded (`engine/__init__.py` says why).
 QUANTISERS = ("torch", "mslk")
 MSLK_DISTRIBUTION = "mslk-cuda"
 
 # Below this many gen tokens per branch the FP8 attention is not offered: there its quantisation passes cost more
 # than its FP8 tensor cores save. Swept on one H200 (Nano's heads, both branches, quantisation included; `python3
-# bench/bench_attention_fp8.py --iters 20 --gen 4096,...,32768`; docs/PERFORMANCE.md, "One FP8 attention kernel at
+# bench/bench_attention_fp8.py --iters 20 --gen 4096,...,32768`; docs/perf-log/2026-12-02.md, "One FP8 attention kernel at
 # every length"): FA3's FP8 forward against bf16's flash-attn-4 took 2.31 against 2.18 ms at 6144 and 3.53
 # against 3.68 at 8192, and won at every length above. cuDNN's FP8 SDPA first won at 9216 (4.42 against 4.71; 3.88
 # against 3.68 at 8192), so on a host with cuDNN's and not FA3's the calls of 8192-9215 gen tokens lose about 5%.
@@ -66,7 +66,7 @@ FP8_ATTENTION_MIN_GEN_TOKENS = 8192
 
 # The kernels the role "attn" runs on, by their module in `kernels`, fastest first: the first one this device and
 # host can run takes every FP8 attention call, unless `COSMOS3_FP8_ATTENTION` names one. The order is measured (one
-# H200, Nano's heads, both CFG branches, quantisation included; docs/PERFORMANCE.md, "One FP8 attention kernel at
+# H200, Nano's heads, both CFG branches, quantisation included; docs/perf-log/2026-12-02.md, "One FP8 attention kernel at
 # every length"): FA3's FP8 forward (unpacked, with a bf16 output) took 3.6-12.8% less time than cuDNN's FP8 SDPA
 # (which on Hopper also rounds its output to e4m3) in each of 15 rows, three runs, 11 lengths from 4096 to 44160 gen
 # tokens per branch (720p/189f: 70.4 against 79.6 ms; 480p/121f: 6.80 against 7.05), and a 480p/121f FP8 step took
@@ -148,7 +148,7 @@ class FP8Policy:
 
 
 # The FP8 mode per family, chosen by measurement (bench/bench_fp8.py --gate, one H200, full-size random
-# weights; docs/PERFORMANCE.md): the fastest policy whose velocity error stays within 3x diffusers' bf16 error.
+# weights; docs/perf-log/2026-12-02.md): the fastest policy whose velocity error stays within 3x diffusers' bf16 error.
 # Nano: the MLP's input GEMM (gate|up) in FP8: 2.90x / 2.78x, a 480p/121f step 808 ms against 903 in bf16
 # (all GEMMs in FP8: 4.61x / 5.13x); with it, the attention in FP8 ("row:in+attn", v centred): 2.94x / 2.84x
 # with cuDNN's FP8 SDPA forced at the gate's sizes (before v was centred: 3.24x / 3.80x), 2.95x / 2.81x with FA3's

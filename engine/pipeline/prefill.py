@@ -37,7 +37,7 @@ def prefill_cache(model: LoadedModel, branches: list[Branch], layout: GenLayout,
     if model.parallel is not None:
         return group_prefill(model, branches, layout.gen_len)
     # The loaded model's device: diffusers' `ModelMixin.device` walks every submodule for offload hooks, ~6 ms a read
-    # on a full-size tower (a warm Edge T2V request's prefill, H200, docs/PERFORMANCE.md). The dtype is still read
+    # on a full-size tower (a warm Edge T2V request's prefill, H200, docs/perf-log/2026-12-02.md). The dtype is still read
     # from the tower: the loaded model's records the load's dtype, which a tower converted after loading (an
     # FP8-only build's tests) does not keep.
     cache = allocate_cache(model.transformer, tuple(len(b.token_ids) for b in branches), layout.gen_len,

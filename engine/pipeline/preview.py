@@ -9,7 +9,7 @@ a copy, and the VAE's causal cache is cleared around each decode. Previews are o
 Their cost is bounded by measurement, on any GPU: after the first, a planned preview is shown only while
 the previews so far plus one more (priced at the last one's measured time) stay within `PREVIEW_BUDGET`
 of the denoising time so far. On the H200, Edge T2I 640x640 steps take 10.7 ms and a preview 14 ms, so
-three previews would cost 7.8% of the run; the budget keeps one (docs/PERFORMANCE.md, live preview).
+three previews would cost 7.8% of the run; the budget keeps one (docs/perf-log/2026-12-02.md, live preview).
 """
 from __future__ import annotations
 

@@ -146,7 +146,7 @@ def shared_unipc_table(scheduler, device) -> torch.Tensor:
     """`unipc_table(scheduler, device)`, computed once per schedule; each call gets its own copy (one
     device copy), so nothing a request does to its table reaches another. Why: building it is ~50 small
     device ops and a linear solve per step, about 0.05 s of host time, on every request (measured on the
-    H200, docs/PERFORMANCE.md)."""
+    H200, docs/perf-log/2026-12-02.md)."""
     key = _unipc_key(scheduler, device)
     with _unipc_tables_lock:
         table = _unipc_tables.get(key)

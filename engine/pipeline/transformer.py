@@ -86,7 +86,7 @@ def allocate_cache(transformer, prefix_lens: tuple[int, ...], gen_len: int, *, l
     attn = transformer.layers[0].self_attn
     # Read once: diffusers' `ModelMixin.dtype` and `.device` walk every submodule for hooks on each read,
     # 2-5 ms apiece on a full-size tower; one read per layer cost ~0.1 s of host time per request (H200,
-    # docs/PERFORMANCE.md, "A request's host time").
+    # docs/perf-log/2026-12-02.md, "A request's host time").
     dtype = transformer.dtype
     device = device if device is not None else transformer.device
     leading = {}

@@ -18,7 +18,7 @@ longest branch fits a power-of-two bound (with room for captions up to `KEPT_PRO
 attention and QK kernels read every start, length and offset from device tensors, and `adopt` rewrites
 those, so one capture per size serves any prompt up to that length. Without the lengths on the device
 (`COSMOS3_LENGTHS_ON_DEVICE=0`, or where the kernels cannot read them there) a different text length
-recaptures; docs/PERFORMANCE.md has both costs. A model keeps up to `MAX_CACHED_STEPS` steps within
+recaptures; docs/perf-log/2026-12-02.md has both costs. A model keeps up to `MAX_CACHED_STEPS` steps within
 `KEPT_STEPS_MEMORY_SHARE` of the GPU's memory, least recently used out first, and gives them all back when a
 request runs out of memory (`engine.pipeline.run.generate`).
 
@@ -47,7 +47,7 @@ from .scheduler_tables import SamplerState, sampler_for, sampler_supported
 from .transformer import time_embeds
 
 # Steps kept per loaded model. Each holds its K/V buffers and its graphs' memory pool (Edge T2I 640x640:
-# about 1 GiB; measured in docs/PERFORMANCE.md). Why as many as 16: a warm-up captures one step per
+# about 1 GiB; measured in docs/perf-log/2026-12-02.md). Why as many as 16: a warm-up captures one step per
 # whitelisted image size (9 for Edge, 6 for Nano and Super), and a first request at any of them should
 # find its step still kept; with 2 kept, the warm-up's last two sizes were all that survived.
 MAX_CACHED_STEPS = 16
@@ -57,7 +57,7 @@ KEPT_STEPS_MEMORY_SHARE = 0.15
 # Only image-scale steps are kept: up to this many gen tokens over all branches (every whitelisted image
 # size with CFG). Why: there a capture (~0.2 s) is half a warm request; a graphed video step runs for
 # seconds, where a capture is a few percent, and its K/V capacity costs 2-4 GiB a step (the T2V warm-up's
-# kept steps held 19.3 GiB, docs/PERFORMANCE.md).
+# kept steps held 19.3 GiB, docs/perf-log/2026-12-02.md).
 KEPT_MAX_GEN_TOKENS = 2048
 # Room for the text of a kept step's branches: real JSON captions run 1.5k-3k tokens, so with the lengths on
 # the device every prompt up to this length shares one capacity, one key and one kept step per size.

@@ -4,7 +4,7 @@
 to a callback; setting the cancel flag stops it before the next token (the streamer raises
 `JobCancelled` from inside `generate`, which Transformers calls once per token).
 
-Memory policy (docs/PERFORMANCE.md, "Reasoner", has the measurements behind it):
+Memory policy (docs/perf-log/2026-12-02.md, "Reasoner", has the measurements behind it):
 - `resident`: the reasoner stays on the GPU beside the generator (when both fit with room for the
   generator's activations);
 - `offloaded`: it lives in host memory and moves to the GPU for each reasoner job, back after;
@@ -26,7 +26,7 @@ from .inputs import Preprocessor, VideoClip, build_inputs, load_preprocessor, me
 POLICIES = ("resident", "offloaded", "on_demand")
 REASONER_MODEL_TYPES = {"cosmos3_edge": "edge", "cosmos3_omni": "omni"}
 # Room the generator needs beyond its weights (activations, VAE decode, K/V caches); the long-video
-# peaks in docs/PERFORMANCE.md reach ~13 GiB for the VAE alone.
+# peaks in docs/perf-log/2026-12-02.md reach ~13 GiB for the VAE alone.
 GENERATOR_WORKSPACE_BYTES = 24 * 2**30
 
 

@@ -1,24 +1,83 @@
-"""How long a request should take on one H200, from the measured step times in docs/PERFORMANCE.md.
+"""How long a request should take on one H200, from the current measured figures in docs/data/current.json.
 
 Used to size a ZeroGPU reservation (`@spaces.GPU(duration=...)`) and to give a first ETA before the
-queue has timed any job. Between measured points the step time is interpolated in log-log space over
-gen tokens, which follows the attention-dominated growth of long videos and the flat launch-bound T2I end.
+queue has timed any job. The step and decode times are those of the workloads named below, read from
+docs/data/current.json, the one home of each figure (docs/PERFORMANCE.md is rendered from it), so a new
+measurement moves the estimates with the docs. Between measured points the step time is interpolated in
+log-log space over gen tokens, which follows the attention-dominated growth of long videos and the flat
+launch-bound T2I end.
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 from ..model.variants import VariantInfo
 
-# (gen tokens, seconds per step with both CFG branches), engine fast path, H200, 2026-11-29.
-_STEP_SECONDS = {
-    "nano": ((1024, 0.058), (12090, 0.92), (44160, 6.30)),
-    "edge": ((400, 0.012), (12090, 0.265)),
+CURRENT_FIGURES = Path(__file__).resolve().parents[2] / "docs" / "data" / "current.json"
+
+# Per family, the workloads whose step (both CFG branches at every step) gives the step time at their gen-token
+# count. Edge's image point is its step against diffusers: the end-to-end Edge T2I row runs the default guidance
+# interval, one branch on part of its steps, so its mean step is not a two-branch step.
+STEP_WORKLOADS = {
+    "nano": ("nano-t2i-1024", "nano-t2v-480p", "nano-t2v-720p"),
+    "edge": ("step-edge-t2i-640", "edge-t2v-480p"),
 }
-# Super has ~4x Nano's parameters; until it is measured, scale Nano's steps by its FLOP ratio.
+# The Wan2.2 decode stage by gen-token count; every family decodes with the same VAE.
+DECODE_WORKLOADS = ("nano-t2i-1024", "edge-t2v-480p", "nano-t2v-720p")
+# Super has ~4x Nano's parameters; until its one-GPU step is measured, scale Nano's steps by its FLOP ratio.
 _SUPER_SCALE = 4.3
-_DECODE_SECONDS = ((1024, 0.07), (12090, 2.75), (44160, 9.5))  # Wan2.2 decode by gen-token count
-_FIXED_SECONDS = 3.0  # prompt, prefill, saving
+# Prompt, prefill and saving: a margin over the measured prefill (0.1-0.3 s warm) for a cold text length and the
+# file write, which the end-to-end figures leave out.
+_FIXED_SECONDS = 3.0
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Measured (gen tokens, seconds) points, ascending in gen tokens."""
+
+    step_seconds: dict[str, tuple[tuple[int, float], ...]]  # family -> a step with both CFG branches
+    decode_seconds: tuple[tuple[int, float], ...]
+
+
+def _figure(entries: dict, name: str, figure: str, path: Path) -> tuple[int, float]:
+    entry = entries.get(name)
+    if entry is None:
+        raise ValueError(f"{path} has no workload {name!r}, which engine/serving/estimates.py reads; "
+                         f"it has: {', '.join(sorted(entries))}")
+    if figure not in entry.get("figures", {}) or "gen_tokens" not in entry:
+        raise ValueError(f"{path}: workload {name!r} lacks {figure!r} or gen_tokens, which the estimates read")
+    seconds = entry["figures"][figure] / (1000.0 if figure.endswith("_ms") else 1.0)
+    return int(entry["gen_tokens"]), seconds
+
+
+def _ascending(points: list[tuple[int, float]], what: str, path: Path) -> tuple[tuple[int, float], ...]:
+    points = sorted(points)
+    if any(a[0] == b[0] for a, b in zip(points, points[1:])):
+        raise ValueError(f"{path}: two {what} points at one gen-token count: {points}")
+    return tuple(points)
+
+
+def load_step_times(path: Path = CURRENT_FIGURES) -> StepTimes:
+    """The step and decode points of the workloads named above, from `path` (docs/data/current.json)."""
+    entries = {entry["id"]: entry for entry in json.loads(Path(path).read_text(encoding="utf-8"))["workloads"]}
+    for names in STEP_WORKLOADS.values():
+        for name in names:
+            if name in entries and entries[name].get("cfg") != "every step":
+                raise ValueError(f"{path}: workload {name!r} runs CFG {entries[name].get('cfg')!r}; a step point "
+                                 "needs both branches at every step")
+    steps = {family: _ascending([_figure(entries, name, "step_ms", path) for name in names], f"{family} step", path)
+             for family, names in STEP_WORKLOADS.items()}
+    decode = _ascending([_figure(entries, name, "decode_s", path) for name in DECODE_WORKLOADS], "decode", path)
+    return StepTimes(step_seconds=steps, decode_seconds=decode)
+
+
+@functools.lru_cache(maxsize=1)
+def current_step_times() -> StepTimes:
+    return load_step_times()
 
 
 def _interpolate(points, x: float) -> float:
@@ -38,13 +97,14 @@ def gen_tokens(width: int, height: int, num_frames: int) -> int:
     return latent_frames * math.ceil(height / 32) * math.ceil(width / 32)
 
 
-def estimate_seconds(info: VariantInfo, request: dict) -> float:
+def estimate_seconds(info: VariantInfo, request: dict, times: StepTimes | None = None) -> float:
     """Expected seconds for a validated request (width/height/num_frames/steps/guidance filled in)."""
+    times = times or current_step_times()
     tokens = gen_tokens(request["width"], request["height"], request["num_frames"])
-    family = info.family if info.family in _STEP_SECONDS else "nano"
-    per_step = _interpolate(_STEP_SECONDS[family], tokens)
+    family = info.family if info.family in times.step_seconds else "nano"
+    per_step = _interpolate(times.step_seconds[family], tokens)
     if info.family == "super":
         per_step *= _SUPER_SCALE
     if request.get("guidance_scale", 1.0) == 1.0:
         per_step /= 2  # one branch
-    return _FIXED_SECONDS + request["steps"] * per_step + _interpolate(_DECODE_SECONDS, tokens)
+    return _FIXED_SECONDS + request["steps"] * per_step + _interpolate(times.decode_seconds, tokens)

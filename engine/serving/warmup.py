@@ -6,7 +6,7 @@ cuDNN and cuBLAS build their plans, the VAE decoder's convolutions pick algorith
 CUDA graphs are captured. A warm-up runs a short request (a few steps, the mode's default frames and
 guidance, a prompt of typical caption length) at each whitelisted size, so all of that happens before
 a user asks. The dispatcher's choices and compiled kernels live on the model and in the process, so
-later requests of any prompt reuse them. Measured effect: docs/PERFORMANCE.md (bench/bench_engine.py --e2e).
+later requests of any prompt reuse them. Measured effect: docs/perf-log/2026-12-02.md (bench/bench_engine.py --e2e).
 
 Which modes: `DEFAULT_MODES` per family (the measured reasons are beside it); `COSMOS3_WARMUP=t2i,t2v`
 names them instead, and `COSMOS3_WARMUP=off` (or `none`, `0`, empty) turns warm-up off. Where: only on
@@ -45,7 +45,7 @@ ENV = "COSMOS3_WARMUP"
 OFF_VALUES = ("off", "none", "0", "")
 
 # What to warm when COSMOS3_WARMUP is unset. The rule: warm a mode whose first request (of the process,
-# or at a size not used before) takes more than 1.5x a warm one. Measured on an H200 (docs/PERFORMANCE.md):
+# or at a size not used before) takes more than 1.5x a warm one. Measured on an H200 (docs/perf-log/2026-12-02.md):
 # - Edge T2I at a new size: 10.6x warm without warm-up, 1.43x after it. Edge T2V 832x480/121f, the
 #   first request of a process: 24.4 s against 13 s warm (1.88x); after a T2V warm-up (80 s for Edge's
 #   9 sizes x 2 prompts) 1.02x. Both modes are warmed.
