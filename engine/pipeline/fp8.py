@@ -481,6 +481,10 @@ def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy, *, quan
 
     quantize = quantize or (lambda w: quantize_weight(w, policy))
     device = torch.device(device)
+    if device.type == "cuda":  # its text tower may leave the GPU between prefills: see use_expandable_segments
+        from .memory import use_expandable_segments
+
+        use_expandable_segments()
     with init_empty_weights(include_buffers=False):
         transformer = Cosmos3OmniTransformer.from_config(config)
     transformer.to(torch.bfloat16)
