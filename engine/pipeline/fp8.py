@@ -470,6 +470,17 @@ def _build_layer(layer, index: int, count: int, policy: FP8Policy, device, fill,
     return qkv, gate_up, per_layer
 
 
+def use_expandable_segments() -> None:
+    """From now on the CUDA caching allocator maps its segments page by page (PyTorch's expandable segments).
+    Why, for a model whose text tower leaves the GPU between prefills (`engine.pipeline.memory.TextTower`): its
+    weights were allocated among the gen tower's, so once they leave, the freed room lies in holes of segments that
+    stay in use; a step's 8.4 GiB GEMM output then found no block and the H200 ran out of memory with 60.9 GiB
+    reserved and unused (Super 720p). With expandable segments a free hole's pages go back to the driver
+    (`empty_cache`) and new blocks map fresh ones. Called before such a model is built (`build_fp8_transformer`),
+    so no other model's run changes."""
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+
+
 def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy, *, quantize=None):
     """A Cosmos3 transformer whose gen tower holds only the policy's FP8 weights, never whole in bf16:
     built on the meta device, then the non-layer modules and one layer at a time allocated on `device`,
@@ -481,9 +492,7 @@ def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy, *, quan
 
     quantize = quantize or (lambda w: quantize_weight(w, policy))
     device = torch.device(device)
-    if device.type == "cuda":  # its text tower may leave the GPU between prefills: see use_expandable_segments
-        from .memory import use_expandable_segments
-
+    if device.type == "cuda":  # its text tower may leave the GPU between prefills (engine.pipeline.memory)
         use_expandable_segments()
     with init_empty_weights(include_buffers=False):
         transformer = Cosmos3OmniTransformer.from_config(config)

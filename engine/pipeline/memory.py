@@ -39,17 +39,6 @@ PLAN_PREFIXES = (1615, 64)
 TEXT_TOWER_ATTENTION = ("to_q", "to_k", "to_v", "to_out")
 
 
-def use_expandable_segments() -> None:
-    """From now on the CUDA caching allocator maps its segments page by page (PyTorch's expandable segments).
-    Why, for a model whose text tower leaves the GPU between prefills: its weights were allocated among the gen
-    tower's, so once they leave, the freed room lies in holes of segments that stay in use; a step's 8.4 GiB GEMM
-    output then found no block and the H200 ran out of memory with 60.9 GiB reserved and unused (Super 720p). With
-    expandable segments a free hole's pages go back to the driver (`empty_cache`) and new blocks map fresh ones.
-    Called before such a model is built (`engine.pipeline.fp8.build_fp8_transformer`), so no other model's run
-    changes."""
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
-
-
 class RequestTooLarge(ValueError):
     """A request whose planned peak memory exceeds the GPU's; the message names what fits."""
 
