@@ -157,7 +157,7 @@ def test_the_fp8_size_follows_the_policy(tiny_family):
 def test_the_fp8_mode_is_the_measured_policy_per_family(monkeypatch):
     monkeypatch.delenv("COSMOS3_FP8_POLICY", raising=False)
     assert {f: fp8.policy_from_env(f).name for f in ("nano", "super", "edge")} == {
-        "nano": "row:in+attn", "super": "row:in", "edge": "row:down"}
+        "nano": "row:in+attn", "super": "row:in+attn", "edge": "row:down"}
     # Nano's attention joins its MLP input in FP8 (only from FP8_ATTENTION_MIN_GEN_TOKENS per branch, by
     # FP8Weights.attends_in_fp8). Where no FP8 attention can run, the default does not ask for it: the
     # GEMM policy stays.
@@ -166,7 +166,7 @@ def test_the_fp8_mode_is_the_measured_policy_per_family(monkeypatch):
     assert fp8.attention_unavailable("cpu") == "a CUDA GPU (this model runs on 'cpu')"
     # Where MSLK's quantiser can run, the default takes it (the same GEMMs, one kernel per activation instead of six).
     assert {f: fp8.policy_from_env(f, mslk_available=True).name for f in ("nano", "super", "edge")} == {
-        "nano": "row:in+attn/mslk", "super": "row:in/mslk", "edge": "row:down/mslk"}
+        "nano": "row:in+attn/mslk", "super": "row:in+attn/mslk", "edge": "row:down/mslk"}
     assert fp8.mslk_unavailable("cpu") == "a CUDA GPU (this model runs on 'cpu')"
     monkeypatch.setenv("COSMOS3_FP8_POLICY", "tensor-exact")
     assert fp8.policy_from_env("edge").name == "tensor-exact"

@@ -160,9 +160,11 @@ class FP8Policy:
 # against 230.3 ms in one gate run and 247.9 against 233.9 in another (one timed step each), too close to call,
 # so Edge keeps row:down. Where MSLK is installed every default takes its quantiser ("/mslk", `policy_from_env`):
 # the gate moved by at most 0.03x.
-# Super shares Nano's architecture (SwiGLU) and takes its GEMM policy (an fp32 Super forward fits no GPU, so
-# its gate cannot be measured); built FP8-only, its GEMM weights are fixed at load.
-DEFAULT_POLICIES = {"nano": "row:in+attn", "super": "row:in", "edge": "row:down"}
+# Super shares Nano's architecture (SwiGLU) and takes its policy, attention included (an fp32 Super forward fits no
+# GPU, so its gate cannot be measured); built FP8-only, its GEMM weights are fixed at load. The attention in FP8
+# halves its 720p step: 1280x720/189f on one H200, 9.73 s a step with FA3's FP8 attention against 19.1 s with the
+# bf16 attention (steps 2-3 of a 3-step request each; docs/perf-log/2026-12-04-super-and-restart.md).
+DEFAULT_POLICIES = {"nano": "row:in+attn", "super": "row:in+attn", "edge": "row:down"}
 DEFAULT_POLICY = "row:in"  # any other family (custom checkpoints)
 
 
