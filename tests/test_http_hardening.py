@@ -190,6 +190,41 @@ def test_a_finished_jobs_answers_name_no_server_path(studio):
     assert not leaks, leaks
 
 
+def test_an_engine_failure_quoting_the_outputs_folder_reaches_the_caller_without_it(studio, monkeypatch):
+    """A full disk: the engine's message is the OSError's, which quotes the file it was writing."""
+    import errno
+
+    from engine.pipeline import outputs as output_files
+
+    def full_disk(path, frame):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(output_files, "_write_png", full_disk)
+    client = http(studio)
+    image = client.post("images/generations", json={"model": "nano", "prompt": "x", "size": "64x64", "steps": 1})
+    monkeypatch.setattr(output_files, "_write_mp4", lambda path, *rest: full_disk(path, None))
+    job = wait(client, client.post("videos", json={**SHORT_VIDEO, "steps": 1}).json()["id"])
+    texts = [image.json()["error"]["message"], job["error"]["message"], client.get("videos").text]
+    assert all("No space left on device" in text for text in texts[:2]), texts
+    assert "image.png" in texts[0] and "video.mp4" in texts[1]  # the file is still named, by its name
+    leaks = [(path, text[:300]) for text in texts for path in _server_paths(studio) if path in text]
+    assert not leaks, leaks
+
+
+def test_public_text_cuts_server_paths_and_keeps_routes_and_urls(tmp_path):
+    from engine.serving.http_api import HttpApi
+
+    class Queue:
+        registry, outputs_root = type("Registry", (), {"names": staticmethod(lambda: [])})(), tmp_path / "out"
+
+    api = HttpApi(Queue())
+    text = (f"could not write '{tmp_path}/out/api/x/video.mp4': full; see {tmp_path / 'out'}; "
+            f"upload {tmp_path}/out/.api-uploads/ab.png, cache {tempfile.gettempdir()}/gradio/f/image.png. "
+            "Videos use POST /v1/videos; docs at https://example.org/a/b; 3/4 done.")
+    assert api.public_text(text) == ("could not write 'video.mp4': full; see <outputs>; upload ab.png, cache "
+                                     "image.png. Videos use POST /v1/videos; docs at https://example.org/a/b; 3/4 done.")
+
+
 # ----------------------------------------------------------------------------------------------
 # Item 6: the job book survives a restart
 # ----------------------------------------------------------------------------------------------

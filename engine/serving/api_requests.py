@@ -124,7 +124,7 @@ def decode_upload(value, field: str, uploads: Path) -> Path:
 _FORM_NAME = re.compile(r"^([A-Za-z_]\w*)((?:\[\w*\])*)$", re.ASCII)
 _FORM_INTEGER = re.compile(r"^-?\d+$")
 _FORM_NUMBER = re.compile(r"^-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^(NaN|-?Infinity)$")
-FORM_TEXT_FIELDS = ("model", "prompt", "negative_prompt", "size", "mode", "seconds")
+FORM_TEXT_FIELDS = ("model", "prompt", "negative_prompt", "size", "mode", "seconds", "image", "video")
 
 
 def _form_value(text: str):
