@@ -269,13 +269,19 @@ def test_finished_failed_and_interrupted_jobs_survive_a_restart_for_their_owner_
         while before.get(f"/v1/videos/{job_id}", headers=alpha).json()["status"] not in TERMINAL:
             time.sleep(0.05)
     video = before.get(f"/v1/videos/{done}/content", headers=alpha).content
+    image = before.post("/v1/images/generations", headers=alpha, json={"model": "nano", "prompt": "a lighthouse",
+                                                                       "size": "64x64", "steps": 1, "response_format": "url"})
+    image_url = image.json()["data"][0]["url"]
+    png = before.get(image_url, headers=alpha).content
     running = before.post("/v1/videos", json=LONG_VIDEO, headers=alpha).json()["id"]
     while before.get(f"/v1/videos/{running}", headers=alpha).json()["stage"] != "denoise":
         time.sleep(0.05)
+    waiting = before.post("/v1/videos", json={**SHORT_VIDEO, "image": b64(png_bytes())}, headers=alpha).json()["id"]
+    assert len(list((tmp_path / ".api-uploads").iterdir())) == 1  # the waiting job's image
 
     after, _ = v1_over(tmp_path, _keys())  # a second server over the same outputs folder, the first mid-job
     listed = {job["id"]: job for job in after.get("/v1/videos", headers=alpha).json()["data"]}
-    assert set(listed) == {done, failed, running}
+    assert set(listed) == {done, failed, running, waiting}
     assert listed[done]["status"] == "completed" and listed[done]["result"]["seed"] == 4
     assert after.get(f"/v1/videos/{done}/content", headers=alpha).content == video
     assert after.get(f"/v1/videos/{done}/content", params={"variant": "params"}, headers=alpha).json()["seed"] == 4
@@ -283,11 +289,16 @@ def test_finished_failed_and_interrupted_jobs_survive_a_restart_for_their_owner_
     interrupted = after.get(f"/v1/videos/{running}", headers=alpha).json()
     assert interrupted["status"] == "failed" and interrupted["error"]["code"] == "interrupted"
     assert "server stopped while this job was generating" in interrupted["error"]["message"]
+    assert listed[waiting]["status"] == "failed" and "while this job was queued" in listed[waiting]["error"]["message"]
+    assert not list((tmp_path / ".api-uploads").iterdir())  # its input will never be read: removed
+    assert after.get(image_url, headers=alpha).content == png  # image jobs too
+    assert after.get(image_url, headers=bravo).status_code == 404
     assert after.get("/v1/videos", headers=bravo).json()["data"] == []  # ownership kept across the restart
     for job_id in (done, failed, running):
         assert after.get(f"/v1/videos/{job_id}", headers=bravo).status_code == 404
     assert after.get(f"/v1/videos/{done}/content", headers=bravo).status_code == 404
-    before.delete(f"/v1/videos/{running}", headers=alpha)  # the first server's job ends (its "crash" is over)
+    for job_id in (running, waiting):  # the first server's jobs end (its "crash" is over)
+        before.delete(f"/v1/videos/{job_id}", headers=alpha)
 
     assert after.delete(f"/v1/videos/{done}", headers=alpha).json()["deleted"] is True
     again, _ = v1_over(tmp_path, _keys())

@@ -188,6 +188,7 @@ def write_record(folder: Path, outputs_root: Path | None, job: ApiJob) -> None:
     record = {name: getattr(job, name) for name in RECORD_FIELDS}
     record["request"] = {key: job.request[key] for key in SIZE_KEYS if key in job.request}
     record["files"] = {name: _relative(path, outputs_root) for name, path in job.outputs.items()}
+    record["uploads"] = [_relative(path, outputs_root) for path in job.cleanup]
     target = folder / f"{job.id}.json"
     staging = folder / f".{job.id}.{secrets.token_hex(4)}.tmp"
     try:
@@ -216,8 +217,9 @@ def _inside(root: Path, relative) -> Path | None:
 
 
 def load_records(folder: Path, outputs_root: Path | None) -> list[ApiJob]:
-    """The jobs recorded in `folder`. One that had not ended is marked failed (and its record rewritten):
-    the server stopped while it waited or ran, and nothing will finish it."""
+    """The jobs recorded in `folder`. One that had not ended is marked failed (and its record rewritten),
+    and its uploaded inputs are removed: the server stopped while it waited or ran, and nothing will
+    finish it. (One server per outputs folder: a second one would take the first's live jobs for dead.)"""
     jobs = []
     for record_file in sorted(folder.glob("*.json")):
         try:
@@ -238,6 +240,9 @@ def load_records(folder: Path, outputs_root: Path | None) -> list[ApiJob]:
                                     "it did not finish and nothing was saved. Submit it again."}
             job.status, job.stage, job.completed_at = "failed", "done", int(time.time())
             write_record(folder, outputs_root, job)
+            for upload in record.get("uploads") or [] if outputs_root is not None else []:
+                if (path := _inside(outputs_root, upload)) is not None:
+                    path.unlink(missing_ok=True)
         job.done.set()
         jobs.append(job)
     return jobs
