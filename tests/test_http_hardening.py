@@ -118,6 +118,17 @@ def test_a_100000_deep_json_body_is_400_naming_the_body(studio):
     assert answer.json()["error"]["param"] == "body" and "nested too deeply" in answer.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("field", ["domain", "resolution_tier", "view_point"])
+@pytest.mark.parametrize("value", [[], {"a": 1}])
+def test_an_action_field_given_a_list_or_object_is_400_naming_it(studio, field, value):
+    """Found by sending every field hostile JSON values: these were TypeErrors (unhashable) in validation."""
+    action = {"kind": "policy", "domain": "umi", "chunk_size": 4, field: value}
+    answer = http(studio).post("videos", json={"model": "nano", "prompt": "x", "mode": "action", "action": action,
+                                               "image": b64(png_bytes())})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == f"action.{field}"
+
+
 # ----------------------------------------------------------------------------------------------
 # Items 4 and 5: the bad-input catalogue through /v1: never a 500, never a server path
 # ----------------------------------------------------------------------------------------------
