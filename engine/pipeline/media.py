@@ -6,6 +6,7 @@ import functools
 import io
 import json
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -53,10 +54,48 @@ def _checked_file(path, kind: str, suffixes: tuple[str, ...]) -> Path:
     return file
 
 
+def _named_only(exc: Exception, name: str) -> str:
+    """A decoder's message without the file's server path: PIL and FFmpeg quote the path they opened,
+    which names the uploads or cache folder; the caller knows the file by its name only."""
+    text = str(exc)
+    filename = getattr(exc, "filename", None)
+    for path in {p for p in (filename, getattr(exc, "filename2", None)) if p}:
+        text = text.replace(os.fspath(path), Path(os.fspath(path)).name)
+    return text
+
+
+def decode_image(stream, name: str):
+    """A PIL image from a binary stream, its declared size checked before any pixel is decoded.
+
+    A PNG can declare 50000x50000 pixels in a few hundred bytes; PIL refuses those over twice its own
+    limit with `DecompressionBombError` (not an OSError), which used to escape as a server error. Every
+    refusal here is a ValueError naming the file by `name` and the pixel limit."""
+    from PIL import Image, UnidentifiedImageError
+
+    limit = f"at most {MAX_IMAGE_PIXELS:,} pixels"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the check below is stricter
+            with Image.open(stream) as opened:
+                if opened.width * opened.height > MAX_IMAGE_PIXELS:
+                    raise ValueError(f"The image {name!r} is {opened.width}x{opened.height}; {limit}.")
+                opened.load()
+                image = opened.copy()
+                image.format = opened.format  # what the bytes were (a copy forgets it)
+                return image
+    except Image.DecompressionBombError:
+        raise ValueError(f"The image {name!r} declares far more pixels than allowed; {limit}.") from None
+    except UnidentifiedImageError:
+        raise ValueError(f"The image {name!r} could not be decoded: it is not an image format this "
+                         f"server reads ({', '.join(IMAGE_SUFFIXES)}).") from None
+    except (OSError, SyntaxError) as exc:
+        raise ValueError(f"The image {name!r} could not be decoded: {_named_only(exc, name)}.") from None
+
+
 @_refusals_name("image")
 def load_image(source):
     """A PIL RGB image from a PIL image, an [H, W, 3] uint8 array or a file path."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     if isinstance(source, Image.Image):
         image = source
@@ -66,16 +105,8 @@ def load_image(source):
         image = Image.fromarray(source.astype(np.uint8))
     else:
         file = _checked_file(source, "image", IMAGE_SUFFIXES)
-        try:
-            with Image.open(file) as opened:
-                if opened.width * opened.height > MAX_IMAGE_PIXELS:
-                    raise ValueError(
-                        f"The image {file.name!r} is {opened.width}x{opened.height}; at most {MAX_IMAGE_PIXELS:,} pixels."
-                    )
-                opened.load()
-                image = opened.copy()
-        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
-            raise ValueError(f"The image {file.name!r} could not be decoded: {exc}.") from exc
+        with file.open("rb") as stream:
+            image = decode_image(stream, file.name)
     if image.width * image.height > MAX_IMAGE_PIXELS:
         raise ValueError(f"The image is {image.width}x{image.height}; at most {MAX_IMAGE_PIXELS:,} pixels.")
     return image.convert("RGB")
@@ -107,7 +138,7 @@ def load_video(source, max_frames: int = MAX_VIDEO_FRAMES) -> list:
                     if len(frames) >= max_frames:
                         break
         except (av.FFmpegError, IndexError, OSError) as exc:
-            raise ValueError(f"The video {file.name!r} could not be decoded: {exc}.") from exc
+            raise ValueError(f"The video {file.name!r} could not be decoded: {_named_only(exc, file.name)}.") from exc
     if not frames:
         raise ValueError("The video has no frames.")
     return frames

@@ -229,7 +229,7 @@ def _validate_action(info: VariantInfo, action, params: dict) -> dict:
     if kind not in ACTION_KINDS:
         raise RequestError("action.kind", f"action.kind must be one of {list(ACTION_KINDS)}, got {kind!r}.")
     domain_name = action.get("domain")
-    if domain_name not in ACTION_DOMAINS:
+    if not isinstance(domain_name, str) or domain_name not in ACTION_DOMAINS:  # a list would not hash
         raise RequestError("action.domain", f"Unknown action domain {domain_name!r}; allowed: {list(SUPPORTED_DOMAINS)}.")
     domain = ACTION_DOMAINS[domain_name]
     if not domain.supported:
@@ -251,11 +251,11 @@ def _validate_action(info: VariantInfo, action, params: dict) -> dict:
             f"got {out['chunk_size']}."
         )
     tier = action.get("resolution_tier", DEFAULT_ACTION_TIER)
-    if isinstance(tier, bool) or tier not in RESOLUTION_TIERS:
+    if isinstance(tier, bool) or not isinstance(tier, (int, float)) or tier not in RESOLUTION_TIERS:
         raise RequestError("action.resolution_tier", f"action.resolution_tier must be one of {sorted(RESOLUTION_TIERS)}, got {tier!r}.")
     out["resolution_tier"] = int(tier)
     view = action.get("view_point", "ego_view")
-    if view not in VIEW_POINTS:
+    if not isinstance(view, str) or view not in VIEW_POINTS:
         raise RequestError("action.view_point", f"action.view_point must be one of {list(VIEW_POINTS)}, got {view!r}.")
     out["view_point"] = view
     actions = action.get("actions")

@@ -8,11 +8,16 @@ A keys file holds one key a line, optionally with its limits:
 `concurrency` is how many of the key's jobs may be unfinished at once (waiting or running);
 `per_hour` is how many jobs the key may submit in any rolling hour. Either one exceeded is answered
 with HTTP 429. Keys are compared in constant time and only a hash of each is kept in memory.
+
+The file is re-read when it changes (its modification time, size or inode, looked at no more than once
+a second): a key removed from it stops working within a second or two, without a restart. A file that
+no longer reads (emptied, a bad line, gone) closes the API until it is fixed; the old keys do not linger.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import threading
 import time
@@ -24,6 +29,8 @@ DEFAULT_CONCURRENCY = 2
 DEFAULT_PER_HOUR = 120
 _LIMIT_KEYS = ("concurrency", "per_hour", "name")
 ANONYMOUS = "anonymous"
+RECHECK_S = 1.0  # how often the keys file's stamp is looked at
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,11 +97,31 @@ def entry_lines(path: Path, flag: str, what: str) -> list[tuple[int, str]]:
     return entries
 
 
-def read_keys_file(path: str | Path) -> list[ApiKey]:
+class KeysFile(list):
+    """The keys a file held when it was read, with the file and its stamp: a KeyRing built from these
+    re-reads the file when it changes."""
+
+    def __init__(self, keys: list[ApiKey], path: Path, stamp: tuple | None):
+        super().__init__(keys)
+        self.path, self.stamp = path, stamp
+
+
+def file_stamp(path: Path) -> tuple | None:
+    """What changes when the file is edited or replaced; None when it cannot be looked at."""
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_mtime_ns, status.st_size, status.st_ino
+
+
+def read_keys_file(path: str | Path) -> KeysFile:
     """Keys from a file (blank lines and `#` comments, also after a key, skipped); a file with no key is refused."""
     path = Path(path).expanduser()
-    return [parse_key_line(line.split("#", 1)[0].strip(), f"--api-keys {str(path)!r}, line {number}")
+    stamp = file_stamp(path)  # taken before reading: an edit during the read is seen at the next look
+    keys = [parse_key_line(line.split("#", 1)[0].strip(), f"--api-keys {str(path)!r}, line {number}")
             for number, line in entry_lines(path, "--api-keys", "key")]
+    return KeysFile(keys, path, stamp)
 
 
 def keys_from_env(text: str) -> list[ApiKey]:
@@ -107,6 +134,13 @@ def configured_keys(path: str | None) -> list[ApiKey]:
     if path:
         return read_keys_file(path)
     return keys_from_env(os.environ.get("COSMOS3_API_KEYS", ""))
+
+
+def _check_unique(keys: list[ApiKey]) -> None:
+    names = [k.name for k in keys]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"API key names must be unique; repeated: {repeated}.")
 
 
 @dataclass
@@ -124,24 +158,52 @@ class KeyRing:
     """
 
     def __init__(self, keys: list[ApiKey], clock=time.monotonic, closed_reason: str | None = None):
-        names = [k.name for k in keys]
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            raise ValueError(f"API key names must be unique; repeated: {repeated}.")
+        _check_unique(keys)
         self.keys = list(keys)
         self._clock = clock
         self._lock = threading.Lock()
         self._usage: dict[str, _Usage] = {}
         self._open = ApiKey(name=ANONYMOUS, digest=b"")
         self.closed_reason = None if keys else closed_reason
+        self._source = keys if isinstance(keys, KeysFile) else None  # re-read when it changes
+        self._stamp = getattr(keys, "stamp", None)
+        self._looked_at = clock()
+        self._unreadable = False
 
     @property
     def required(self) -> bool:
-        return bool(self.keys)
+        return bool(self.keys) or self._source is not None
+
+    def _reread_if_changed(self) -> None:
+        """Take the keys file's current keys if it changed since it was last read (at most one look a
+        second). A file that no longer reads refuses every call until it does: never the old keys."""
+        with self._lock:
+            now = self._clock()
+            if self._source is None or now - self._looked_at < RECHECK_S:
+                return
+            self._looked_at = now
+            stamp = file_stamp(self._source.path)
+            if stamp == self._stamp and not self._unreadable:
+                return
+            self._stamp = stamp
+            try:
+                keys = read_keys_file(self._source.path)
+                _check_unique(keys)
+            except ValueError as exc:
+                log.error("The API keys file changed and does not read; every /v1 call is refused until "
+                          "it does: %s", exc)
+                self.keys, self._unreadable = [], True
+                return
+            self.keys, self._unreadable, self._stamp = list(keys), False, keys.stamp
+            log.info("Re-read the API keys file: %d keys", len(keys))
 
     def authenticate(self, authorization: str | None) -> ApiKey:
         if self.closed_reason:
             raise Unauthorized(self.closed_reason)
+        self._reread_if_changed()
+        if self._unreadable:
+            raise Unauthorized("The server's API keys file changed and does not read; every call is refused "
+                               "until its administrator fixes it.")
         if not self.keys:
             return self._open
         scheme, _, token = (authorization or "").partition(" ")

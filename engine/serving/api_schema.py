@@ -18,9 +18,14 @@ _COMMON = {
 }
 
 
-def _body(properties: dict, example: dict) -> dict:
+def _body(properties: dict, example: dict, form: bool = False) -> dict:
     schema = {"type": "object", "required": ["prompt"], "properties": properties, "additionalProperties": False}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema, "example": example}}}}
+    content = {"application/json": {"schema": schema, "example": example}}
+    if form:  # the official openai client's `videos.create` sends a form; objects as `name[key]` fields
+        fields = {**properties, "input_reference": {"type": "string", "format": "binary",
+                                                    "description": "the image (i2v) or video (v2v) as a file part"}}
+        content["multipart/form-data"] = {"schema": {**schema, "properties": fields}}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 IMAGE_BODY = _body({
@@ -39,4 +44,6 @@ VIDEO_BODY = _body({
     "image": {"type": "string", "description": "base64 or a data: URL (i2v, action)"},
     "video": {"type": "string", "description": "base64 or a data: URL (v2v, inverse dynamics)"},
     "action": {"type": "object", "description": "kind, domain, chunk_size, resolution_tier, view_point, actions"},
-}, {"model": "nano", "prompt": "A red kite over a windy beach.", "size": "832x480", "seconds": 5, "seed": 7})
+    "input_reference": {"type": "object", "properties": {"image_url": {"type": "string"}},
+                        "description": "OpenAI's spelling of image: {\"image_url\": base64 or a data: URL}"},
+}, {"model": "nano", "prompt": "A red kite over a windy beach.", "size": "832x480", "seconds": 5, "seed": 7}, form=True)
