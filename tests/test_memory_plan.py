@@ -47,6 +47,7 @@ def test_a_request_that_cannot_fit_is_refused_naming_the_sizes_that_do(super_fp8
     with pytest.raises(memory.RequestTooLarge) as refused:
         memory.plan_request(super_fp8, "t2v", 1280, 720, 189, (1615, 64), capacity=small_gpu)
     text = str(refused.value)
+    assert refused.value.field == "num_frames"
     assert "1280x720/189f" in text and "120.0 GiB" in text and "What fits:" in text
     named = re.findall(r"(\d+)x(\d+) up to (\d+) frames", text.split("What fits:")[1])
     assert named, text
@@ -97,3 +98,21 @@ def test_the_text_tower_moves_to_the_host_and_back_and_the_prefill_is_unchanged(
     assert tower.on_gpu and all(p.device == tower.device for p in params)  # on the CPU `to` keeps the same storage
     for got, want in zip(text_kv(), before):
         assert torch.equal(got, want)
+
+
+def test_the_weights_are_counted_once_per_model_each_storage_once(tiny_family, monkeypatch):
+    from engine.model.loader import load_in_process
+
+    model = load_in_process(tiny_family["super"], device="cpu")
+    text = memory.text_tower_parameters(model.transformer)
+    text_ids = {id(p) for p in text}
+    expected = sum(p.numel() * p.element_size() for p in model.transformer.parameters() if id(p) not in text_ids)
+    expected += sum(b.numel() * b.element_size() for b in model.transformer.buffers())
+    expected += sum(p.numel() * p.element_size() for p in model.vae.parameters())
+    assert memory.model_weight_bytes(model, None) == (expected, sum(p.numel() * p.element_size() for p in text))
+
+    def recount(*args):
+        raise AssertionError("counted again")
+
+    monkeypatch.setattr(memory, "_count_weight_bytes", recount)
+    assert memory.model_weight_bytes(model, None)[0] == expected

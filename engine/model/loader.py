@@ -180,6 +180,7 @@ class LoadedModel:
     parallel: Any = None  # engine.parallel.group.GroupContext on a rank of a GPU group
     # engine.pipeline.memory.TextTower: the text tower's weights in host memory, where requests need its room
     text_tower: Any = None
+    weight_bytes: Any = None  # engine.pipeline.memory.model_weight_bytes' count, kept
 
     def make_scheduler(self, **overrides):
         config = dict(self.scheduler_config)

@@ -162,8 +162,8 @@ class FP8Policy:
 # the gate moved by at most 0.03x.
 # Super shares Nano's architecture (SwiGLU) and takes its policy, attention included (an fp32 Super forward fits no
 # GPU, so its gate cannot be measured); built FP8-only, its GEMM weights are fixed at load. The attention in FP8
-# halves its 720p step: 1280x720/189f on one H200, 9.73 s a step with FA3's FP8 attention against 19.1 s with the
-# bf16 attention (steps 2-3 of a 3-step request each; docs/perf-log/2026-12-04-super-and-restart.md).
+# takes its 720p step from 21.2 s to 15.3 s: 1280x720/189f on one H200, FA3's FP8 attention against cuDNN's bf16
+# SDPA (3-step requests; docs/perf-log/2026-12-04-super-and-restart.md).
 DEFAULT_POLICIES = {"nano": "row:in+attn", "super": "row:in+attn", "edge": "row:down"}
 DEFAULT_POLICY = "row:in"  # any other family (custom checkpoints)
 

@@ -40,7 +40,12 @@ TEXT_TOWER_ATTENTION = ("to_q", "to_k", "to_v", "to_out")
 
 
 class RequestTooLarge(ValueError):
-    """A request whose planned peak memory exceeds the GPU's; the message names what fits."""
+    """A request whose planned peak memory exceeds the GPU's; the message names what fits, `field` the request field
+    to change (the job queue shows it beside that field)."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
 
 
 def tensor_bytes(tensors) -> int:
@@ -162,7 +167,18 @@ def _step_bytes_per_row(config, fp8_in: bool) -> int:
 
 
 def model_weight_bytes(model, text_tower: TextTower | None) -> tuple[int, int]:
-    """(bytes on the GPU through a request except the text tower's, the text tower's bytes)."""
+    """(bytes on the GPU through a request except the text tower's, the text tower's bytes); counted once per model
+    and set of FP8 weights (kept on the model: a count walks every tensor, a few ms on a full-size model)."""
+    key = (id(model.fp8_weights), id(text_tower))
+    held = getattr(model, "weight_bytes", None)
+    if held is not None and held[0] == key:
+        return held[1]
+    counted = _count_weight_bytes(model, text_tower)
+    model.weight_bytes = (key, counted)
+    return counted
+
+
+def _count_weight_bytes(model, text_tower: TextTower | None) -> tuple[int, int]:
     text = text_tower_parameters(model.transformer)
     text_ids = {id(p) for p in text}
     parts = [p for p in model.transformer.parameters() if id(p) not in text_ids]
@@ -246,7 +262,8 @@ def plan_request(model, mode: str, width: int, height: int, frames: int, prefixe
     sizes = what_fits(model, mode, capacity, prefixes, offload)
     raise RequestTooLarge(
         f"{model.info.family} {mode} {plan.describe(text_on_gpu=not offload)} does not fit this GPU's "
-        f"{capacity / GIB:.1f} GiB. What fits: " + (", ".join(sizes) if sizes else "no size of this mode") + ".")
+        f"{capacity / GIB:.1f} GiB. What fits: " + (", ".join(sizes) if sizes else "no size of this mode") + ".",
+        "num_frames" if frames > 1 else "width")
 
 
 def memory_stage(state) -> None:
