@@ -18,6 +18,7 @@ from engine.pipeline import captions
 from . import controls as C
 from . import files
 from . import forms as F
+from . import history as H
 from .assets import CSS_PATH, example_media
 from .caption_editor import CaptionEditor
 from .common import PRIVATE
@@ -257,7 +258,9 @@ def action_tab(model: dict, reasoner: tuple[bool, str] = (False, "")) -> ActionT
 
 def history_section(state_secret: str) -> HistoryBox:
     with gr.Accordion("History (kept in this browser only)", open=True, elem_id="history"):
-        state = gr.BrowserState([], storage_key="cosmos3-studio-history", secret=state_secret)
+        # Gradio hands the BrowserState's secret to every browser: it gets a key derived from the app's, and
+        # entries are sealed with another (cosmos3_ui.history.HistorySeal) that stays on the server.
+        state = gr.BrowserState([], storage_key="cosmos3-studio-history", secret=H.browser_state_secret(state_secret))
         gallery = gr.Gallery(label="Results", columns=6, height=220, allow_preview=False, object_fit="cover",
                              interactive=False, fit_columns=False, elem_id="history-gallery")
         with gr.Row():
@@ -291,6 +294,7 @@ class Studio:
         self.jobs = JobFollower(service)
         self.queue_size = queue_size
         self.state_secret = state_secret or secrets.token_hex(32)
+        service.history_seal = H.HistorySeal.from_secret(self.state_secret)
         self.title = title
         # Review mode (Review and Batch tabs) only behind a login: app.py refuses to start it without one.
         if review_desk is not None and not auth:

@@ -4,6 +4,7 @@ capped and Gradio's cache is cleaned, and no UI message names a server path (doc
 import base64
 import io
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -95,3 +96,147 @@ def test_a_forwarded_output_group_must_be_a_plain_name(tmp_path, group):
     with pytest.raises(ValueError, match="output_group must be a plain folder name"):
         RemoteJobQueue(registry, tmp_path).submit("nvidia/Cosmos3-Nano", {"mode": "t2i", "prompt": "x"},
                                                   output_group=group)
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. No private handler serves what is not the caller's
+# ----------------------------------------------------------------------------------------------
+
+FILE_URL = re.compile(r"/gradio_api/file=([^\"\\\\]+)")
+CALLER = "attacker-session"
+
+
+def _file_data(path: str) -> dict:
+    return {"path": path, "url": None, "orig_name": Path(path).name, "meta": {"_type": "gradio.FileData"}}
+
+
+def _forged_history(request_id: str, names: dict) -> list:
+    entry = {"id": request_id, "model": "nano", "tab": "t2i", "mode": "t2i", "seed": 1, "created": "",
+             "files": names, "summary": {"params": {}}, "ui": {}}
+    return [entry, dict(entry, seal="0" * 64)]
+
+
+def _forged_inputs(config: dict, dependency: dict, text: str | None, file_path: str | None, history: list) -> list:
+    """One value per input: the forged history for a BrowserState, `text` for every text-like input,
+    `file_path` for every file-like one, each other input at its default (so a form runs as sent)."""
+    components = {c["id"]: c for c in config["components"]}
+    data = []
+    for component_id in dependency["inputs"]:
+        component = components[component_id]
+        kind, default = component["type"], component.get("props", {}).get("value")
+        if kind == "browserstate":
+            data.append(history)
+        elif kind in ("textbox", "code", "dropdown", "radio", "markdown") and text is not None:
+            data.append(text)
+        elif kind == "checkboxgroup" and text is not None:
+            data.append([text])
+        elif kind in ("image", "video", "file", "gallery") and file_path is not None:
+            data.append(_file_data(file_path))
+        else:
+            data.append(default)
+    return data
+
+
+def _call(client: httpx.Client, fn_index: int, dependency: dict, data: list) -> str:
+    """Everything the app answers to one call of handler `fn_index`, as the browser would call it."""
+    body = {"data": data, "fn_index": fn_index, "session_hash": CALLER, "trigger_id": None,
+            "event_data": {"index": 0, "value": None, "selected": True}}
+    if dependency.get("queue") is False:
+        return client.post("gradio_api/run/predict", json=body).text
+    joined = client.post("gradio_api/queue/join", json=body)
+    if joined.status_code != 200:
+        return joined.text
+    event_id, text = joined.json()["event_id"], []
+    with client.stream("GET", f"gradio_api/queue/data?session_hash={CALLER}", timeout=180) as stream:
+        for line in stream.iter_lines():
+            text.append(line)
+            if line.startswith("data:") and event_id in line and '"process_completed"' in line:
+                break
+    return "\n".join(text)
+
+
+def _served_copies(client: httpx.Client, answer: str, secrets_: dict[str, bytes]) -> list[str]:
+    """The file URLs in `answer` that serve one of `secrets_`'s contents (names the leak, if any)."""
+    leaks = []
+    for path in set(FILE_URL.findall(answer)):
+        fetched = client.get(f"gradio_api/file={path}")
+        for name, content in secrets_.items():
+            if fetched.status_code == 200 and fetched.content == content:
+                leaks.append(f"{name} via {path}")
+    return leaks
+
+
+def _drive_every_private_handler(client: httpx.Client, targets: list, secrets_: dict, history: list) -> dict:
+    config = client.get("config").json()
+    dependencies = [(i, d) for i, d in enumerate(config["dependencies"]) if d.get("api_visibility") != "public"]
+    assert len(dependencies) > 100, len(dependencies)  # every tab's handlers, not a handful
+    leaks: dict[str, list] = {}
+    for text, file_path in [(None, None), *targets]:
+        for fn_index, dependency in dependencies:
+            answer = _call(client, fn_index, dependency, _forged_inputs(config, dependency, text, file_path, history))
+            found = _served_copies(client, answer, secrets_)
+            if found:
+                leaks.setdefault(f"{fn_index} {dependency.get('api_name')}", []).extend(found)
+    return leaks
+
+
+@pytest.fixture(scope="module")
+def public_studio(tiny_family, tmp_path_factory):
+    from harness import launched_studio
+
+    outputs = tmp_path_factory.mktemp("hardening-outputs")
+    argv = ["--outputs", str(outputs), "--cache-dir", str(tmp_path_factory.mktemp("hardening-cache")),
+            "--model", f"nano={tiny_family['nano']}"]
+    with launched_studio(argv) as (studio, url):
+        yield studio, url, outputs
+
+
+def _victims_result(url: str, outputs: Path) -> tuple[str, dict[str, bytes]]:
+    """Another user's result, made through the public /generate API: its request id and file contents."""
+    from gradio_client import Client
+
+    _, result = Client(url, verbose=False).predict(
+        "nano", json.dumps({"mode": "t2i", "prompt": "the victim's private prompt", "steps": 1, "seed": 777}), None,
+        api_name="/generate")
+    folder = outputs / result["request_id"]
+    return result["request_id"], {name: (folder / name).read_bytes() for name in ("image.png", "params.json")}
+
+
+def test_no_private_handler_hands_out_another_users_result(public_studio):
+    studio, url, outputs = public_studio
+    request_id, secrets_ = _victims_result(url, outputs)
+    names = {"image": f"{request_id}/image.png", "sidecar": f"{request_id}/params.json"}
+    history = _forged_history(request_id, names)
+    client = httpx.Client(base_url=url, timeout=180)
+    # The check can see a leak: the same entry, sealed by this server, is shown on page load.
+    config = client.get("config").json()
+    on_load = next(i for i, d in enumerate(config["dependencies"]) if d.get("api_name") == "on_load")
+    sealed = [studio.service.history_seal.sign(history[0])]
+    answer = _call(client, on_load, config["dependencies"][on_load],
+                   _forged_inputs(config, config["dependencies"][on_load], None, None, sealed))
+    assert _served_copies(client, answer, secrets_) == ["image.png via " + FILE_URL.search(answer).group(1)]
+    # Forged (unsealed or wrongly sealed) entries, the request id, its path, its server path: nothing.
+    image = str(outputs / request_id / "image.png")
+    targets = [(request_id, image), (f"{request_id}/image.png", image), (image, image)]
+    assert _drive_every_private_handler(client, targets, secrets_, history) == {}
+
+
+def test_no_review_mode_handler_hands_out_a_file_that_is_not_a_registered_result(tiny_family, tmp_path):
+    """Review mode shares every registered result among its logged-in reviewers (docs/HOSTING.md); any
+    other file under outputs (here an API caller's upload) is handed out by no handler, to no reviewer."""
+    from harness import launched_studio
+
+    outputs = tmp_path / "outputs"
+    upload = outputs / ".api-uploads" / "someones-upload.png"
+    upload.parent.mkdir(parents=True)
+    upload.write_bytes(_png() + b"an API caller's own image")
+    argv = ["--outputs", str(outputs), "--cache-dir", str(tmp_path / "cache"), "--model", f"nano={tiny_family['nano']}",
+            "--review", "--auth", "alice:pw-a", "--auth", "bob:pw-b"]
+    with launched_studio(argv) as (studio, url):
+        client = httpx.Client(base_url=url, timeout=180)
+        assert client.post("login", data={"username": "bob", "password": "pw-b"}).status_code == 200
+        history = _forged_history("someones-upload", {"image": ".api-uploads/someones-upload.png"})
+        targets = [(".api-uploads/someones-upload.png", str(upload)), (str(upload), str(upload)),
+                   ("someones-upload.png", str(upload))]
+        secrets_ = {"the upload": upload.read_bytes()}
+        assert _drive_every_private_handler(client, targets, secrets_, history) == {}
