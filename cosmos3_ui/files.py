@@ -21,6 +21,11 @@ from pathlib import Path
 log = logging.getLogger("cosmos3_ui")
 
 FILE_ROUTES = ("/gradio_api/file=", "/gradio_api/file/", "/file=", "/file/")
+DEFAULT_MAX_UPLOAD_BYTES = 200 * 1024 ** 2  # app.py's --max-upload default
+# Gradio's cache (uploads and the copies `publish` hands out) is swept every hour of files older than six:
+# a page left open longer loses its previews (a reload publishes them again), and no upload outlives the
+# jobs that read it (a job is refused, or run, long before).
+CACHE_CLEANUP = (3600, 6 * 3600)
 _roots: set[Path] = set()
 _published: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> its cache copy
 _lock = threading.Lock()
@@ -108,6 +113,10 @@ def publish(path: str | Path | None) -> str | None:
     with _lock:
         copy = _published.get(key)
     if copy is not None and Path(copy).is_file():
+        try:
+            os.utime(copy)  # handed out again now: the cache sweep ages copies by their change time
+        except OSError:
+            pass
         return copy
     copy = save_file_to_cache(found, get_upload_folder())
     with _lock:
@@ -155,12 +164,13 @@ class NotFoundForRefusedFiles:
         await self.app(scope, receive, guarded_send)
 
 
-def launch_options(outputs_root: str | Path, app_kwargs: dict | None = None) -> dict:
+def launch_options(outputs_root: str | Path, app_kwargs: dict | None = None,
+                   max_file_size: int = DEFAULT_MAX_UPLOAD_BYTES) -> dict:
     """The keyword arguments of `Blocks.launch` that keep the outputs folder unserved (`app_kwargs`:
-    the FastAPI app's other arguments, which are kept)."""
+    the FastAPI app's other arguments, which are kept) and cap every upload at `max_file_size` bytes."""
     from starlette.middleware import Middleware
 
     root = serve_results_from(outputs_root)
     app_kwargs = dict(app_kwargs or {})
     app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(NotFoundForRefusedFiles)]
-    return {"allowed_paths": [], "blocked_paths": [str(root)], "app_kwargs": app_kwargs}
+    return {"allowed_paths": [], "blocked_paths": [str(root)], "app_kwargs": app_kwargs, "max_file_size": max_file_size}

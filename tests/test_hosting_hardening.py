@@ -240,3 +240,74 @@ def test_no_review_mode_handler_hands_out_a_file_that_is_not_a_registered_result
                    ("someones-upload.png", str(upload))]
         secrets_ = {"the upload": upload.read_bytes()}
         assert _drive_every_private_handler(client, targets, secrets_, history) == {}
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Uploads are capped; Gradio's cache is swept, published result copies included
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_upload_cap_defaults_to_a_v2v_clip_and_follows_flag_and_environment(monkeypatch):
+    import app
+
+    monkeypatch.delenv("COSMOS3_MAX_UPLOAD", raising=False)
+    assert app.parse_args([]).max_upload == 200 * 1024 ** 2
+    assert app.parse_args(["--max-upload", "1gb"]).max_upload == 1024 ** 3
+    monkeypatch.setenv("COSMOS3_MAX_UPLOAD", "50mb")
+    assert app.parse_args([]).max_upload == 50 * 1024 ** 2
+    assert app.parse_args(["--max-upload", "300kb"]).max_upload == 300 * 1024  # the flag wins
+    monkeypatch.setenv("COSMOS3_MAX_UPLOAD", "lots")
+    with pytest.raises(SystemExit):
+        app.parse_args([])
+    with pytest.raises(app.argparse.ArgumentTypeError, match="200mb"):
+        app.parse_size("12 parsecs")
+
+
+@pytest.fixture(scope="module")
+def capped_studio(tiny_family, tmp_path_factory):
+    from harness import launched_studio
+
+    outputs = tmp_path_factory.mktemp("capped-outputs")
+    argv = ["--outputs", str(outputs), "--cache-dir", str(tmp_path_factory.mktemp("capped-cache")),
+            "--model", f"nano={tiny_family['nano']}", "--max-upload", "1mb"]
+    with launched_studio(argv) as (studio, url):
+        yield studio, url, outputs
+
+
+def _upload_folder() -> Path:
+    from gradio.utils import get_upload_folder
+
+    return Path(get_upload_folder())
+
+
+def test_an_upload_over_the_cap_is_refused_naming_the_limit_and_not_kept(capped_studio):
+    studio, url, _ = capped_studio
+    client = httpx.Client(base_url=url, timeout=60)
+    assert client.get("config").json()["max_file_size"] == 1024 ** 2
+    before = {p for p in _upload_folder().rglob("*")}
+    too_big = client.post("gradio_api/upload", files={"files": ("clip.mp4", b"\0" * (1024 ** 2 + 1), "video/mp4")})
+    assert too_big.status_code == 413 and "1048576 bytes" in too_big.text, (too_big.status_code, too_big.text)
+    assert not [p for p in _upload_folder().rglob("*") if p not in before and p.is_file()]
+    fits = client.post("gradio_api/upload", files={"files": ("clip.mp4", b"\0" * (1024 ** 2 - 1024), "video/mp4")})
+    assert fits.status_code == 200 and Path(fits.json()[0]).stat().st_size == 1024 ** 2 - 1024
+
+
+def test_the_cache_sweep_removes_uploads_and_published_result_copies(capped_studio):
+    from gradio.route_utils import delete_files_created_by_app
+
+    from cosmos3_ui import files
+
+    studio, url, outputs = capped_studio
+    assert studio.blocks.delete_cache == files.CACHE_CLEANUP
+    client = httpx.Client(base_url=url, timeout=120)
+    uploaded = Path(client.post("gradio_api/upload", files={"files": ("a.png", _png(), "image/png")}).json()[0])
+    joined = client.post("gradio_api/call/generate", json={"data": ["nano", json.dumps(
+        {"mode": "t2i", "prompt": "a kite", "steps": 1, "seed": 4}), None]}).json()["event_id"]
+    answer = client.get(f"gradio_api/call/generate/{joined}").text
+    media, result = json.loads(answer.split("data: ")[-1])
+    published = Path(media["path"])
+    assert uploaded.is_file() and published.is_file() and published.parent.parent == _upload_folder()
+    delete_files_created_by_app(studio.blocks, 0)  # what Gradio's sweep runs every CACHE_CLEANUP[0] seconds
+    assert not uploaded.exists() and not published.exists()
+    assert (outputs / result["request_id"] / "image.png").is_file()  # the result itself stays
+    assert files.publish(outputs / result["request_id"] / "image.png") is not None  # and is published again
