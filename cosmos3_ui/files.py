@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 
 log = logging.getLogger("cosmos3_ui")
 
 FILE_ROUTES = ("/gradio_api/file=", "/gradio_api/file/", "/file=", "/file/")
-DEFAULT_MAX_UPLOAD_BYTES = 200 * 1024 ** 2  # app.py's --max-upload default
+DEFAULT_MAX_UPLOAD_BYTES = 209_715_200  # 200 MiB, app.py's --max-upload default
 # Gradio's cache (uploads and the copies `publish` hands out) is swept every hour of files older than six:
 # a page left open longer loses its previews (a reload publishes them again), and no upload outlives the
 # jobs that read it (a job is refused, or run, long before).
@@ -129,12 +130,25 @@ def publish_all(paths) -> list[str]:
     return [copy for copy in (publish(p) for p in paths or []) if copy is not None]
 
 
-def redact(text: str) -> str:
-    """`text` with every outputs root's absolute path replaced by "the outputs folder" (for messages)."""
+def _server_folders() -> list[tuple[str, str]]:
+    """(folder, what a message calls it): the outputs roots, Gradio's upload cache, the temp folder."""
+    import tempfile
+
+    from gradio.utils import get_upload_folder
+
     with _lock:
-        roots = sorted(_roots, key=lambda p: -len(str(p)))
-    for root in roots:
-        text = text.replace(str(root), "<outputs>")
+        folders = [(str(root), "<outputs>") for root in _roots]
+    folders += [(str(Path(get_upload_folder()).resolve()), "<uploads>"), (get_upload_folder(), "<uploads>"),
+                (str(Path(tempfile.gettempdir()).resolve()), "<temp>"), (tempfile.gettempdir(), "<temp>")]
+    return sorted(set(folders), key=lambda item: -len(item[0]))
+
+
+def redact(text: str) -> str:
+    """`text` with every server path in it (under the outputs folder, Gradio's upload cache or the temp
+    folder) replaced by its base name, and each of those folders alone by a label (for messages)."""
+    for folder, label in _server_folders():
+        pattern = re.compile(re.escape(folder.rstrip("/")) + r"(?:(/[^\s'\"<>`]*)|(?![\w-]))")
+        text = pattern.sub(lambda m: Path(m.group(1)).name or label if m.group(1) else label, text)
     return text
 
 

@@ -39,7 +39,7 @@ class StudioError(ValueError):
     where a caption's JSON broke (its line, a caret under the column)."""
 
     def __init__(self, message: str, field: str = "", excerpt: str = ""):
-        super().__init__(message)
+        super().__init__(redact(message))  # an engine or OS message may quote a server path: its base name only
         self.field = field
         self.excerpt = excerpt
 

@@ -311,3 +311,47 @@ def test_the_cache_sweep_removes_uploads_and_published_result_copies(capped_stud
     assert not uploaded.exists() and not published.exists()
     assert (outputs / result["request_id"] / "image.png").is_file()  # the result itself stays
     assert files.publish(outputs / result["request_id"] / "image.png") is not None  # and is published again
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. No UI message names a server path
+# ----------------------------------------------------------------------------------------------
+
+def _server_paths(outputs: Path) -> list[str]:
+    import tempfile
+
+    return [str(outputs), str(_upload_folder()), tempfile.gettempdir() + "/"]
+
+
+def test_a_renamed_text_file_is_refused_by_its_name_not_its_server_path(public_studio):
+    """A .txt renamed to .png, sent to each tab's image upload check and to /generate: the message names
+    the file as the user called it, never the folder Gradio's cache keeps it in."""
+    studio, url, outputs = public_studio
+    client = httpx.Client(base_url=url, timeout=120)
+    uploaded = client.post("gradio_api/upload", files={"files": ("holiday-notes.png", b"just some text\n", "image/png")})
+    path = uploaded.json()[0]
+    config = client.get("config").json()
+    kinds = {c["id"]: c["type"] for c in config["components"]}
+    checks = [(i, d) for i, d in enumerate(config["dependencies"])
+              if [kinds[c] for c in d["inputs"]] == ["image"] and any(t[1] == "upload" for t in d["targets"])]
+    assert len(checks) >= 2, checks  # the image-to-video tab's and the action tab's
+    answers = [_call(client, i, d, [_file_data(path)]) for i, d in checks]
+    joined = client.post("gradio_api/call/generate", json={"data": [
+        "nano", json.dumps({"mode": "i2v", "prompt": "x", "steps": 1, "num_frames": 5}), _file_data(path)]})
+    answers.append(client.get(f"gradio_api/call/generate/{joined.json()['event_id']}").text)
+    for answer in answers:
+        assert "holiday-notes.png" in answer and "could not" in answer, answer[:600]
+        for server_path in _server_paths(outputs):
+            assert server_path not in answer, (server_path, answer[:600])
+
+
+def test_redact_quotes_base_names_only(public_studio):
+    from cosmos3_ui.files import redact
+
+    _, _, outputs = public_studio
+    cache_file = _upload_folder() / ("ab" * 32) / "clip.mp4"
+    text = redact(f"cannot identify image file '{cache_file}'; could not write {outputs}/2026-x/.part/image.png; "
+                  f"see {outputs}")
+    assert "'clip.mp4'" in text and "image.png" in text and "<outputs>" in text
+    for server_path in _server_paths(outputs):
+        assert server_path not in text, text
