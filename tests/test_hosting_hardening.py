@@ -221,6 +221,17 @@ def test_no_private_handler_hands_out_another_users_result(public_studio):
     assert _drive_every_private_handler(client, targets, secrets_, history) == {}
 
 
+def test_the_seal_key_never_reaches_a_browser(public_studio):
+    """Gradio sends the BrowserState's secret to every browser in /config: it is derived one way from the
+    app's key file, which (like the seal's key) appears in no page."""
+    studio, url, _ = public_studio
+    pages = [httpx.get(url + path).text for path in ("config", "", "gradio_api/info")]
+    seal = studio.service.history_seal.key.hex()
+    assert len(studio.state_secret) >= 32
+    for text in pages:
+        assert studio.state_secret not in text and seal not in text
+
+
 def test_no_review_mode_handler_hands_out_a_file_that_is_not_a_registered_result(tiny_family, tmp_path):
     """Review mode shares every registered result among its logged-in reviewers (docs/HOSTING.md); any
     other file under outputs (here an API caller's upload) is handed out by no handler, to no reviewer."""
