@@ -88,10 +88,11 @@ def test_a_remote_with_a_well_formed_id_keeps_it(tmp_path):
     assert result.request_id == given and result.output_dir == tmp_path / given
 
 
-@pytest.mark.parametrize("group", ["../up", "/abs", "a/b", "..", ""])
+@pytest.mark.parametrize("group", ["../up", "/ABSOLUTE", "a/b", "..", ""])
 def test_a_forwarded_output_group_must_be_a_plain_name(tmp_path, group):
     from engine.serving.remote import RemoteJobQueue, RemoteRegistry
 
+    group = str(tmp_path / "absolute-group") if group == "/ABSOLUTE" else group  # old code wrote there
     registry = RemoteRegistry("http://peer:30000", transport=_hostile_remote(None))
     with pytest.raises(ValueError, match="output_group must be a plain folder name"):
         RemoteJobQueue(registry, tmp_path).submit("nvidia/Cosmos3-Nano", {"mode": "t2i", "prompt": "x"},
@@ -366,3 +367,25 @@ def test_redact_quotes_base_names_only(public_studio):
     assert "'clip.mp4'" in text and "image.png" in text and "<outputs>" in text
     for server_path in _server_paths(outputs):
         assert server_path not in text, text
+
+
+@pytest.mark.parametrize("folder, name", [("../20260101-000000-0123456789ab", "image.png"),
+                                          ("{tmp}/abs/20260101-000000-0123456789ab", "image.png"),
+                                          ("../../x", "image.png"),
+                                          ("20260101-000000-0123456789ab", "../image.png"),
+                                          ("batch-1/20260101-000000-0123456789ab", "{tmp}/escaped")])
+def test_a_ray_replicas_shipped_names_must_be_plain(tmp_path, folder, name):
+    """The Ray front end writes a replica's result from the names it ships: the same rule as a remote's."""
+    from engine.serving.ray_replicas import RayJobQueue, ShippedFiles
+
+    # Absolute names point into this test's folder: the code before the fix wrote wherever they pointed.
+    folder, name = folder.format(tmp=tmp_path), name.format(tmp=tmp_path)
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    front = object.__new__(RayJobQueue)  # only its outputs folder is used; no cluster is started
+    front.outputs_root = outputs
+    with pytest.raises(ValueError, match="plain (folder|file) name"):
+        front._store(ShippedFiles(folder, {"image": (name, b"png")}))
+    assert _tree(tmp_path) == {"outputs"}
+    front._store(ShippedFiles("batch-1/20260101-000000-0123456789ab", {"image": ("image.png", b"png")}))
+    assert (outputs / "batch-1" / "20260101-000000-0123456789ab" / "image.png").read_bytes() == b"png"
