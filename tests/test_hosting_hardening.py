@@ -389,3 +389,14 @@ def test_a_ray_replicas_shipped_names_must_be_plain(tmp_path, folder, name):
     assert _tree(tmp_path) == {"outputs"}
     front._store(ShippedFiles("batch-1/20260101-000000-0123456789ab", {"image": ("image.png", b"png")}))
     assert (outputs / "batch-1" / "20260101-000000-0123456789ab" / "image.png").read_bytes() == b"png"
+
+
+def test_a_status_line_quotes_no_server_path(tmp_path):
+    """Broad failures (a batch or a suite run that stopped) show their exception in the status line."""
+    from cosmos3_ui import files
+    from cosmos3_ui.common import status_html
+
+    root = files.serve_results_from(tmp_path / "outputs")
+    shown = status_html(f"The batch stopped: [Errno 28] No space left on device: '{root / 'batch-1' / 'image.png'}'",
+                        "error")
+    assert str(tmp_path) not in shown and "image.png" in shown, shown
