@@ -22,6 +22,9 @@ from pathlib import Path
 TINY_LABEL = "tiny random weights"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _TRUE = ("1", "true", "yes", "on")
+_SIZE = re.compile(r"^\s*([0-9]+)\s*(b|kb|mb|gb)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kb": 1024, "mb": 1024 ** 2, "gb": 1024 ** 3}  # Gradio's max_file_size units
+DEFAULT_MAX_UPLOAD = "200mb"  # a V2V clip at 720p of a few seconds is tens of MB; room for more
 
 SAFETY_MISSING = ("--safety was given, but the 'cosmos_guardrail' package is not installed. Install it "
                   "(pip install -r requirements-gpu.txt, on a GPU host) or run without --safety; the checker is never skipped silently.")
@@ -44,6 +47,15 @@ def parse_model(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(
             f"model name {name!r} must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
     return name, source
+
+
+def parse_size(text: str) -> int:
+    """"200mb" -> bytes (units b, kb, mb, gb, powers of 1024 as in Gradio); argparse turns the error into usage."""
+    match = _SIZE.match(str(text))
+    if match is None or int(match.group(1)) < 1:
+        raise argparse.ArgumentTypeError(f"expected a size such as 200mb, 1gb or 500kb (a positive whole number "
+                                         f"and b, kb, mb or gb), got {text!r}")
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
 
 
 def parse_auth(text: str) -> tuple[str, str]:
@@ -86,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="app.py", description="Cosmos3 Studio: a web app for Cosmos3 models.",
         epilog="Environment variables (a flag wins over its variable): COSMOS3_MODELS=\"name=source,...\", "
                "COSMOS3_MODEL_ROOTS (folders, separated by ':'), COSMOS3_OUTPUTS, COSMOS3_REVIEW=1, "
-               "COSMOS3_AUTH=\"user:pass,...\", COSMOS3_AUTH_FILE, COSMOS3_CRITERIA, COSMOS3_REVIEW_DB, COSMOS3_SAFETY=1, "
+               "COSMOS3_AUTH=\"user:pass,...\", COSMOS3_AUTH_FILE, COSMOS3_MAX_UPLOAD, COSMOS3_CRITERIA, COSMOS3_REVIEW_DB, COSMOS3_SAFETY=1, "
                "COSMOS3_WARMUP (modes to warm in the background on a GPU, e.g. t2i,t2v, or off; default per model family), "
                "GRADIO_SERVER_NAME, GRADIO_SERVER_PORT; HF_HUB_OFFLINE and HF_HOME are read by huggingface_hub.")
     parser.add_argument("--model", action="append", type=parse_model, default=[], metavar="NAME=SOURCE",
@@ -105,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "(default $COSMOS3_OUTPUTS or ./outputs)")
     parser.add_argument("--queue-size", type=int, default=16,
                         help="most jobs that may wait for the GPU at once; more are refused (default 16)")
+    parser.add_argument("--max-upload", type=parse_size, default=None, metavar="SIZE",
+                        help=f"largest file a browser or /generate caller may upload, e.g. 200mb or 1gb "
+                             f"(default $COSMOS3_MAX_UPLOAD or {DEFAULT_MAX_UPLOAD}); larger uploads are refused "
+                             "with the limit named")
     parser.add_argument("--cache-dir", default=None,
                         help="where the tiny models and the app's state key live "
                              "(default $COSMOS3_STUDIO_CACHE or ~/.cache/cosmos3-studio)")
@@ -165,6 +181,11 @@ def _apply_environment(args: argparse.Namespace, parser: argparse.ArgumentParser
             parser.error(f"GRADIO_SERVER_PORT must be a number, got {os.environ['GRADIO_SERVER_PORT']!r}")
     if args.outputs is None:
         args.outputs = os.environ.get("COSMOS3_OUTPUTS") or "outputs"
+    if args.max_upload is None:
+        try:
+            args.max_upload = parse_size(os.environ.get("COSMOS3_MAX_UPLOAD", "").strip() or DEFAULT_MAX_UPLOAD)
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"COSMOS3_MAX_UPLOAD: {exc}")
     args.review = args.review or env_flag("COSMOS3_REVIEW")
     args.safety = args.safety or env_flag("COSMOS3_SAFETY")
     if args.gpus is None:
@@ -337,7 +358,7 @@ def create_studio(args: argparse.Namespace):
     reviews = ReviewStore(review_db, args.criteria or DEFAULT_CRITERIA) if args.review else None
     studio = build_studio(registry, job_queue, args.outputs, queue_size=args.queue_size,
                           state_secret=state_secret(args.cache_dir), reviews=reviews,
-                          auth=args.auth or None)
+                          auth=args.auth or None, max_upload_bytes=args.max_upload)
     if not args.no_api:
         studio.http_routes.extend(http_api(args, job_queue).router.routes)
     return studio

@@ -13,7 +13,10 @@ UI_SEED_MAX = 2**53 - 1  # browsers hold numbers as doubles; larger seeds would 
 
 
 def status_html(message: str, kind: str = "info") -> str:
-    return f"<div class='studio-status studio-{kind}' role='status'>{html.escape(message)}</div>"
+    # A status may quote an exception (a batch or suite run that stopped): never with a server path in it.
+    from .files import redact
+
+    return f"<div class='studio-status studio-{kind}' role='status'>{html.escape(redact(message))}</div>"
 
 
 async def latest_counts(task: asyncio.Future, counts: queue.SimpleQueue, every: float = 0.5) -> AsyncIterator[tuple]:

@@ -22,7 +22,7 @@ def _safe(text: str) -> str:
 
 def stem(model: str, mode: str, seed, request_id: str) -> str:
     """`nano_t2i_seed42_20260101-...`: what each download of one result is called."""
-    return f"{_safe(model)}_{_safe(mode)}_seed{seed}_{_safe(request_id)}"
+    return f"{_safe(model)}_{_safe(mode)}_seed{_safe(seed)}_{_safe(request_id)}"
 
 
 def _link(source: Path, target: Path) -> None:

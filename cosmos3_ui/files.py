@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 
 log = logging.getLogger("cosmos3_ui")
 
 FILE_ROUTES = ("/gradio_api/file=", "/gradio_api/file/", "/file=", "/file/")
+DEFAULT_MAX_UPLOAD_BYTES = 209_715_200  # 200 MiB, app.py's --max-upload default
+# Gradio's cache (uploads and the copies `publish` hands out) is swept every hour of files older than six:
+# a page left open longer loses its previews (a reload publishes them again), and no upload outlives the
+# jobs that read it (a job is refused, or run, long before).
+CACHE_CLEANUP = (3600, 6 * 3600)
 _roots: set[Path] = set()
 _published: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> its cache copy
 _lock = threading.Lock()
@@ -108,6 +114,10 @@ def publish(path: str | Path | None) -> str | None:
     with _lock:
         copy = _published.get(key)
     if copy is not None and Path(copy).is_file():
+        try:
+            os.utime(copy)  # handed out again now: the cache sweep ages copies by their change time
+        except OSError:
+            pass
         return copy
     copy = save_file_to_cache(found, get_upload_folder())
     with _lock:
@@ -120,12 +130,25 @@ def publish_all(paths) -> list[str]:
     return [copy for copy in (publish(p) for p in paths or []) if copy is not None]
 
 
-def redact(text: str) -> str:
-    """`text` with every outputs root's absolute path replaced by "the outputs folder" (for messages)."""
+def _server_folders() -> list[tuple[str, str]]:
+    """(folder, what a message calls it): the outputs roots, Gradio's upload cache, the temp folder."""
+    import tempfile
+
+    from gradio.utils import get_upload_folder
+
     with _lock:
-        roots = sorted(_roots, key=lambda p: -len(str(p)))
-    for root in roots:
-        text = text.replace(str(root), "<outputs>")
+        folders = [(str(root), "<outputs>") for root in _roots]
+    folders += [(str(Path(get_upload_folder()).resolve()), "<uploads>"), (get_upload_folder(), "<uploads>"),
+                (str(Path(tempfile.gettempdir()).resolve()), "<temp>"), (tempfile.gettempdir(), "<temp>")]
+    return sorted(set(folders), key=lambda item: -len(item[0]))
+
+
+def redact(text: str) -> str:
+    """`text` with every server path in it (under the outputs folder, Gradio's upload cache or the temp
+    folder) replaced by its base name, and each of those folders alone by a label (for messages)."""
+    for folder, label in _server_folders():
+        pattern = re.compile(re.escape(folder.rstrip("/")) + r"(?:(/[^\s'\"<>`]*)|(?![\w-]))")
+        text = pattern.sub(lambda m: Path(m.group(1)).name or label if m.group(1) else label, text)
     return text
 
 
@@ -155,12 +178,13 @@ class NotFoundForRefusedFiles:
         await self.app(scope, receive, guarded_send)
 
 
-def launch_options(outputs_root: str | Path, app_kwargs: dict | None = None) -> dict:
+def launch_options(outputs_root: str | Path, app_kwargs: dict | None = None,
+                   max_file_size: int = DEFAULT_MAX_UPLOAD_BYTES) -> dict:
     """The keyword arguments of `Blocks.launch` that keep the outputs folder unserved (`app_kwargs`:
-    the FastAPI app's other arguments, which are kept)."""
+    the FastAPI app's other arguments, which are kept) and cap every upload at `max_file_size` bytes."""
     from starlette.middleware import Middleware
 
     root = serve_results_from(outputs_root)
     app_kwargs = dict(app_kwargs or {})
     app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(NotFoundForRefusedFiles)]
-    return {"allowed_paths": [], "blocked_paths": [str(root)], "app_kwargs": app_kwargs}
+    return {"allowed_paths": [], "blocked_paths": [str(root)], "app_kwargs": app_kwargs, "max_file_size": max_file_size}

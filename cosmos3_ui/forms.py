@@ -15,7 +15,7 @@ from . import downloads as D
 from . import history as H
 from .caption_editor import error_html, known
 from .common import status_html
-from .files import publish, publish_all
+from .files import publish, publish_all, redact
 from .parts import ActionTab, GenTab, Page, SamplingBox
 from .plots import actions_from_file, actions_plot
 from .requests import (
@@ -336,8 +336,8 @@ def upload_check(image, label: str) -> str:
         return ""
     try:
         load_image(image)
-    except ValueError as exc:
-        return error_html(f"{label}: {exc}")
+    except ValueError as exc:  # the engine quotes the file it read: in Gradio's cache, so its base name only
+        return error_html(redact(f"{label}: {exc}"))
     return ""
 
 

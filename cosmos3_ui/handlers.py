@@ -65,7 +65,7 @@ class Handlers:
                              result=result, ui=ui)
         entry = H.with_inputs(entry, F.kept_inputs(tab, v, result))
         out = F.result_updates(tab, result, model)
-        out.update(F.history_updates(self.page, H.add(history, entry)))
+        out.update(F.history_updates(self.page, H.add(history, entry, self.service.history_seal)))
         return out
 
     def wire_run(self, tab, generate, inputs: list, outputs: list, name: str) -> None:
@@ -187,16 +187,16 @@ class Handlers:
     # -- history -----------------------------------------------------------------------------------
 
     def wire_history(self, restore_outputs: list) -> None:
-        h, owns, blocks = self.page.history, self.service.owns, self.blocks
+        h, seal, blocks = self.page.history, self.service.history_seal, self.blocks
 
         def on_load(history):
-            history = H.clean(history, owns)
+            history = H.clean(history, seal)
             return {h.state: history, h.gallery: H.gallery_items(history)}
 
         blocks.load(on_load, inputs=h.state, outputs=[h.state, h.gallery], queue=False, api_visibility=PRIVATE)
 
         def on_select(history, evt: gr.SelectData):
-            entry = H.entry_at(H.clean(history, owns), evt.index if evt is not None else None)
+            entry = H.entry_at(H.clean(history, seal), evt.index if evt is not None else None)
             if entry is None:
                 return {h.note: "That result is no longer available."}
             return F.restore(self.page, self.service, entry)

@@ -1,21 +1,73 @@
-"""Per-browser history of results: entries, their check on load, and the gallery's items.
+"""Per-browser history of results: entries, their seal and check on load, and the gallery's items.
 
 Entries live in the browser (Gradio's BrowserState), so they survive a page refresh and no other
 browser ever sees them. They name their files relative to the outputs folder (`<request id>/image.png`),
-never by the server's path; every name read back from the browser is checked to be a file the server
-wrote under its outputs root before it is shown or offered, and then handed out as a capability copy.
+never by the server's path. A browser can send any list back (every handler is callable by its
+`fn_index`), so each entry carries a seal: an HMAC, with a key that never leaves the server, over the
+entry's id, model, tab, mode and files. An entry whose seal does not verify (one forged from another
+user's request id) is dropped before any of its files is looked at; a sealed entry's files are then
+checked to be files the server wrote under its outputs root, and handed out as capability copies.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+import secrets
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import downloads as D
 from .files import locate, publish, relative
 
 HISTORY_LIMIT = 40
 MODE_SHORT = {"t2i": "T2I", "t2v": "T2V", "i2v": "I2V", "v2v": "V2V", "action": "Action"}
+# What the seal covers: what names the entry's files and the names its downloads get. Strings only, so the
+# browser's JSON round trip cannot change them (it may turn 5.0 into 5 in the rest of the entry).
+SEALED_FIELDS = ("id", "model", "tab", "mode", "files")
+
+
+def _derived(secret: str, purpose: bytes) -> bytes:
+    return hmac.new(secret.encode("utf-8"), purpose, hashlib.sha256).digest()
+
+
+def browser_state_secret(secret: str) -> str:
+    """The BrowserState's encryption key. Gradio sends it to every browser in /config, so it is derived
+    from the app's key (one way) rather than being it: knowing it reveals nothing about the seal's key."""
+    return _derived(secret, b"cosmos3-studio browser state").hex()
+
+
+@dataclass(frozen=True)
+class HistorySeal:
+    """Seals history entries with a key kept on the server: browsers keep entries but cannot make them."""
+
+    key: bytes = field(repr=False)
+
+    @classmethod
+    def from_secret(cls, secret: str) -> "HistorySeal":
+        """The seal of an app whose key is `secret` (app.py's key file, in the cache folder)."""
+        return cls(_derived(secret, b"cosmos3-studio history seal"))
+
+    @classmethod
+    def fresh(cls) -> "HistorySeal":
+        """A seal for this process only (entries then stop verifying when the server restarts)."""
+        return cls(secrets.token_bytes(32))
+
+    def _mac(self, entry: dict) -> str:
+        text = json.dumps({k: entry.get(k) for k in SEALED_FIELDS}, sort_keys=True, separators=(",", ":"))
+        return hmac.new(self.key, text.encode("utf-8"), hashlib.sha256).hexdigest()
+
+    def sign(self, entry: dict) -> dict:
+        return dict(entry, seal=self._mac(entry))
+
+    def verifies(self, entry: dict) -> bool:
+        seal = entry.get("seal")
+        try:
+            return isinstance(seal, str) and hmac.compare_digest(seal, self._mac(entry))
+        except (TypeError, ValueError):  # a value JSON cannot hold: not an entry this server made
+            return False
 
 
 def make_entry(*, model: str, tab: str, result, ui: dict) -> dict:
@@ -76,22 +128,22 @@ def caption_of(entry: dict) -> str:
     return f"{entry.get('model', '?')} · {mode} · seed {entry.get('seed', '?')}"
 
 
-def add(history: list | None, entry: dict, limit: int = HISTORY_LIMIT) -> list:
-    return ([entry] + list(history or []))[:limit]
+def add(history: Any, entry: dict, seal: HistorySeal, limit: int = HISTORY_LIMIT) -> list:
+    """A new entry (sealed here) before the browser's earlier ones that still verify."""
+    return ([seal.sign(entry)] + clean(history, seal))[:limit]
 
 
-def clean(history: Any, owns: Callable[[str], bool]) -> list[dict]:
-    """Entries from the browser that are well formed and whose files the server wrote."""
+def clean(history: Any, seal: HistorySeal) -> list[dict]:
+    """Entries from the browser that this server sealed, well formed, whose files are still result files."""
     if not isinstance(history, list):
         return []
     out = []
     for entry in history[:HISTORY_LIMIT]:
-        if not isinstance(entry, dict) or not isinstance(entry.get("files"), dict):
+        if not isinstance(entry, dict) or not seal.verifies(entry) or not isinstance(entry.get("files"), dict):
             continue
-        found = {k: locate(p) if isinstance(p, str) else None for k, p in entry["files"].items()}
-        if not found or not all(p is not None and owns(str(p)) for p in found.values()):
+        names = entry["files"]
+        if not names or not all(isinstance(p, str) and locate(p) is not None for p in names.values()):
             continue
-        entry = dict(entry, files={k: relative(p) for k, p in found.items()})  # older entries held server paths
         if not isinstance(entry.get("model"), str) or entry.get("tab") not in ("t2i", "t2v", "action"):
             continue
         out.append(entry)

@@ -18,6 +18,7 @@ import anyio
 import gradio as gr
 
 from .common import status_html
+from .files import redact
 from engine.serving.events import Cancelled, Failed, Finished, Preview
 
 from .service import (ActiveJobs, JobStatus, StudioError, StudioService, apply_event, cancel_outcome, warming_note,
@@ -166,7 +167,7 @@ def guarded(status: gr.HTML):
                 raise
             except Exception as exc:  # noqa: BLE001
                 log.exception("generate handler failed")
-                message = f"Something went wrong while showing the result ({type(exc).__name__}: {exc})."
+                message = redact(f"Something went wrong while showing the result ({type(exc).__name__}: {exc}).")
                 gr.Warning(message)
                 yield {status: status_html(message, "error")}
         return guarded_handler

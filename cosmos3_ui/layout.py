@@ -18,6 +18,7 @@ from engine.pipeline import captions
 from . import controls as C
 from . import files
 from . import forms as F
+from . import history as H
 from .assets import CSS_PATH, example_media
 from .caption_editor import CaptionEditor
 from .common import PRIVATE
@@ -257,7 +258,9 @@ def action_tab(model: dict, reasoner: tuple[bool, str] = (False, "")) -> ActionT
 
 def history_section(state_secret: str) -> HistoryBox:
     with gr.Accordion("History (kept in this browser only)", open=True, elem_id="history"):
-        state = gr.BrowserState([], storage_key="cosmos3-studio-history", secret=state_secret)
+        # Gradio hands the BrowserState's secret to every browser: it gets a key derived from the app's, and
+        # entries are sealed with another (cosmos3_ui.history.HistorySeal) that stays on the server.
+        state = gr.BrowserState([], storage_key="cosmos3-studio-history", secret=H.browser_state_secret(state_secret))
         gallery = gr.Gallery(label="Results", columns=6, height=220, allow_preview=False, object_fit="cover",
                              interactive=False, fit_columns=False, elem_id="history-gallery")
         with gr.Row():
@@ -286,11 +289,14 @@ class Studio:
     """Builds the Blocks for one `StudioService` and launches it."""
 
     def __init__(self, service: StudioService, *, queue_size: int = 16, state_secret: str | None = None,
-                 title: str = "Cosmos3 Studio", review_desk=None, auth: list[tuple[str, str]] | None = None):
+                 title: str = "Cosmos3 Studio", review_desk=None, auth: list[tuple[str, str]] | None = None,
+                 max_upload_bytes: int | None = None):
         self.service = service
         self.jobs = JobFollower(service)
         self.queue_size = queue_size
+        self.max_upload_bytes = max_upload_bytes or files.DEFAULT_MAX_UPLOAD_BYTES
         self.state_secret = state_secret or secrets.token_hex(32)
+        service.history_seal = H.HistorySeal.from_secret(self.state_secret)
         self.title = title
         # Review mode (Review and Batch tabs) only behind a login: app.py refuses to start it without one.
         if review_desk is not None and not auth:
@@ -306,7 +312,7 @@ class Studio:
 
     def _build(self) -> gr.Blocks:
         first = self.service.describe(self.default_model)
-        with gr.Blocks(title=self.title, analytics_enabled=False) as blocks:
+        with gr.Blocks(title=self.title, analytics_enabled=False, delete_cache=files.CACHE_CLEANUP) as blocks:
             gr.Markdown(
                 "# Cosmos3 Studio\nGenerate images, videos and robot actions with NVIDIA Cosmos3. "
                 "Controls follow the chosen model: only what it supports is offered.",
@@ -410,7 +416,8 @@ class Studio:
             theme=gr.themes.Soft(primary_hue="green", neutral_hue="slate"), css_paths=[CSS_PATH],
             show_error=False, ssr_mode=False,
             footer_links=["api", "settings"], auth=self.auth, auth_message=self._login_message(),
-            **files.launch_options(self.service.outputs_root, {"routes": list(self.http_routes)}), **extra,
+            **files.launch_options(self.service.outputs_root, {"routes": list(self.http_routes)},
+                                   max_file_size=self.max_upload_bytes), **extra,
         )
 
     def _login_message(self) -> str | None:

@@ -11,6 +11,7 @@ from typing import Any
 import gradio as gr
 
 from .caption_editor import CaptionEditor
+from .files import redact
 
 
 class UploadImage(gr.Image):
@@ -24,7 +25,7 @@ class UploadImage(gr.Image):
             return super().preprocess(payload)
         except (OSError, ValueError) as exc:  # PIL's UnidentifiedImageError is an OSError
             if payload is None or getattr(payload, "path", None) is None or self.type != "filepath":
-                raise gr.Error(f"{self.label}: the upload could not be read as an image ({exc}).",
+                raise gr.Error(redact(f"{self.label}: the upload could not be read as an image ({exc})."),
                                print_exception=False) from None
             return str(payload.path)
 

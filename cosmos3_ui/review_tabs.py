@@ -188,7 +188,7 @@ class CompareTab:
                     done += 1
                     media = outcome.result.outputs.get("video" if video else "image")
                     update[box.video if video else box.image] = publish(media)
-                    history = H.add(history, self._history_entry(v, outcome))
+                    history = H.add(history, self._history_entry(v, outcome), self.service.history_seal)
                     update[self.history.state] = history
                     update[self.history.gallery] = H.gallery_items(history)
                 yield update

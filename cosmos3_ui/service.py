@@ -18,6 +18,7 @@ from engine.model.defaults import sampling_limits
 from engine.serving.registry import ModelRegistry
 
 from .files import redact, serve_results_from
+from .history import HistorySeal
 
 STAGE_LABELS = {
     "load": "Loading the model",
@@ -38,7 +39,7 @@ class StudioError(ValueError):
     where a caption's JSON broke (its line, a caret under the column)."""
 
     def __init__(self, message: str, field: str = "", excerpt: str = ""):
-        super().__init__(message)
+        super().__init__(redact(message))  # an engine or OS message may quote a server path: its base name only
         self.field = field
         self.excerpt = excerpt
 
@@ -234,6 +235,8 @@ class StudioService:
         self.outputs_root = serve_results_from(outputs_root)
         self.active = ActiveJobs()
         self.reviews = None  # a cosmos3_ui.review.ReviewStore in review mode: finished results are registered
+        # Seals the history entries browsers keep; the Studio replaces it with one from the app's key file.
+        self.history_seal = HistorySeal.fresh()
         self._described: dict[str, dict] = {}
         # Remote queues (Ray replicas) stream no previews; only ask a queue that offers them.
         self._queue_previews = "previews" in inspect.signature(job_queue.submit).parameters

@@ -396,22 +396,20 @@ def test_history_keeps_only_files_the_server_wrote(tmp_path):
     (folder / "params.json").write_text("{}")
     outside = tmp_path / "secret.txt"
     outside.write_text("x")
-
-    def owns(path):
-        resolved = Path(path).resolve()
-        return resolved.is_file() and root.resolve() in resolved.parents
+    seal = H.HistorySeal.fresh()
 
     # Entries name their files relative to the outputs folder, never by the server's path.
     good = {"id": "a", "model": "nano", "tab": "t2i", "mode": "t2i", "seed": 1,
             "files": {"image": f"{folder.name}/image.png", "sidecar": f"{folder.name}/params.json"}}
-    older = dict(good, id="d", files={"image": str(folder / "image.png")})  # before issue 19: a server path
+    unsealed = dict(good, id="d")  # before issue 42 entries had no seal: they are dropped
     forged = dict(good, id="b", files={"image": str(outside)})
     sneaky = dict(good, id="c", files={"image": f"{folder.name}/../../secret.txt"})
     broken = [None, "x", dict(good, files="nope"), dict(good, tab="admin"), dict(good, files={})]
-    cleaned = H.clean([good, older, forged, sneaky, *broken], owns)
-    assert [e["id"] for e in cleaned] == ["a", "d"]
-    assert cleaned[1]["files"] == {"image": f"{folder.name}/image.png"}
-    assert H.clean("not a list", owns) == []
+    sealed = [seal.sign(e) for e in (good, forged, sneaky, *broken[2:])]
+    cleaned = H.clean([*sealed, unsealed, *broken[:2]], seal)
+    assert [e["id"] for e in cleaned] == ["a"]
+    assert H.clean([H.HistorySeal.fresh().sign(good)], seal) == []  # another server's (or a guessed) key
+    assert H.clean("not a list", seal) == []
     shown = H.gallery_items(cleaned[:1])
     assert len(shown) == 1 and shown[0][1] == "nano · T2I · seed 1"
     assert Path(shown[0][0]).read_bytes() == b"png" and str(root) not in shown[0][0]  # a capability copy
@@ -422,8 +420,8 @@ def test_history_keeps_only_files_the_server_wrote(tmp_path):
     assert Path(f"{named}.png").read_bytes() == b"png"
     with zipfile.ZipFile(f"{named}.zip") as bundle:
         assert sorted(bundle.namelist()) == ["nano_t2i_seed1_a.png", "nano_t2i_seed1_a_params.json"]
-    many = H.add([good] * (H.HISTORY_LIMIT + 5), dict(good, id="new"))
-    assert len(many) == H.HISTORY_LIMIT and many[0]["id"] == "new"
+    many = H.add([seal.sign(good)] * (H.HISTORY_LIMIT + 5), dict(good, id="new"), seal)
+    assert len(many) == H.HISTORY_LIMIT and many[0]["id"] == "new" and seal.verifies(many[0])
 
 
 def test_caption_editor_messages():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -29,8 +30,16 @@ class OutputError(OSError):
     """Saving a result failed; the message says where and why."""
 
 
+REQUEST_ID = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{12}$")  # what new_request_id makes, nothing else
+
+
 def new_request_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:12]
+
+
+def is_request_id(text) -> bool:
+    """Whether `text` has the shape of this engine's request ids (so it is a plain folder name)."""
+    return isinstance(text, str) and REQUEST_ID.fullmatch(text) is not None
 
 
 def frames_to_uint8(frames: np.ndarray) -> np.ndarray:

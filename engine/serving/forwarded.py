@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 from ..pipeline.request import Request
 from .events import TERMINAL_EVENTS, JobEvent, Queued, Started
-from .queue import QueueFull, checked_request, drain, result_of, typical_wait
+from .queue import QueueFull, check_output_group, checked_request, drain, result_of, typical_wait
 
 
 class ForwardedHandle:
@@ -104,6 +104,7 @@ class ForwardingBook:
 
     def open(self, model_name: str, request: dict, session_id: str | None, output_group: str | None):
         """Validate as `engine.JobQueue.submit` does and return a new handle (not yet forwarded)."""
+        check_output_group(output_group)
         validated = checked_request(self.registry, model_name, request)
         with self._lock:
             self._jobs = [job for job in self._jobs if not job.done()]

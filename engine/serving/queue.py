@@ -35,6 +35,13 @@ log = logging.getLogger("engine.serving.queue")
 _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")
 
 
+def check_output_group(output_group: str | None) -> None:
+    """An output group becomes a folder under the outputs root: a plain name only (no '/', no '..')."""
+    if output_group is not None and not (isinstance(output_group, str) and _GROUP.match(output_group)):
+        raise ValueError(f"output_group must be a plain folder name (letters, digits, '.', '_', '-'), "
+                         f"got {output_group!r}.")
+
+
 class QueueFull(ValueError):
     """The wait list is at its bound; the message says how long it is."""
 
@@ -219,9 +226,8 @@ class JobQueue:
         """Queue a request. `output_group` (a plain folder name, e.g. a batch id) nests its outputs;
         `previews` asks for `Preview` events while it denoises."""
         outputs_root = self.outputs_root
+        check_output_group(output_group)
         if output_group is not None:
-            if not _GROUP.match(output_group):
-                raise ValueError(f"output_group must be a plain folder name, got {output_group!r}.")
             outputs_root = outputs_root / output_group
         if isinstance(request, Mapping) and "task" in request:  # a reasoner request (engine/reasoner)
             from ..reasoner import validate_reason_request

@@ -26,7 +26,9 @@ from pathlib import Path
 
 from .events import TERMINAL_EVENTS, Cancelled, Failed, Finished, Queued
 from .registry import ModelEntry, ModelRegistry
+from ..pipeline.outputs import is_request_id
 from .forwarded import ForwardingQueue
+from .queue import check_output_group
 
 APP_NAME = "cosmos3-engine"
 DEPLOYMENT_NAME = "EngineReplica"
@@ -253,7 +255,15 @@ class RayJobQueue(ForwardingQueue):
         handle.put(event)
 
     def _store(self, shipped: ShippedFiles) -> Path:
-        """A finished job's folder here: written from the shipped bytes unless this machine sees it."""
+        """A finished job's folder here: written from the shipped bytes unless this machine sees it.
+        The replica's folder and file names become paths here, so they must be plain names."""
+        group, _, request_id = shipped.folder.rpartition("/")
+        check_output_group(group or None)
+        names = [file_name for file_name, _ in shipped.files.values()]
+        if not is_request_id(request_id) or not all(
+                isinstance(n, str) and n == Path(n).name and not n.startswith(".") for n in names):
+            raise ValueError(f"A replica shipped a result under {shipped.folder!r} with files {names!r}; expected "
+                             "<group>/<request id> and plain file names.")
         folder = self.outputs_root / shipped.folder
         if folder.is_dir():
             return folder

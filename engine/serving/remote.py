@@ -14,6 +14,7 @@ for local jobs.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import re
 import time
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model.defaults import sampling_defaults
-from ..pipeline.outputs import ACTIONS_NAME, IMAGE_NAME, SIDECAR_NAME, VIDEO_NAME
+from ..pipeline.outputs import ACTIONS_NAME, IMAGE_NAME, SIDECAR_NAME, VIDEO_NAME, is_request_id, new_request_id
 from .events import Cancelled, Failed, Finished, Progress, Queued
 from .registry import ModelEntry
 from ..model.variants import REQUEST_MODES, TinyLimits, VariantInfo
@@ -34,6 +35,7 @@ GENERIC_MODES = ("t2i", "t2v")
 GENERIC_REASON = ("The remote server at {url} speaks the plain /v1 dialect (images from text, videos from text); "
                   "it does not take conditioning inputs, actions or sound.")
 _FAMILY = re.compile(r"(nano|super|edge)", re.IGNORECASE)
+REMOTE_NAME = "remote.json"  # beside a remote's result: which server made it and the id it gave it
 _STAGE = {"queued": "queued", "in_progress": "denoise", "generating": "denoise", "encoding": "decode"}
 
 
@@ -211,15 +213,18 @@ class RemoteJobQueue(ForwardingQueue):
 
     def _result(self, handle, summary: dict, files: dict):
         """A GenerationResult for the downloaded files (no frame array: the files are the output)."""
-        from ..pipeline.outputs import new_request_id
         from ..pipeline.run import GenerationResult
 
-        request_id = summary.get("request_id") or new_request_id()
-        folder = self.outputs_root / Path(*[p for p in (handle.output_group, request_id) if p])
-        staging = folder.with_name(f".{folder.name}.part")
+        parent = self.outputs_root / handle.output_group if handle.output_group else self.outputs_root
+        remote_id = summary.get("request_id")
+        request_id = local_request_id(remote_id, parent)
+        folder = parent / request_id
+        staging = parent / f".{request_id}.part"
         staging.mkdir(parents=True, exist_ok=True)
         for file_name, data in files.values():
             (staging / file_name).write_bytes(data)
+        origin = {"server": self.registry.url, "request_id": remote_id[:200] if isinstance(remote_id, str) else None}
+        (staging / REMOTE_NAME).write_text(json.dumps(origin), encoding="utf-8")
         staging.rename(folder)
         params = summary.get("params") or dict(handle.validated)
         shape = summary.get("frames") or [params.get("num_frames") or 1, params.get("height"), params.get("width"), 3]
@@ -234,6 +239,18 @@ class RemoteJobQueue(ForwardingQueue):
 
     def state(self) -> dict:
         return {**super().state(), "url": self.registry.url}
+
+
+def local_request_id(remote_id, parent: Path) -> str:
+    """The folder name under `parent` for a remote's result: the remote's request id only when it has
+    this engine's id shape (a plain name) and no result here has it yet; otherwise a fresh id of our own.
+    A remote is another server: an id like `../../x` or `/etc` must never become a path here."""
+    if is_request_id(remote_id) and not (parent / remote_id).exists() and not (parent / f".{remote_id}.part").exists():
+        return remote_id
+    if remote_id is not None:
+        log.warning("remote request id %.80r is not a plain id of this engine's shape or is taken here; the "
+                    "result is kept under a new id (the remote's is in %s)", remote_id, REMOTE_NAME)
+    return new_request_id()
 
 
 def _raise_for(answer) -> None:
