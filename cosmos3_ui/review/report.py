@@ -19,7 +19,7 @@ from .store import ReviewStore
 from .thumbnails import data_uri
 
 BOARD_COLUMNS = ["rank", "configuration", "score", "95% interval", "judgements"]
-CHECK_COLUMNS = ["configuration", "model", "PSNR (mean)", "SSIM (mean)", "determinism", "note"]
+CHECK_COLUMNS = ["configuration", "model", "PSNR (mean)", "SSIM (mean)", "LPIPS (mean)", "determinism", "note"]
 
 
 def boards(store: ReviewStore, run: Run, *, rounds: int | None = None) -> dict[str, Board | None]:
@@ -60,23 +60,45 @@ def agreement_rows(board: Board | None) -> list[list]:
 
 
 def check_summary(store: ReviewStore, run: Run) -> list[list]:
-    """CHECK_COLUMNS per configuration: mean PSNR, mean SSIM (against the reference) and the determinism verdict."""
+    """CHECK_COLUMNS per configuration: mean PSNR, SSIM and LPIPS against the reference and the determinism
+    verdict; a check that could not be made says why instead of showing a number."""
     values: dict[tuple[str, str], list[float]] = defaultdict(list)
-    notes: dict[str, str] = {}
+    reasons: dict[tuple[str, str], str] = {}
     for check in store.runs.checks(run.run_id):
         if check["value"] is None:
-            notes[check["config"]] = check["detail"]
+            reasons.setdefault((check["config"], check["metric"]), check["detail"])
         else:
             values[(check["config"], check["metric"])].append(check["value"])
+    ended = store.runs.ended(run.run_id)
     rows = []
     for config in run.configs:
-        psnr, ssim, same = (values.get((config.name, m)) for m in ("psnr", "ssim", "deterministic"))
-        rows.append([config.name, config.model,
-                     "reference" if config.name == run.reference else _mean(psnr, "{:.2f} dB"),
-                     "reference" if config.name == run.reference else _mean(ssim, "{:.4f}"),
-                     "-" if not same else ("same SHA256" if all(same) else "DIFFERENT SHA256"),
-                     notes.get(config.name, "")])
+        metrics = []
+        for metric, fmt in (("psnr", "{:.2f} dB"), ("ssim", "{:.4f}"), ("lpips", "{:.4f}")):
+            key = (config.name, metric)
+            metrics.append("reference" if config.name == run.reference else
+                           _mean(values.get(key), fmt) if values.get(key) else
+                           _missing(reasons.get(key), ended, run.reference is not None, "no reference configuration"))
+        failed = [f"{r['item_id']} failed: {r['message']}" for r in store.runs.failed(run.run_id)
+                  if r["config"] == config.name]
+        rows.append([config.name, config.model, *metrics, _determinism(store, run, config.name, ended),
+                     "; ".join(failed)])
     return rows
+
+
+def _missing(reason: str | None, ended: bool, asked: bool, off: str) -> str:
+    if not asked:
+        return f"not checked: {off}"
+    if reason:
+        return f"unavailable: {reason}" if not reason.startswith("not checked") else reason
+    return "pending: the run has not ended" if not ended else "not checked: no result to compare"
+
+
+def _determinism(store: ReviewStore, run: Run, config: str, ended: bool) -> str:
+    check = next((c for c in store.runs.checks(run.run_id) if c["config"] == config and c["metric"] == "deterministic"),
+                 None)
+    if check is None:
+        return _missing(None, ended, run.repeat, "the determinism check was off for this run")
+    return check["detail"]  # "same SHA256 ...", "differs: SHA256 ... vs ..." or "not checked: why"
 
 
 def _mean(values: list[float] | None, fmt: str) -> str:
@@ -161,8 +183,8 @@ def html_report(store: ReviewStore, run: Run, *, rounds: int | None = None) -> s
              _table(["configuration", "model", "overrides"], [[c.name, c.model, c.overrides or "-"] for c in run.configs]),
              "<h2>Automatic checks</h2>",
              _table(CHECK_COLUMNS, check_summary(store, run)),
-             "<p><small>PSNR and SSIM against the reference configuration (torchmetrics). LPIPS is not computed: "
-             "its backbone weights cannot be fetched here.</small></p>",
+             "<p><small>PSNR, SSIM and LPIPS (AlexNet) against the reference configuration (torchmetrics); "
+             "a check that could not be made says why.</small></p>",
              "<h2>Blind pairwise leaderboard</h2>",
              f"<p><small>Bradley-Terry scores (log-odds), 95% percentile bootstrap intervals over "
              f"{rounds or BOOTSTRAP_ROUNDS} resamples of the judgements; a tie counts half a win.</small></p>"]
