@@ -118,7 +118,7 @@ def test_a_run_interrupted_by_a_restart_resumes_skips_finished_items_and_records
     assert outcome["visual_quality"].score_a == 1.0 and outcome["visual_quality"].config_a == pair.config_a
     assert blind.draw(run.run_id, "bob").remaining == 1  # the judged pair is not drawn again
 
-    report = html_report(store, store.runs.run(run.run_id), rounds=20)
+    report = html_report(store, store.runs.run(run.run_id))
     (tmp_path / "report.html").write_text(report)
     assert "cfg-sun" in report and "cfg-moon" in report and report.count("data:image/png;base64,") == 4
     # Nothing to fetch: no scripts, no stylesheets, no remote sources (XML namespace ids are not fetched).

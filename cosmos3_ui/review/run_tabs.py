@@ -13,7 +13,7 @@ import gradio as gr
 from ..common import GPU_POOL, PRIVATE, latest_counts, status_html
 from ..service import StudioError, StudioService
 from .desk import ReviewDesk, criterion_label, reviewer_of
-from .report import (BOARD_COLUMNS, CHECK_COLUMNS, agreement_rows, board_figure, board_rows, boards, check_summary,
+from .report import (BOARD_COLUMNS, CHECK_COLUMNS, METHOD, agreement_rows, board_figure, board_rows, boards, check_summary,
                      html_report, win_rows)
 from .runs import run_state, run_suite
 from .suites import SuiteError, load_shipped, parse_configurations, parse_suite, shipped_suites
@@ -194,9 +194,9 @@ class LeaderboardTab:
     def build(self) -> "LeaderboardTab":
         criteria = self.store.criteria
         with gr.Tab("Leaderboard", id="leaderboard", elem_id="tab-leaderboard") as self.tab:
-            gr.Markdown("Blind judgements of a suite run, per criterion: Bradley-Terry scores with 95% bootstrap "
-                        "intervals, the win-rate matrix, inter-rater agreement (Cohen's / Fleiss' kappa) and the "
-                        "automatic checks (PSNR/SSIM against the reference, SHA256 determinism).")
+            gr.Markdown("Blind judgements of a suite run, per criterion: " + METHOD + " Beside them the win-rate "
+                        "matrix, inter-rater agreement (Cohen's / Fleiss' kappa) and the automatic checks (PSNR, "
+                        "SSIM and LPIPS against the reference, SHA256 determinism).")
             with gr.Row(equal_height=False):
                 self.run = gr.Dropdown([], value=None, label="Suite run", scale=4, elem_id="board-run")
                 self.criterion = gr.Dropdown([(criterion_label(c), c) for c in criteria], value=criteria[0],
@@ -236,7 +236,9 @@ class LeaderboardTab:
                 self.agreement: {"headers": ["kappa", "reviewers", "shared pairs", "value"], "data": agreement_rows(board)},
                 self.plot: board_figure(by_criterion),
                 self.checks: {"headers": CHECK_COLUMNS, "data": check_summary(self.store, run)},
-                self.status: status_html(f"{judged} judgement(s) over all criteria in {run_id}.", "info")}
+                self.status: status_html(f"{judged} judgement(s) over all criteria in {run_id}." +
+                                         (f" {board.too_few.capitalize()}: not ranked." if board and board.too_few else ""),
+                                         "warn" if board and board.too_few else "info")}
 
     def wire(self) -> None:
         choices = lambda current: gr.update(choices=[r.run_id for r in reversed(self.store.runs.runs())], value=current)  # noqa: E731
