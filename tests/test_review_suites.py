@@ -113,7 +113,13 @@ def test_a_run_interrupted_by_a_restart_resumes_skips_finished_items_and_records
     assert {pair.config_a, pair.config_b} == {"cfg-sun", "cfg-moon"} and pair.reviewer == "bob"
     with pytest.raises(Exception, match="another reviewer"):
         blind.judge(view.pair_id, "carol", {"visual_quality": "A"}, "")
+    for who in ("bob", "carol"):  # no reveal before the vote is stored, nor to another reviewer
+        with pytest.raises(Exception, match="Save your choice first|another reviewer"):
+            blind.reveal(view.pair_id, who)
     blind.judge(view.pair_id, "bob", {"visual_quality": "A", "prompt_adherence": "tie"}, "A is sharper")
+    assert blind.reveal(view.pair_id, "bob") == f"A was {pair.config_a} (nano); B was {pair.config_b} (nano)."
+    with pytest.raises(Exception, match="another reviewer"):
+        blind.reveal(view.pair_id, "carol")
     outcome = {o.criterion: o for o in store.pairs.outcomes(run.run_id)}
     assert outcome["visual_quality"].score_a == 1.0 and outcome["visual_quality"].config_a == pair.config_a
     assert blind.draw(run.run_id, "bob").remaining == 1  # the judged pair is not drawn again
