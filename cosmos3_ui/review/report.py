@@ -163,7 +163,7 @@ def _grid(store: ReviewStore, run: Run) -> str:
             uri = data_uri(entry["media"], (192, 192)) if entry and entry["media"] else None
             picture = f"<img alt='{html.escape(config.name)} {html.escape(item.id)}' src='{uri}'>" if uri else "<i>no result</i>"
             numbers = [f"{m.upper()} {checks[(item.id, config.name, m)]['value']:.3g}"
-                       for m in ("psnr", "ssim") if checks.get((item.id, config.name, m), {}).get("value") is not None]
+                       for m in ("psnr", "ssim", "lpips") if checks.get((item.id, config.name, m), {}).get("value") is not None]
             cells.append(f"<td>{picture}<br><small>{' · '.join(numbers)}</small></td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table class='grid'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"

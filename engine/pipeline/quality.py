@@ -46,7 +46,7 @@ def lpips_unavailable() -> str | None:
 def _lpips_metric(device: str):
     from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
 
-    return LearnedPerceptualImagePatchSimilarity(net_type="alex", reduction="sum", normalize=True).to(device).eval()
+    return LearnedPerceptualImagePatchSimilarity(net_type="alex", reduction="mean", normalize=True).to(device).eval()
 
 
 def lpips_frames(reference, candidate) -> float:
@@ -55,13 +55,12 @@ def lpips_frames(reference, candidate) -> float:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     metric = _lpips_metric(device)
-    total = 0.0
+    metric.reset()
     with torch.no_grad():
         for start in range(0, reference.shape[0], LPIPS_FRAMES_PER_CALL):
             chunk = slice(start, start + LPIPS_FRAMES_PER_CALL)
-            metric.reset()
-            total += float(metric(candidate[chunk].to(device), reference[chunk].to(device)))
-    return total / reference.shape[0]
+            metric.update(candidate[chunk].to(device), reference[chunk].to(device))
+        return float(metric.compute())  # the mean over every frame updated since the reset
 
 
 def read_frames(path: str) -> np.ndarray:
