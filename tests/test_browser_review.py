@@ -306,3 +306,36 @@ def test_a_blind_video_pair_plays_in_sync_and_is_revealed_only_after_the_vote(pa
     models = {c["name"]: c["model"] for c in VIDEO_CONFIGS}
     assert (f"A was {judgement['config_a']} ({models[judgement['config_a']]})" in revealed and
             f"B was {judgement['config_b']} ({models[judgement['config_b']]})" in revealed)
+
+
+class RefusingQueue:
+    """The studio's queue, refusing one prompt the way the engine refuses a request."""
+
+    def __init__(self, queue, prompt: str):
+        self.queue, self.outputs_root, self.prompt = queue, queue.outputs_root, prompt
+
+    def submit(self, model, request, **kwargs):
+        if request["prompt"] == self.prompt:
+            raise ValueError("steps: refused for this test")
+        return self.queue.submit(model, request, **kwargs)
+
+
+def test_the_suites_tab_shows_a_failed_task_with_its_configuration_and_reason(page, studio):
+    from cosmos3_ui.review.runs import run_suite
+    from cosmos3_ui.review.suites import parse_configurations, parse_suite
+
+    store = studio.service.reviews
+    suite = parse_suite("\n".join(json.dumps({"id": i, "mode": "t2i", "prompt": f"A {i} on a table.", "seed": 1})
+                                  for i in ("mug", "vase")))
+    run = store.runs.create("failing", suite, parse_configurations(json.dumps(CONFIGS), list(MODELS)),
+                            reference=None, repeat=False, reviewer=USER)
+    assert run_suite(store.runs, RefusingQueue(studio.service.queue, "A vase on a table."), run.run_id) == (2, 4)
+    log_in(page, studio.url)
+    open_desk(page, studio.url)
+    page.get_by_role("tab", name="Suites").click()
+    wait_text(page, "suites-runs", run.run_id)
+    runs = page.locator("#suites-runs").inner_text()
+    assert "failed: 2 items; Resume retries them" in runs and "interrupted" not in runs.split(run.run_id)[1][:200]
+    failed = page.locator("#suites-failed").inner_text()
+    for text in ("vase", "cfg-sun", "cfg-moon", "steps: refused for this test"):
+        assert text in failed, text
