@@ -1,4 +1,5 @@
-"""The Studio's page: model picker and variant panel, the tabs, history, and the scripting API.
+"""The Studio's pages: model picker and variant panel, the tabs, history, and the scripting API; in review
+mode a second page (`/review`, Gradio's multi-page routes) holds the review desk's tabs.
 
 Page building lives here; form <-> JSON in `forms`, following jobs in `jobs`, the events of the
 generation tabs in `handlers`, decisions in plain modules (`controls`, `requests`, `history`,
@@ -29,6 +30,8 @@ from .reasoner_panel import ActionDescribe, ReasonApi, ReasonerPanel, ReasonerWi
 from .review.tabs import ReviewTabs
 from .review_tabs import BatchTab, CompareTab
 from .service import StudioError, StudioService, warming_panel, warming_status
+
+REVIEW_PATH = "review"  # the review desk's page, relative to the studio's, so a root path still works
 
 # ==============================================================================================
 # Pieces shared by the tabs
@@ -318,6 +321,9 @@ class Studio:
                 "Controls follow the chosen model: only what it supports is offered.",
                 elem_id="studio-header",
             )
+            if self.review_desk is not None:
+                gr.HTML(f'<a href="{REVIEW_PATH}" id="to-review-desk">Review desk: rate, blind pairs, suites, '
+                        'leaderboard, batch, compare &rarr;</a>', elem_id="studio-to-review")
             with gr.Row(equal_height=False, elem_id="model-row"):
                 with gr.Column(scale=1, min_width=260):
                     model = gr.Dropdown(C.model_choices(self.service.describe_all()), value=self.default_model,
@@ -334,17 +340,34 @@ class Studio:
                 t2i = gen_tab("t2i", "Text to Image", first, reasoner)
                 t2v = gen_tab("t2v", "Text to Video", first, reasoner)
                 action = action_tab(first, reasoner)
-                self.compare_tab = CompareTab(self.service, self.jobs).build()
-                self.review_tab = self.batch_tab = None
-                if self.review_desk is not None:
-                    self.review_tab = ReviewTabs(self, self.review_desk).build()
-                    self.batch_tab = BatchTab(self.service, self.jobs).build()
+                # Compare sits on the studio page only when there is no review desk to hold it.
+                self.compare_tab = CompareTab(self.service, self.jobs).build() if self.review_desk is None else None
             history = history_section(self.state_secret)
             self.page = Page(model, shown_model, variant, switch_note, tabs, current_tab, t2i, t2v, action, history,
                              api_section())
             self.reason_api = ReasonApi.build()
             self._wire(blocks)
+        self.review_tab = self.batch_tab = None
+        if self.review_desk is not None:
+            with blocks.route("Review desk", REVIEW_PATH):
+                self._review_page(blocks)
         return blocks
+
+    def _review_page(self, blocks: gr.Blocks) -> None:
+        """The review desk's own page: its tabs only (no model picker, no history), linked to the studio."""
+        gr.HTML('<a href="./" id="to-studio">&larr; Studio: generate images, videos and actions</a>',
+                elem_id="review-to-studio")
+        gr.Markdown("# Cosmos3 Studio: review desk\nRate results, judge blind pairs, run prompt suites and "
+                    "batches, compare models, and read the leaderboard.", elem_id="review-header")
+        # The desk opens on Blind: the only tab whose content names no model or configuration (a tab's
+        # lists are filled when it is selected, and Gradio selects the opening tab on load).
+        with gr.Tabs(selected="blind", elem_id="review-tabs"):
+            self.review_tab = ReviewTabs(self, self.review_desk).build()
+            self.batch_tab = BatchTab(self.service, self.jobs).build()
+            self.compare_tab = CompareTab(self.service, self.jobs).build()
+        self.review_tab.wire(blocks)
+        self.batch_tab.wire()
+        self.compare_tab.wire(None)  # results go to the Review tab's list, not to a browser history
 
     def model_updates(self, name: str, current_tab: str | None = None) -> dict:
         """Everything that follows the model: the variant panel and every tab's controls."""
@@ -391,10 +414,8 @@ class Studio:
         handlers.wire_api()
         ReasonerWiring(self.service, self.jobs, page).wire()
         self.reason_api.wire(self.service)
-        self.compare_tab.wire(page.history)
-        if self.review_tab is not None:
-            self.review_tab.wire(blocks)
-            self.batch_tab.wire()
+        if self.compare_tab is not None:
+            self.compare_tab.wire(page.history)
         blocks.load(self.warming_updates, outputs=[self.warming, self.warming_timer], queue=False,
                     api_visibility=PRIVATE)
         self.warming_timer.tick(self.warming_updates, outputs=[self.warming, self.warming_timer], queue=False,

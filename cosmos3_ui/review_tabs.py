@@ -59,7 +59,7 @@ class CompareTab:
     def __init__(self, service: StudioService, jobs: JobFollower):
         self.service = service
         self.jobs = jobs
-        self.history: HistoryBox | None = None  # the page's history, given at `wire`
+        self.history: HistoryBox | None = None  # the page's history, given at `wire` (none on the review desk)
 
     def build(self) -> "CompareTab":
         models = self.service.describe_all()
@@ -67,8 +67,8 @@ class CompareTab:
         self.slot_count = min(len(names), MAX_COMPARE_SLOTS)
         with gr.Tab("Compare", id="compare", elem_id="tab-compare") as self.tab:
             gr.Markdown("One prompt and one seed over several models, run one after another through the same "
-                        "queue. A model that cannot run the settings says why in its place. (The model picker "
-                        "above is not used here.)")
+                        "queue. A model that cannot run the settings says why in its place. (The studio's model picker "
+                        "is not used here.)")
             with gr.Row(equal_height=False):
                 with gr.Column(scale=5):
                     self.models = gr.CheckboxGroup(C.model_choices(models), value=names[:3],
@@ -112,7 +112,7 @@ class CompareTab:
         return self
 
     def _outputs(self) -> list:
-        out = [self.status, self.history.state, self.history.gallery]
+        out = [self.status] + ([self.history.state, self.history.gallery] if self.history else [])
         for s in self.slots:
             out += [s.column, s.title, s.image, s.video, s.params]
         return out
@@ -143,7 +143,8 @@ class CompareTab:
         mode = outcome.result.params.get("mode", v[self.mode])
         return H.make_entry(model=outcome.model, tab=mode, result=outcome.result, ui=ui)
 
-    def wire(self, history: HistoryBox) -> None:
+    def wire(self, history: HistoryBox | None) -> None:
+        """`history`: the studio page's history, or None on the review desk (its results go to Review)."""
         self.history = history
 
         def on_mode(mode):
@@ -175,7 +176,7 @@ class CompareTab:
                 out[box.video] = gr.update(value=None, visible=video)
                 out[box.params] = None
             yield out
-            history = v[self.history.state]
+            history = v[self.history.state] if self.history else None
             done = 0
 
             async def follow(handle):
@@ -188,9 +189,10 @@ class CompareTab:
                     done += 1
                     media = outcome.result.outputs.get("video" if video else "image")
                     update[box.video if video else box.image] = publish(media)
-                    history = H.add(history, self._history_entry(v, outcome), self.service.history_seal)
-                    update[self.history.state] = history
-                    update[self.history.gallery] = H.gallery_items(history)
+                    if self.history is not None:
+                        history = H.add(history, self._history_entry(v, outcome), self.service.history_seal)
+                        update[self.history.state] = history
+                        update[self.history.gallery] = H.gallery_items(history)
                 yield update
             kind = "ok" if done == len(slots) else "warn"
             yield {self.status: status_html(f"{done} of {len(slots)} models produced a result with seed "
@@ -198,7 +200,7 @@ class CompareTab:
 
         event = self.run.click(
             compare, inputs={self.models, self.mode, self.prompt, self.negative, self.size, self.frames, self.steps,
-                             self.seed, self.randomize, self.history.state},
+                             self.seed, self.randomize, *([self.history.state] if self.history else [])},
             outputs=self._outputs(), concurrency_id=GPU_POOL, concurrency_limit=1, trigger_mode="once",
             api_visibility=PRIVATE, api_name="ui_compare", show_progress="minimal", show_progress_on=[self.status],
         )

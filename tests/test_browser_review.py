@@ -5,6 +5,8 @@
 - Compare three models with one seed, rate one result, reload, and find the rating again.
 - Blind mode: neither the DOM nor any network response names the configurations; a choice is
   recorded and shows on the leaderboard. The run's HTML report opens offline with every configuration.
+- Blind videos play in sync from one control; the pair is revealed only after the vote is stored.
+- Two pages: the studio (generate tabs, history) and the review desk (its six tabs), linked both ways.
 
 Screenshots go to pytest's temporary folder, never into the repository.
 """
@@ -88,14 +90,21 @@ def wait_text(page, elem_id: str, text: str, timeout: int = 30_000) -> None:
                            timeout=timeout)
 
 
+def open_desk(page, url) -> None:
+    """The review desk's own page (cosmos3_ui/layout.py, REVIEW_PATH)."""
+    page.goto(url + "review")
+    page.wait_for_selector("#review-tabs")
+
+
 def open_review_and_pick(page, request_id: str) -> None:
-    page.get_by_role("tab", name="Review").click()
+    page.locator("#review-tabs").get_by_role("tab", name="Review").click()
     pick(page, "review-result", request_id)
     wait_text(page, "review-status", "so far")
 
 
 def test_review_lists_earlier_results_and_rates_under_the_login(page, studio, tmp_path):
     log_in(page, studio.url)
+    open_desk(page, studio.url)
     page.get_by_role("tab", name="Review").click()
     wait_text(page, "review-signed-in", USER)
     # The result made before review mode is in the gallery and the list; the broken folder says why.
@@ -119,6 +128,7 @@ def test_review_lists_earlier_results_and_rates_under_the_login(page, studio, tm
 
 def test_compare_then_rate_a_result_and_see_it_after_a_reload(page, studio, tmp_path):
     log_in(page, studio.url)
+    open_desk(page, studio.url)
     page.get_by_role("tab", name="Compare").click()
     page.locator("#compare-prompt textarea").fill("A red kite over a windy beach.")
     page.locator("#compare-run").click()
@@ -139,7 +149,7 @@ def test_compare_then_rate_a_result_and_see_it_after_a_reload(page, studio, tmp_
     assert studio.service.reviews.ratings(request_id)[0]["scores"] == {"prompt_adherence": 4, "visual_quality": 2}
 
     page.reload()
-    page.wait_for_selector("#model-picker")
+    page.wait_for_selector("#review-tabs")
     open_review_and_pick(page, request_id)
     table = page.locator("#review-ratings").inner_text()
     assert USER in table and "The kite is lost in the noise." in table
@@ -170,6 +180,7 @@ def test_blind_mode_names_nothing_then_the_choice_reaches_the_leaderboard_and_th
 
     page.on("response", keep)
     log_in(page, studio.url)
+    open_desk(page, studio.url)
     page.get_by_role("tab", name="Blind").click()
     pick(page, "blind-run", run.run_id)
     page.locator("#blind-draw").click()
@@ -178,7 +189,7 @@ def test_blind_mode_names_nothing_then_the_choice_reaches_the_leaderboard_and_th
                            ".filter(i => i.complete && i.naturalWidth > 0).length == 2")
     dom = page.content()
     for secret in secrets:
-        assert secret not in dom, secret
+        assert secret not in dom, (secret, dom[max(0, dom.find(secret) - 600):dom.find(secret) + 100])
         assert not [b for b in bodies if secret in b], secret
     assert [u for u in re.findall(r"/gradio_api/file=[^\"' ]+", dom) if "/A.png" in u or "/B.png" in u]
     page.screenshot(path=str(tmp_path / "blind.png"), full_page=True)
@@ -198,13 +209,15 @@ def test_blind_mode_names_nothing_then_the_choice_reaches_the_leaderboard_and_th
     wait_text(page, "board-table", "cfg-sun")
     page.screenshot(path=str(tmp_path / "leaderboard.png"), full_page=True)
     table = page.locator("#board-table").inner_text()
-    loser = "cfg-sun" if winner == "cfg-moon" else "cfg-moon"
-    assert table.index(winner) < table.index(loser)  # ranked first
-    assert "1 judgement(s)" in page.locator("#board-status").inner_text()
+    # One judgement ranks nothing: the board says so, and no interval is a point.
+    assert table.count("too few judgements") == 2 and "+3.39 .. +3.39" not in table
+    status = page.locator("#board-status").inner_text()
+    assert "1 judgement(s)" in status and "Too few judgements to rank: cfg-moon vs cfg-sun: 1" in status
+    assert winner in ("cfg-sun", "cfg-moon")
 
     # The report: one file, opened with every network request refused; every configuration is shown.
     report = tmp_path / "report.html"
-    report.write_text(html_report(store, store.runs.run(run.run_id), rounds=20), encoding="utf-8")
+    report.write_text(html_report(store, store.runs.run(run.run_id)), encoding="utf-8")
     refused = []
     page.context.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
                        else (refused.append(route.request.url), route.abort()))
@@ -214,3 +227,115 @@ def test_blind_mode_names_nothing_then_the_choice_reaches_the_leaderboard_and_th
     loaded = page.locator(".grid img").evaluate_all("imgs => imgs.filter(i => i.complete && i.naturalWidth > 0).length")
     assert loaded == 2 and refused == []
     page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+
+
+def top_tabs(page, tabs_id: str) -> list[str]:
+    """The labels of a Tabs' own tab strip (its first tab list; nested tabs, such as the caption editor's, are
+    further down)."""
+    return page.evaluate(f"""() => [...document.querySelector('#{tabs_id} [role=tablist]').querySelectorAll('[role=tab]')]
+                                  .map(t => t.innerText.trim())""")
+
+
+def test_the_studio_and_the_review_desk_are_two_linked_pages_each_with_its_own_tabs(page, studio):
+    log_in(page, studio.url)
+    assert top_tabs(page, "mode-tabs") == ["Text to Image", "Text to Video", "Action"]
+    assert page.locator("#history").count() == 1 and page.locator("#review-tabs").count() == 0
+    page.locator("#to-review-desk").click()
+    page.wait_for_selector("#review-tabs")
+    assert page.url.rstrip("/").endswith("/review")
+    assert top_tabs(page, "review-tabs") == ["Review", "Blind", "Suites", "Leaderboard", "Batch", "Compare"]
+    for studio_only in ("#model-picker", "#history", "#mode-tabs", "#tab-t2i"):
+        assert page.locator(studio_only).count() == 0, studio_only
+    page.locator("#to-studio").click()
+    page.wait_for_selector("#model-picker")
+    assert page.locator("#review-tabs").count() == 0
+
+
+VIDEO_CONFIGS = [{"name": "cfg-tide", "model": "nano", "overrides": {"steps": 1, "num_frames": 17}},
+                 {"name": "cfg-reef", "model": "edge", "overrides": {"steps": 1, "num_frames": 17}}]
+
+
+def videos_state(page) -> dict:
+    return page.evaluate("""() => {
+        const [a, b] = ['A', 'B'].map(s => document.querySelector(`#blind-video-${s} video`));
+        return {paused: [a.paused, b.paused], times: [a.currentTime, b.currentTime], ready: [a.readyState, b.readyState]};
+    }""")
+
+
+def test_a_blind_video_pair_plays_in_sync_and_is_revealed_only_after_the_vote(page, studio, tmp_path):
+    from cosmos3_ui.review.runs import run_suite
+    from cosmos3_ui.review.suites import parse_configurations, parse_suite
+
+    store = studio.service.reviews
+    suite = parse_suite(json.dumps({"id": "tide", "mode": "t2v", "prompt": "Waves roll onto a pebble beach.", "seed": 4}))
+    run = store.runs.create("blind-video", suite, parse_configurations(json.dumps(VIDEO_CONFIGS), list(MODELS)),
+                            reference=None, repeat=False, reviewer=USER)
+    assert run_suite(store.runs, studio.service.queue, run.run_id) == (2, 2)
+    log_in(page, studio.url)
+    open_desk(page, studio.url)
+    page.get_by_role("tab", name="Blind").click()
+    pick(page, "blind-run", run.run_id)
+    page.locator("#blind-draw").click()
+    wait_text(page, "blind-status", "left for you")
+    page.wait_for_function("() => [...document.querySelectorAll('#blind-video-A video, #blind-video-B video')]"
+                           ".filter(v => v.readyState >= 2).length == 2")
+    # No reveal before the vote: the server refuses, and nothing names a configuration.
+    page.locator("#blind-reveal").click()
+    wait_text(page, "blind-status", "Save your choice first")
+    assert "cfg-" not in page.content()
+
+    page.locator("#blind-play").click()  # one control starts both, from the same time
+    page.wait_for_function("() => [...document.querySelectorAll('#blind-video-A video, #blind-video-B video')]"
+                           ".every(v => !v.paused && v.currentTime > 0)")
+    playing = videos_state(page)
+    assert playing["paused"] == [False, False] and abs(playing["times"][0] - playing["times"][1]) < 0.2, playing
+    page.locator("#blind-play").click()  # and pauses both at the same time
+    page.wait_for_function("() => [...document.querySelectorAll('#blind-video-A video, #blind-video-B video')]"
+                           ".every(v => v.paused)")
+    paused = videos_state(page)
+    assert abs(paused["times"][0] - paused["times"][1]) < 0.05, paused
+    page.screenshot(path=str(tmp_path / "blind-video.png"), full_page=True)
+
+    page.locator("#blind-choice-visual_quality").get_by_label("B", exact=True).check()
+    page.locator("#blind-save").click()
+    wait_text(page, "blind-status", "Recorded 1 of")
+    [judgement] = store.pairs.judgements(run.run_id)
+    page.locator("#blind-reveal").click()
+    wait_text(page, "blind-revealed", "A was")
+    revealed = page.locator("#blind-revealed").inner_text()
+    models = {c["name"]: c["model"] for c in VIDEO_CONFIGS}
+    assert (f"A was {judgement['config_a']} ({models[judgement['config_a']]})" in revealed and
+            f"B was {judgement['config_b']} ({models[judgement['config_b']]})" in revealed)
+
+
+class RefusingQueue:
+    """The studio's queue, refusing one prompt the way the engine refuses a request."""
+
+    def __init__(self, queue, prompt: str):
+        self.queue, self.outputs_root, self.prompt = queue, queue.outputs_root, prompt
+
+    def submit(self, model, request, **kwargs):
+        if request["prompt"] == self.prompt:
+            raise ValueError("steps: refused for this test")
+        return self.queue.submit(model, request, **kwargs)
+
+
+def test_the_suites_tab_shows_a_failed_task_with_its_configuration_and_reason(page, studio):
+    from cosmos3_ui.review.runs import run_suite
+    from cosmos3_ui.review.suites import parse_configurations, parse_suite
+
+    store = studio.service.reviews
+    suite = parse_suite("\n".join(json.dumps({"id": i, "mode": "t2i", "prompt": f"A {i} on a table.", "seed": 1})
+                                  for i in ("mug", "vase")))
+    run = store.runs.create("failing", suite, parse_configurations(json.dumps(CONFIGS), list(MODELS)),
+                            reference=None, repeat=False, reviewer=USER)
+    assert run_suite(store.runs, RefusingQueue(studio.service.queue, "A vase on a table."), run.run_id) == (2, 4)
+    log_in(page, studio.url)
+    open_desk(page, studio.url)
+    page.get_by_role("tab", name="Suites").click()
+    wait_text(page, "suites-runs", run.run_id)
+    runs = page.locator("#suites-runs").inner_text()
+    assert "failed: 2 items; Resume retries them" in runs and "interrupted" not in runs.split(run.run_id)[1][:200]
+    failed = page.locator("#suites-failed").inner_text()
+    for text in ("vase", "cfg-sun", "cfg-moon", "steps: refused for this test"):
+        assert text in failed, text

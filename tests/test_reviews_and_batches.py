@@ -100,6 +100,21 @@ def test_batch_with_a_bad_line_finishes_the_good_ones(tiny_family, tmp_path):
     assert {r["request_id"] for r in reviews.results()} == {lines[0].request_id, lines[4].request_id}
 
 
+def test_a_batch_line_may_hold_its_caption_as_an_object(tiny_family, tmp_path):
+    """Issue 44: a caption object (as JSON Lines nests it) failed with "prompt must be a string, got dict"."""
+    caption = {"subjects": [{"description": "a red kite with a long tail"}], "background_setting": "a windy beach"}
+    queue = JobQueue(ModelRegistry([ModelEntry("nano", str(tiny_family["nano"]))]), tmp_path / "out")
+    sent = []
+    try:
+        _, [line] = run_batch(queue, parse_batch(json.dumps({"model": "nano", "mode": "t2i", "prompt": caption,
+                                                              "steps": 1, "seed": 2})),
+                              on_result=lambda _line, result: sent.append(result.params["prompt"]))
+    finally:
+        queue.close()
+    assert (line.status, line.message) == ("done", "")
+    assert json.loads(sent[0]) == caption  # the engine got the caption as JSON text and parsed it
+
+
 def test_a_batch_longer_than_the_queue_runs_and_can_be_cancelled(tiny_family, tmp_path, monkeypatch):
     registry = ModelRegistry([ModelEntry("edge", str(tiny_family["edge"]))])
     queue = JobQueue(registry, tmp_path / "out", max_size=1)

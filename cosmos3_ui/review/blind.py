@@ -87,6 +87,21 @@ class BlindDesk:
         return BlindView(pair.pair_id, shown[0], shown[1], shown[0].endswith(".mp4"), prompt, item.mode,
                          len(candidates))
 
+    def reveal(self, pair_id: str | None, reviewer: str) -> str:
+        """Which configuration was A and which B, only once this reviewer's vote on the pair is stored:
+        the check reads the database, so no page state can reveal a pair before its vote."""
+        if not pair_id:
+            raise StudioError("Draw a pair and save your choice first.", "pair")
+        pair = self.store.pairs.pair(pair_id)
+        if pair is None or pair.reviewer != reviewer:
+            raise StudioError("This pair is unknown or was drawn for another reviewer; draw your own.", "pair")
+        if self.store.pairs.stored_choices(pair_id, reviewer) is None:
+            raise StudioError("Save your choice first: a pair is revealed only after your vote is stored.", "pair")
+        run = self.store.runs.run(pair.run_id)
+        model = {c.name: c.model for c in run.configs}
+        return (f"A was {pair.config_a} ({model.get(pair.config_a, '?')}); "
+                f"B was {pair.config_b} ({model.get(pair.config_b, '?')}).")
+
     def judge(self, pair_id: str | None, reviewer: str, choices: dict[str, str | None], note: str | None) -> str:
         if not pair_id:
             raise StudioError("Draw a pair first.", "pair")

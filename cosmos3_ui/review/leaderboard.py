@@ -1,10 +1,18 @@
-"""The pairwise leaderboard: Bradley-Terry strengths with bootstrap intervals, win rates, agreement.
+"""The pairwise leaderboard: Bayesian Bradley-Terry strengths with credible intervals, win rates, agreement.
 
-Bradley-Terry: P(i beats j) = sigmoid(s_i - s_j). The strengths maximise the likelihood of the
-judgements (a tie counts half a win each way), found by scipy's BFGS with the exact gradient. A
-small ridge term (RIDGE) keeps a configuration that won or lost everything finite and fixes the
-free offset; scores are reported centred on zero (log-odds units: +1 beats 0 in 73% of pairs).
-Intervals are percentile bootstrap intervals over judgements resampled with replacement.
+Bradley-Terry: P(i beats j) = sigmoid(s_i - s_j); a tie counts half a win each way. Each strength has
+a weak normal prior, s_i ~ N(0, PRIOR_SD^2) (PRIOR_SD = 2.5 log-odds: the difference of two
+configurations then has a prior sd of 3.5, so nearly any win rate is plausible before the first
+judgement; 1.0 and 1.5 shrank a true 95% win rate too far, see the coverage table). The scores are the posterior mode
+(scipy's BFGS with the exact gradient) and the intervals come from the Laplace approximation of the
+posterior (the inverse Hessian at the mode), reported for the scores centred on zero. The prior keeps
+every interval at least as wide as the data allow: three judgements, all won by one side, give
+intervals about 4 log-odds wide, never a point. A percentile bootstrap (the earlier method) collapsed there:
+every resample of a 3-0 sweep is the same sweep. `scripts/bt_coverage.py` simulates the intervals'
+coverage (table in docs/REVIEW.md).
+
+Below MIN_PAIR_JUDGEMENTS judgements for some pair of configurations the board does not rank: it says
+"too few judgements" and which pair is short (the scores and intervals are still shown).
 
 Agreement: where two or more reviewers judged the same item under the same two configurations,
 Cohen's kappa for each pair of reviewers over the subjects both judged, and Fleiss' kappa over the
@@ -20,10 +28,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import minimize
 from scipy.special import expit, log_expit
+from scipy.stats import norm
 
-RIDGE = 1e-3
-BOOTSTRAP_ROUNDS = 200
+PRIOR_SD = 2.5
 INTERVAL = 0.95
+MIN_PAIR_JUDGEMENTS = 5
 
 
 @dataclass(frozen=True)
@@ -47,8 +56,14 @@ class Board:
     win_rate: np.ndarray  # [i, j]: share of i-vs-j judgements i won (ties half); nan where never met
     met: np.ndarray  # [i, j]: number of i-vs-j judgements
     agreement: list[dict] = field(default_factory=list)
+    too_few: str = ""  # why the board does not rank (some pair below MIN_PAIR_JUDGEMENTS); "" when it does
 
     def rows(self) -> list[dict]:
+        """Best first with ranks; with too few judgements, by name with no rank (rank None)."""
+        if self.too_few:
+            return [{"rank": None, "config": name, "score": float(self.scores[i]), "low": float(self.low[i]),
+                     "high": float(self.high[i]), "judgements": int(self.counts[i])}
+                    for i, name in enumerate(self.configs)]
         order = np.argsort(-self.scores, kind="stable")
         return [{"rank": rank + 1, "config": self.configs[i], "score": float(self.scores[i]),
                  "low": float(self.low[i]), "high": float(self.high[i]), "judgements": int(self.counts[i])}
@@ -70,15 +85,14 @@ def _grouped(a: np.ndarray, b: np.ndarray, y: np.ndarray):
     return rows[0].astype(np.int64), rows[1].astype(np.int64), rows[2], counts.astype(np.float64)
 
 
-def fit_bradley_terry(n: int, a: np.ndarray, b: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
-    """Maximum-likelihood strengths for `n` configs from index arrays, outcomes and weights; centred."""
-    w = np.ones_like(y) if w is None else w
+def _posterior_mode(n: int, a: np.ndarray, b: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    precision = 1.0 / PRIOR_SD**2
 
     def objective(theta):
         diff = theta[a] - theta[b]
-        loss = -(w * (y * log_expit(diff) + (1.0 - y) * log_expit(-diff))).sum() + 0.5 * RIDGE * theta @ theta
+        loss = -(w * (y * log_expit(diff) + (1.0 - y) * log_expit(-diff))).sum() + 0.5 * precision * theta @ theta
         residual = w * (expit(diff) - y)  # d loss / d diff
-        grad = np.bincount(a, residual, minlength=n) - np.bincount(b, residual, minlength=n) + RIDGE * theta
+        grad = np.bincount(a, residual, minlength=n) - np.bincount(b, residual, minlength=n) + precision * theta
         return loss, grad
 
     # BFGS, not L-BFGS-B: a handful of parameters, and L-BFGS-B's compiled core was 15x slower here
@@ -86,20 +100,38 @@ def fit_bradley_terry(n: int, a: np.ndarray, b: np.ndarray, y: np.ndarray, w: np
     found = minimize(objective, np.zeros(n), jac=True, method="BFGS")
     if not np.all(np.isfinite(found.x)):
         raise RuntimeError(f"Bradley-Terry fit did not converge: {found.message}")
-    return found.x - found.x.mean()
+    return found.x
 
 
-def bootstrap(n: int, a: np.ndarray, b: np.ndarray, y: np.ndarray, rounds: int = BOOTSTRAP_ROUNDS,
-              seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile intervals (INTERVAL) of each strength over judgements resampled with replacement
-    (a multinomial draw over the distinct rows is exactly that resampling)."""
-    rng = np.random.default_rng(seed)
-    ga, gb, gy, counts = _grouped(a, b, y)
-    draws = np.empty((rounds, n))
-    for r in range(rounds):
-        draws[r] = fit_bradley_terry(n, ga, gb, gy, rng.multinomial(len(y), counts / counts.sum()).astype(np.float64))
-    tail = (1.0 - INTERVAL) / 2 * 100
-    return np.percentile(draws, tail, axis=0), np.percentile(draws, 100 - tail, axis=0)
+def fit_bradley_terry(n: int, a: np.ndarray, b: np.ndarray, y: np.ndarray,
+                      w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(scores, low, high) for `n` configs from index arrays, outcomes and weights: the posterior mode
+    centred on zero and its INTERVAL credible interval under the Laplace approximation."""
+    w = np.ones_like(y) if w is None else w
+    theta = _posterior_mode(n, a, b, y, w)
+    # Hessian of the negative log posterior: the prior's precision plus each pairing's Fisher information.
+    p = expit(theta[a] - theta[b])
+    info = w * p * (1.0 - p)
+    hessian = np.eye(n) / PRIOR_SD**2
+    np.add.at(hessian, (a, a), info)
+    np.add.at(hessian, (b, b), info)
+    np.add.at(hessian, (a, b), -info)
+    np.add.at(hessian, (b, a), -info)
+    centre = np.eye(n) - 1.0 / n  # scores are reported centred: their covariance is C H^-1 C^T
+    covariance = centre @ np.linalg.inv(hessian) @ centre.T
+    half = norm.ppf(0.5 + INTERVAL / 2) * np.sqrt(np.clip(np.diag(covariance), 0.0, None))
+    scores = centre @ theta
+    return scores, scores - half, scores + half
+
+
+def short_pairs(configs: list[str], met: np.ndarray) -> str:
+    """"" when every pair of configurations has MIN_PAIR_JUDGEMENTS judgements; else which pairs are short."""
+    short = [f"{configs[i]} vs {configs[j]}: {int(met[i, j])}" for i, j in itertools.combinations(range(len(configs)), 2)
+             if met[i, j] < MIN_PAIR_JUDGEMENTS]
+    if not short:
+        return ""
+    listed = ", ".join(short[:3]) + (f" and {len(short) - 3} more pairs" if len(short) > 3 else "")
+    return f"too few judgements to rank: {listed} (each pair needs {MIN_PAIR_JUDGEMENTS})"
 
 
 def win_rates(n: int, a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -157,16 +189,14 @@ def agreement(judgements: list[Judgement]) -> list[dict]:
     return out
 
 
-def leaderboard(judgements: list[Judgement], configs: list[str] | None = None, *, rounds: int = BOOTSTRAP_ROUNDS,
-                seed: int = 0) -> Board | None:
-    """The board for one criterion; None when there is nothing to rank yet."""
+def leaderboard(judgements: list[Judgement], configs: list[str] | None = None) -> Board | None:
+    """The board for one criterion; None when there is nothing to show yet."""
     names = sorted({j.a for j in judgements} | {j.b for j in judgements} | set(configs or ()))
     if not judgements or len(names) < 2:
         return None
     a, b, y = _arrays(names, judgements)
     n = len(names)
-    scores = fit_bradley_terry(n, *_grouped(a, b, y))
-    low, high = bootstrap(n, a, b, y, rounds=rounds, seed=seed)
+    scores, low, high = fit_bradley_terry(n, *_grouped(a, b, y))
     rates, met = win_rates(n, a, b, y)
     counts = np.bincount(a, minlength=n) + np.bincount(b, minlength=n)
-    return Board(names, scores, low, high, counts, rates, met, agreement(judgements))
+    return Board(names, scores, low, high, counts, rates, met, agreement(judgements), short_pairs(names, met))

@@ -117,6 +117,13 @@ class PairStore:
                        (pair_id, reviewer, json.dumps(picked, sort_keys=True), note, now()))
         return len(picked)
 
+    def stored_choices(self, pair_id: str, reviewer: str) -> dict[str, str] | None:
+        """The reviewer's stored choices for a pair, or None when no vote is stored (the reveal's gate)."""
+        with self.db.connect() as db:
+            row = db.execute("SELECT choices FROM judgements WHERE pair_id = ? AND reviewer = ?",
+                             (pair_id, reviewer)).fetchone()
+        return json.loads(row[0]) if row else None
+
     def judgements(self, run_id: str | None = None) -> list[dict]:
         """Every judgement with its hidden mapping resolved (for the leaderboard and exports)."""
         query = ("SELECT p.pair_id, p.run_id, p.item_id, p.config_a, p.config_b, p.request_a, p.request_b, "

@@ -13,30 +13,33 @@ from collections import defaultdict
 
 import numpy as np
 
-from .leaderboard import BOOTSTRAP_ROUNDS, Board, Judgement, leaderboard
+from .leaderboard import INTERVAL, MIN_PAIR_JUDGEMENTS, PRIOR_SD, Board, Judgement, leaderboard
 from .runs import Run
 from .store import ReviewStore
 from .thumbnails import data_uri
 
 BOARD_COLUMNS = ["rank", "configuration", "score", "95% interval", "judgements"]
-CHECK_COLUMNS = ["configuration", "model", "PSNR (mean)", "SSIM (mean)", "determinism", "note"]
+TOO_FEW = "too few judgements"
+METHOD = (f"Bradley-Terry scores (log-odds) with a weak N(0, {PRIOR_SD}²) prior per configuration: the posterior "
+          f"mode and its {INTERVAL:.0%} credible interval (Laplace approximation); a tie counts half a win. "
+          f"A board ranks only when every pair of configurations has {MIN_PAIR_JUDGEMENTS} or more judgements.")
+CHECK_COLUMNS = ["configuration", "model", "PSNR (mean)", "SSIM (mean)", "LPIPS (mean)", "determinism", "note"]
 
 
-def boards(store: ReviewStore, run: Run, *, rounds: int | None = None) -> dict[str, Board | None]:
+def boards(store: ReviewStore, run: Run) -> dict[str, Board | None]:
     """{criterion: Board or None} from the run's blind judgements."""
     by_criterion: dict[str, list[Judgement]] = defaultdict(list)
     for o in store.pairs.outcomes(run.run_id):
         by_criterion[o.criterion].append(Judgement(o.config_a, o.config_b, o.score_a, o.item_id, o.reviewer))
     configs = [c.name for c in run.configs]
-    options = {} if rounds is None else {"rounds": rounds}
-    return {c: leaderboard(by_criterion.get(c, []), configs, **options) for c in store.criteria}
+    return {c: leaderboard(by_criterion.get(c, []), configs) for c in store.criteria}
 
 
 def board_rows(board: Board | None) -> list[list]:
     if board is None:
         return []
-    return [[r["rank"], r["config"], round(r["score"], 3), f"{r['low']:+.2f} .. {r['high']:+.2f}", r["judgements"]]
-            for r in board.rows()]
+    return [[TOO_FEW if r["rank"] is None else r["rank"], r["config"], round(r["score"], 3),
+             f"{r['low']:+.2f} .. {r['high']:+.2f}", r["judgements"]] for r in board.rows()]
 
 
 def win_rows(board: Board | None) -> tuple[list[str], list[list]]:
@@ -60,23 +63,45 @@ def agreement_rows(board: Board | None) -> list[list]:
 
 
 def check_summary(store: ReviewStore, run: Run) -> list[list]:
-    """CHECK_COLUMNS per configuration: mean PSNR, mean SSIM (against the reference) and the determinism verdict."""
+    """CHECK_COLUMNS per configuration: mean PSNR, SSIM and LPIPS against the reference and the determinism
+    verdict; a check that could not be made says why instead of showing a number."""
     values: dict[tuple[str, str], list[float]] = defaultdict(list)
-    notes: dict[str, str] = {}
+    reasons: dict[tuple[str, str], str] = {}
     for check in store.runs.checks(run.run_id):
         if check["value"] is None:
-            notes[check["config"]] = check["detail"]
+            reasons.setdefault((check["config"], check["metric"]), check["detail"])
         else:
             values[(check["config"], check["metric"])].append(check["value"])
+    ended = store.runs.ended(run.run_id)
     rows = []
     for config in run.configs:
-        psnr, ssim, same = (values.get((config.name, m)) for m in ("psnr", "ssim", "deterministic"))
-        rows.append([config.name, config.model,
-                     "reference" if config.name == run.reference else _mean(psnr, "{:.2f} dB"),
-                     "reference" if config.name == run.reference else _mean(ssim, "{:.4f}"),
-                     "-" if not same else ("same SHA256" if all(same) else "DIFFERENT SHA256"),
-                     notes.get(config.name, "")])
+        metrics = []
+        for metric, fmt in (("psnr", "{:.2f} dB"), ("ssim", "{:.4f}"), ("lpips", "{:.4f}")):
+            key = (config.name, metric)
+            metrics.append("reference" if config.name == run.reference else
+                           _mean(values.get(key), fmt) if values.get(key) else
+                           _missing(reasons.get(key), ended, run.reference is not None, "no reference configuration"))
+        failed = [f"{r['item_id']} failed: {r['message']}" for r in store.runs.failed(run.run_id)
+                  if r["config"] == config.name]
+        rows.append([config.name, config.model, *metrics, _determinism(store, run, config.name, ended),
+                     "; ".join(failed)])
     return rows
+
+
+def _missing(reason: str | None, ended: bool, asked: bool, off: str) -> str:
+    if not asked:
+        return f"not checked: {off}"
+    if reason:
+        return f"unavailable: {reason}" if not reason.startswith("not checked") else reason
+    return "pending: the run has not ended" if not ended else "not checked: no result to compare"
+
+
+def _determinism(store: ReviewStore, run: Run, config: str, ended: bool) -> str:
+    check = next((c for c in store.runs.checks(run.run_id) if c["config"] == config and c["metric"] == "deterministic"),
+                 None)
+    if check is None:
+        return _missing(None, ended, run.repeat, "the determinism check was off for this run")
+    return check["detail"]  # "same SHA256 ...", "differs: SHA256 ... vs ..." or "not checked: why"
 
 
 def _mean(values: list[float] | None, fmt: str) -> str:
@@ -98,12 +123,14 @@ def board_figure(boards_by_criterion: dict[str, Board | None]):
     for index, (criterion, board) in enumerate(ranked, start=1):
         axes = figure.add_subplot(len(ranked), 1, index)
         y = np.arange(len(board.configs))
-        axes.errorbar(board.scores, y, xerr=[board.scores - board.low, board.high - board.scores], fmt="o", capsize=4)
+        axes.errorbar(board.scores, y, xerr=[board.scores - board.low, board.high - board.scores], fmt="o", capsize=4,
+                      color="0.6" if board.too_few else None)
         axes.set_yticks(y, board.configs)
         axes.axvline(0.0, color="0.7", linewidth=0.8)
-        axes.set_title(criterion.replace("_", " "), fontsize=10, loc="left")
+        title = criterion.replace("_", " ") + (f": {TOO_FEW} to rank" if board.too_few else "")
+        axes.set_title(title, fontsize=10, loc="left", color="#b45309" if board.too_few else None)
         axes.grid(True, axis="x", alpha=0.3)
-    axes.set_xlabel("Bradley-Terry score (log-odds), 95% bootstrap interval")
+    axes.set_xlabel(f"Bradley-Terry score (log-odds), {INTERVAL:.0%} credible interval")
     figure.tight_layout()
     return figure
 
@@ -136,7 +163,7 @@ def _grid(store: ReviewStore, run: Run) -> str:
             uri = data_uri(entry["media"], (192, 192)) if entry and entry["media"] else None
             picture = f"<img alt='{html.escape(config.name)} {html.escape(item.id)}' src='{uri}'>" if uri else "<i>no result</i>"
             numbers = [f"{m.upper()} {checks[(item.id, config.name, m)]['value']:.3g}"
-                       for m in ("psnr", "ssim") if checks.get((item.id, config.name, m), {}).get("value") is not None]
+                       for m in ("psnr", "ssim", "lpips") if checks.get((item.id, config.name, m), {}).get("value") is not None]
             cells.append(f"<td>{picture}<br><small>{' · '.join(numbers)}</small></td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table class='grid'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
@@ -147,9 +174,9 @@ td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}t
 .grid img{max-width:192px;display:block}.item{max-width:260px}h2{margin-top:28px}small{color:#555}"""
 
 
-def html_report(store: ReviewStore, run: Run, *, rounds: int | None = None) -> str:
+def html_report(store: ReviewStore, run: Run) -> str:
     """The whole report for one run as a single self-contained HTML document."""
-    by_criterion = boards(store, run, rounds=rounds)
+    by_criterion = boards(store, run)
     done, total = store.runs.progress(run.run_id)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Cosmos3 review: {html.escape(run.run_id)}</title>"
              f"<style>{_STYLE}</style></head><body>",
@@ -161,16 +188,17 @@ def html_report(store: ReviewStore, run: Run, *, rounds: int | None = None) -> s
              _table(["configuration", "model", "overrides"], [[c.name, c.model, c.overrides or "-"] for c in run.configs]),
              "<h2>Automatic checks</h2>",
              _table(CHECK_COLUMNS, check_summary(store, run)),
-             "<p><small>PSNR and SSIM against the reference configuration (torchmetrics). LPIPS is not computed: "
-             "its backbone weights cannot be fetched here.</small></p>",
+             "<p><small>PSNR, SSIM and LPIPS (AlexNet) against the reference configuration (torchmetrics); "
+             "a check that could not be made says why.</small></p>",
              "<h2>Blind pairwise leaderboard</h2>",
-             f"<p><small>Bradley-Terry scores (log-odds), 95% percentile bootstrap intervals over "
-             f"{rounds or BOOTSTRAP_ROUNDS} resamples of the judgements; a tie counts half a win.</small></p>"]
+             f"<p><small>{METHOD}</small></p>"]
     for criterion, board in by_criterion.items():
         parts.append(f"<h3>{html.escape(criterion.replace('_', ' '))}</h3>")
         if board is None:
             parts.append("<p>No judgements yet.</p>")
             continue
+        if board.too_few:
+            parts.append(f"<p class='too-few'><b>{html.escape(board.too_few.capitalize())}.</b> Not ranked.</p>")
         parts.append(_table(BOARD_COLUMNS, board_rows(board)))
         parts.append(_table(*win_rows(board), cls="wins"))
         agreement = agreement_rows(board)

@@ -13,12 +13,13 @@ import gradio as gr
 from ..common import GPU_POOL, PRIVATE, latest_counts, status_html
 from ..service import StudioError, StudioService
 from .desk import ReviewDesk, criterion_label, reviewer_of
-from .report import (BOARD_COLUMNS, CHECK_COLUMNS, agreement_rows, board_figure, board_rows, boards, check_summary,
+from .report import (BOARD_COLUMNS, CHECK_COLUMNS, METHOD, agreement_rows, board_figure, board_rows, boards, check_summary,
                      html_report, win_rows)
-from .runs import run_suite
+from .runs import run_state, run_suite
 from .suites import SuiteError, load_shipped, parse_configurations, parse_suite, shipped_suites
 
 RUN_COLUMNS = ["run", "suite", "items", "configurations", "done", "state"]
+FAILED_COLUMNS = ["run", "item", "configuration", "reason"]
 MAX_SUITE_BYTES = 4 * 2**20
 
 
@@ -60,6 +61,8 @@ class SuitesTab:
             self.status = gr.HTML("", elem_id="suites-status")
             self.table = gr.Dataframe(value={"headers": RUN_COLUMNS, "data": []}, label="Runs", interactive=False,
                                       wrap=True, elem_id="suites-runs")
+            self.failures = gr.Dataframe(value={"headers": FAILED_COLUMNS, "data": []}, label="Failed tasks (Resume "
+                                         "runs them again)", interactive=False, wrap=True, elem_id="suites-failed")
             with gr.Row(equal_height=False):
                 self.resume_pick = gr.Dropdown([], value=None, label="Run to resume", scale=4, elem_id="suites-resume-run")
                 self.resume = gr.Button("Resume", scale=0, min_width=120, elem_id="suites-resume")
@@ -67,15 +70,35 @@ class SuitesTab:
 
     def rows(self) -> list[list]:
         rows = []
-        done_counts = self.store.runs.done_counts()
         for run in reversed(self.store.runs.runs()):
-            done, total = done_counts.get(run.run_id, 0), len(run.tasks())
+            items = self.store.runs.items(run.run_id)
             with self._lock:
                 running = run.run_id in self._running
-            state = "running" if running else ("finished" if done == total else "interrupted: resume to finish")
+            done = sum(r["status"] == "done" for r in items)
             rows.append([run.run_id, run.suite, len(run.items), ", ".join(c.name for c in run.configs),
-                         f"{done} of {total}", state])
+                         f"{done} of {len(run.tasks())}", run_state(run, items, running)])
         return rows
+
+    def failed_rows(self) -> list[list]:
+        """Every failed task of every run, newest run first: what failed, under which configuration, why."""
+        return [[run.run_id, r["item_id"] + (" (repeat)" if r["attempt"] else ""), r["config"], r["message"]]
+                for run in reversed(self.store.runs.runs()) for r in self.store.runs.failed(run.run_id)]
+
+    def tables(self) -> dict:
+        return {self.table: {"headers": RUN_COLUMNS, "data": self.rows()},
+                self.failures: {"headers": FAILED_COLUMNS, "data": self.failed_rows()}}
+
+    def outcome(self, run_id: str, done: int, total: int) -> str:
+        """The status line at the end of a run: done, or how many failed and the first reason."""
+        failed = self.store.runs.failed(run_id)
+        if failed:
+            first = failed[0]
+            return status_html(f"{run_id}: {done} of {total} generations done; failed: {len(failed)} item(s), e.g. "
+                               f"{first['item_id']} under {first['config']}: {first['message']} (see Failed tasks; "
+                               "Resume runs them again).", "error")
+        if done == total:
+            return status_html(f"{run_id}: {done} of {total} generations done; checks recorded.", "ok")
+        return status_html(f"{run_id}: {done} of {total} generations done; resume to finish.", "warn")
 
     def _items(self, suite_name, upload):
         path = upload if isinstance(upload, str) else getattr(upload, "name", None)
@@ -106,10 +129,10 @@ class SuitesTab:
                                                             register=register, session_id=session,
                                                             on_task=lambda d, t: counts.put((d, t)), cancel=stop))
         try:
-            yield {self.table: {"headers": RUN_COLUMNS, "data": self.rows()}}
+            yield self.tables()
             async for latest in latest_counts(task, counts):
                 progress(latest, desc=f"Suite run: {latest[0]} of {latest[1]} done", unit="generations")
-                yield {self.table: {"headers": RUN_COLUMNS, "data": self.rows()}}
+                yield self.tables()
             done, total = task.result()
         except (asyncio.CancelledError, GeneratorExit):
             stop.set()  # the page went away: stop the running item; the run can be resumed later
@@ -120,21 +143,17 @@ class SuitesTab:
         finally:
             with self._lock:
                 self._running.discard(run_id)
-        kind = "ok" if done == total else "warn"
-        yield {self.table: {"headers": RUN_COLUMNS, "data": self.rows()},
-               self.status: status_html(f"{run_id}: {done} of {total} generations done" +
-                                        ("; checks recorded." if done == total else "; resume to finish."), kind)}
+        yield {**self.tables(), self.status: self.outcome(run_id, done, total)}
 
     def wire(self) -> None:
-        outputs = [self.status, self.table]
+        outputs = [self.status, self.table, self.failures]
 
         def on_open(current):
-            runs = [r[0] for r in self.rows()]
-            return {self.table: {"headers": RUN_COLUMNS, "data": self.rows()},
-                    self.resume_pick: gr.update(choices=runs, value=current if current in runs else None)}
+            runs = [r.run_id for r in reversed(self.store.runs.runs())]
+            return {**self.tables(), self.resume_pick: gr.update(choices=runs, value=current if current in runs else None)}
 
-        self.tab.select(on_open, inputs=self.resume_pick, outputs=[self.table, self.resume_pick], queue=False,
-                        api_visibility=PRIVATE)
+        self.tab.select(on_open, inputs=self.resume_pick, outputs=[self.table, self.failures, self.resume_pick],
+                        queue=False, api_visibility=PRIVATE)
 
         async def on_start(request: gr.Request, suite_name, upload, configs_text, reference, repeat,
                            progress=gr.Progress()):
@@ -175,9 +194,9 @@ class LeaderboardTab:
     def build(self) -> "LeaderboardTab":
         criteria = self.store.criteria
         with gr.Tab("Leaderboard", id="leaderboard", elem_id="tab-leaderboard") as self.tab:
-            gr.Markdown("Blind judgements of a suite run, per criterion: Bradley-Terry scores with 95% bootstrap "
-                        "intervals, the win-rate matrix, inter-rater agreement (Cohen's / Fleiss' kappa) and the "
-                        "automatic checks (PSNR/SSIM against the reference, SHA256 determinism).")
+            gr.Markdown("Blind judgements of a suite run, per criterion: " + METHOD + " Beside them the win-rate "
+                        "matrix, inter-rater agreement (Cohen's / Fleiss' kappa) and the automatic checks (PSNR, "
+                        "SSIM and LPIPS against the reference, SHA256 determinism).")
             with gr.Row(equal_height=False):
                 self.run = gr.Dropdown([], value=None, label="Suite run", scale=4, elem_id="board-run")
                 self.criterion = gr.Dropdown([(criterion_label(c), c) for c in criteria], value=criteria[0],
@@ -217,7 +236,9 @@ class LeaderboardTab:
                 self.agreement: {"headers": ["kappa", "reviewers", "shared pairs", "value"], "data": agreement_rows(board)},
                 self.plot: board_figure(by_criterion),
                 self.checks: {"headers": CHECK_COLUMNS, "data": check_summary(self.store, run)},
-                self.status: status_html(f"{judged} judgement(s) over all criteria in {run_id}.", "info")}
+                self.status: status_html(f"{judged} judgement(s) over all criteria in {run_id}." +
+                                         (f" {board.too_few.capitalize()}: not ranked." if board and board.too_few else ""),
+                                         "warn" if board and board.too_few else "info")}
 
     def wire(self) -> None:
         choices = lambda current: gr.update(choices=[r.run_id for r in reversed(self.store.runs.runs())], value=current)  # noqa: E731

@@ -8,8 +8,11 @@ and are registered for review with origin `suite:<run id>`.
 Checks beside the ratings, once the generations are done:
 - determinism: with `repeat` on, the first item of each configuration runs a second time; the two
   media files must have the same SHA256;
-- PSNR and SSIM of every result against the reference configuration's result for the same item
-  (`engine.pipeline.quality`, torchmetrics). LPIPS is not computed: see its LPIPS_NEEDS.
+- PSNR, SSIM and LPIPS of every result against the reference configuration's result for the same
+  item (`engine.pipeline.quality`, torchmetrics); LPIPS where torchvision and its weights are present,
+  otherwise recorded as missing with the reason.
+A check that cannot be made is recorded with value None and the reason (a failed task, no reference).
+A failed task keeps its message; Resume runs it again.
 """
 from __future__ import annotations
 
@@ -59,6 +62,7 @@ CREATE TABLE IF NOT EXISTS checks (
     PRIMARY KEY (run_id, item_id, config, metric)
 );
 """
+REFERENCE_METRICS = ("psnr", "ssim", "lpips")
 ITEM_KEYS = ("item_id", "config", "attempt", "status", "request_id", "media", "sha256", "message", "updated")
 
 
@@ -155,6 +159,16 @@ class RunStore:
     def done(self, run_id: str) -> dict[tuple[str, str, int], dict]:
         return {(r["item_id"], r["config"], r["attempt"]): r for r in self.items(run_id) if r["status"] == "done"}
 
+    def failed(self, run_id: str) -> list[dict]:
+        """The run's failed tasks, with the engine's message (a later success replaces the row)."""
+        return [r for r in self.items(run_id) if r["status"] == "failed"]
+
+    def ended(self, run_id: str) -> bool:
+        """Every task has run to an end, done or failed (none cancelled or not yet run)."""
+        run = self.run(run_id)
+        rows = _task_rows(self, run)
+        return all(rows.get((i.id, c.name, a), {}).get("status") in ("done", "failed") for i, c, a in run.tasks())
+
     def progress(self, run_id: str) -> tuple[int, int]:
         return len(self.done(run_id)), len(self.run(run_id).tasks())
 
@@ -180,9 +194,10 @@ def media_of(result) -> str | None:
 def run_suite(runs: RunStore, queue, run_id: str, *, register: Callable | None = None, session_id: str | None = None,
               on_task: Callable[[int, int], None] | None = None, cancel: threading.Event | None = None,
               compare: Callable | None = None) -> tuple[int, int]:
-    """Run (or resume) a suite run: every task not yet done, one at a time through the queue, then the
-    checks. `register(config, result)` makes each result reviewable; `compare(reference_media, media)`
-    returns {"psnr", "ssim"} (default: `engine.pipeline.quality.compare_files`). Returns (done, total)."""
+    """Run (or resume) a suite run: every task not yet done (failed ones again), one at a time through the
+    queue, then the checks once every task has ended (done or failed). `register(config, result)` makes each
+    result reviewable; `compare(reference_media, media)` returns {"psnr", "ssim", "lpips", "lpips_reason"}
+    (default: `engine.pipeline.quality.compare_files`). Returns (done, total)."""
     from engine.serving.batch import BatchLine, run_batch
 
     run = runs.run(run_id)
@@ -204,44 +219,94 @@ def run_suite(runs: RunStore, queue, run_id: str, *, register: Callable | None =
 
     def on_line(line, _count, _of):
         item, config, attempt = task_of[line.line]
-        if line.status != "done":
-            runs.record(run_id, item.id, config.name, attempt, line.status, message=line.message)
+        if line.status != "done":  # failed or cancelled, with the engine's message
+            runs.record(run_id, item.id, config.name, attempt, line.status,
+                        message=line.message.partition(": ")[2] if line.message.startswith("line ") else line.message)
         if on_task is not None:  # counted in memory: a line is done here exactly when on_result recorded it
             on_task(len(done) + sum(entry.status == "done" for entry in lines), total)
 
     if lines:
         run_batch(queue, lines, on_result=on_result, on_line=on_line, session_id=session_id, batch_id=run_id,
                   cancel=cancel)
-    finished = len(runs.done(run_id))
-    if finished == total:
+    if runs.ended(run_id):
         record_checks(runs, run, compare)
-    return finished, total
+    return len(runs.done(run_id)), total
+
+
+def run_state(run: Run, rows: list[dict], running: bool = False) -> str:
+    """What the Suites table says of a run: running, finished, failed (how many tasks), or interrupted."""
+    if running:
+        return "running"
+    status = {(r["item_id"], r["config"], r["attempt"]): r["status"] for r in rows}
+    tasks = [(item.id, config.name, attempt) for item, config, attempt in run.tasks()]
+    failed = sum(status.get(task) == "failed" for task in tasks)
+    not_run = sum(status.get(task) not in ("done", "failed") for task in tasks)
+    if failed:
+        left = f"; {not_run} not run yet" if not_run else ""
+        return f"failed: {failed} item{'s' if failed != 1 else ''}{left}; Resume retries them"
+    return "finished" if not not_run else "interrupted: resume to finish"
+
+
+def _task_rows(runs: RunStore, run: Run) -> dict[tuple[str, str, int], dict]:
+    return {(r["item_id"], r["config"], r["attempt"]): r for r in runs.items(run.run_id)}
+
+
+def _why_missing(row: dict | None, what: str) -> str:
+    if row is None:
+        return f"{what} has not run"
+    if row["status"] != "done":
+        return f"{what} {row['status']}: {row['message'] or 'no message'}"
+    return f"{what} made no media file"
+
+
+def record_determinism(runs: RunStore, run: Run) -> None:
+    """Per configuration: whether the first item's two runs gave byte-identical media (SHA256), or why
+    that cannot be said (a run failed, or made no file)."""
+    rows = _task_rows(runs, run)
+    item = run.items[0]
+    for config in run.configs:
+        first, again = rows.get((item.id, config.name, 0)), rows.get((item.id, config.name, 1))
+        missing = [_why_missing(row, what) for row, what in ((first, f"{item.id!r}"), (again, "its repeat"))
+                   if row is None or row["status"] != "done" or not row["sha256"]]
+        if missing:
+            runs.record_check(run.run_id, item.id, config.name, "deterministic", None,
+                              "not checked: " + "; ".join(missing))
+            continue
+        same = first["sha256"] == again["sha256"]
+        detail = (f"same SHA256 {first['sha256'][:16]}" if same else
+                  f"differs: SHA256 {first['sha256'][:16]} vs {again['sha256'][:16]}")
+        runs.record_check(run.run_id, item.id, config.name, "deterministic", float(same), detail)
+
+
+def record_references(runs: RunStore, run: Run, compare: Callable) -> None:
+    """PSNR, SSIM and LPIPS of every result against the reference configuration's result for its item."""
+    rows = _task_rows(runs, run)
+    for item in run.items:
+        reference = rows.get((item.id, run.reference, 0))
+        for config in run.configs:
+            current = rows.get((item.id, config.name, 0))
+            if config.name == run.reference or current is None or current["status"] != "done":
+                continue  # the result's own failure is in the failures table
+            if reference is None or reference["status"] != "done" or not reference["media"]:
+                scores = {"reason": _why_missing(reference, f"the reference {run.reference!r}")}
+            else:
+                try:
+                    scores = compare(reference["media"], current["media"])
+                except ValueError as exc:  # different sizes or frame counts: say so instead of a number
+                    scores = {"reason": str(exc)}
+            for metric in REFERENCE_METRICS:
+                value = scores.get(metric)
+                detail = (f"vs {run.reference}" if value is not None else
+                          scores.get(f"{metric}_reason") or scores.get("reason") or "not computed")
+                runs.record_check(run.run_id, item.id, config.name, metric, value, detail)
 
 
 def record_checks(runs: RunStore, run: Run, compare: Callable | None = None) -> None:
-    """Determinism (SHA256 of the repeat) and PSNR/SSIM against the reference, per item and config."""
-    done = runs.done(run.run_id)
-    for config in run.configs if run.repeat else ():
-        first, again = done.get((run.items[0].id, config.name, 0)), done.get((run.items[0].id, config.name, 1))
-        if first and again:
-            same = first["sha256"] == again["sha256"]
-            runs.record_check(run.run_id, run.items[0].id, config.name, "deterministic", float(same),
-                              f"sha256 {first['sha256'][:16]} vs {again['sha256'][:16]}")
+    """Determinism (with the repeat on) and the reference metrics (with a reference), per item and config."""
+    if run.repeat:
+        record_determinism(runs, run)
     if run.reference is None:
         return
     if compare is None:
         from engine.pipeline.quality import compare_files as compare
-    for item in run.items:
-        reference = done.get((item.id, run.reference, 0))
-        for config in run.configs:
-            current = done.get((item.id, config.name, 0))
-            if config.name == run.reference or reference is None or current is None:
-                continue
-            try:
-                scores = compare(reference["media"], current["media"])
-            except ValueError as exc:  # different sizes or frame counts: say so instead of a number
-                for metric in ("psnr", "ssim"):
-                    runs.record_check(run.run_id, item.id, config.name, metric, None, str(exc))
-                continue
-            for metric in ("psnr", "ssim"):
-                runs.record_check(run.run_id, item.id, config.name, metric, scores[metric], f"vs {run.reference}")
+    record_references(runs, run, compare)

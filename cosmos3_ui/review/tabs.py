@@ -20,6 +20,26 @@ from .desk import SCORE_CHOICES, ReviewDesk, criterion_label, reviewer_of
 from .pairwise import CHOICES
 from .run_tabs import LeaderboardTab, SuitesTab
 
+# One control for both videos of a blind pair: it starts (or pauses) A and B together from the same
+# time, and from the first click on, playing, pausing or seeking either one does the same to the other.
+SYNC_PLAY_JS = """
+() => {
+  const [a, b] = ['A', 'B'].map(side => document.querySelector(`#blind-video-${side} video`));
+  if (!a || !b) return;
+  for (const [self, other] of [[a, b], [b, a]]) {
+    if (self.dataset.synced) continue;
+    self.dataset.synced = '1';
+    self.addEventListener('play', () => { if (other.paused) { other.currentTime = self.currentTime; other.play(); } });
+    self.addEventListener('pause', () => { if (!other.paused) { other.pause(); other.currentTime = self.currentTime; } });
+    self.addEventListener('seeked', () => {
+      if (Math.abs(other.currentTime - self.currentTime) > 0.05) other.currentTime = self.currentTime;
+    });
+  }
+  if (a.paused) { b.currentTime = a.currentTime; a.play(); b.play(); }
+  else { a.pause(); b.pause(); b.currentTime = a.currentTime; }
+}
+"""
+
 def _table(desk: ReviewDesk, rows: list[list[Any]]) -> dict:
     return {"headers": desk.columns(), "data": rows}
 
@@ -153,31 +173,37 @@ class BlindTab:
                     with gr.Column():
                         self.media[side] = (
                             gr.Image(label=side, type="filepath", interactive=False, height=320, elem_id=f"blind-image-{side}"),
-                            gr.Video(label=side, interactive=False, format="mp4", height=320, visible=False,
-                                     elem_id=f"blind-video-{side}"))
+                            gr.Video(label=side, interactive=False, format="mp4", height=320, visible=False, loop=True,
+                                     autoplay=False, elem_id=f"blind-video-{side}"))
+            self.play = gr.Button("Play / pause A and B together", size="sm", visible=False, elem_id="blind-play")
             self.choices = {c: gr.Radio(list(CHOICES), value=None, label=criterion_label(c), elem_id=f"blind-choice-{c}")
                             for c in self.blind.criteria}
             self.note = gr.Textbox("", label="Note (optional)", lines=2, max_lines=8, elem_id="blind-note")
-            self.save = gr.Button("Save choice", variant="primary", elem_id="blind-save")
+            with gr.Row():
+                self.save = gr.Button("Save choice", variant="primary", elem_id="blind-save")
+                self.reveal = gr.Button("Reveal which was which", elem_id="blind-reveal")
             self.status = gr.HTML("", elem_id="blind-status")
+            self.revealed = gr.Markdown("", elem_id="blind-revealed")
         return self
 
     def wire(self) -> None:
         self.tab.select(lambda current: gr.update(choices=self.blind.run_choices(), value=current), inputs=self.run,
                         outputs=self.run, queue=False, api_visibility=PRIVATE)
         shown = [c for side in ("A", "B") for c in self.media[side]]
-        outputs = [self.pair, self.prompt, *shown, *self.choices.values(), self.note, self.status]
+        outputs = [self.pair, self.prompt, *shown, self.play, *self.choices.values(), self.note, self.status,
+                   self.revealed]
 
         def on_draw(run_id, request: gr.Request):
             try:
                 view = self.blind.draw(run_id, reviewer_of(request))
             except StudioError as exc:
                 return {self.status: status_html(str(exc), "error")}
-            cleared = {radio: None for radio in self.choices.values()}
+            cleared = {**{radio: None for radio in self.choices.values()}, self.revealed: ""}
             if view is None:
                 return {self.pair: None, self.prompt: "", **{c: gr.update(value=None) for c in shown}, **cleared,
-                        self.status: status_html("You have judged every pair of this run.", "ok")}
+                        self.play: gr.update(visible=False), self.status: status_html("You have judged every pair of this run.", "ok")}
             out = {self.pair: view.pair_id, self.prompt: f"[{view.mode}] {view.prompt}", self.note: "", **cleared,
+                   self.play: gr.update(visible=view.is_video),
                    self.status: status_html(f"{view.remaining} pair(s) left for you in this run, this one included.",
                                             "info")}
             for side, path in (("A", view.media_a), ("B", view.media_b)):
@@ -194,10 +220,20 @@ class BlindTab:
                 message = self.blind.judge(pair_id, reviewer_of(request), dict(zip(criteria, choices)), note)
             except StudioError as exc:
                 return {self.status: status_html(str(exc), "error")}
-            return {self.pair: None, self.status: status_html(message, "ok")}
+            return {self.status: status_html(message + " Reveal shows which was which.", "ok")}
 
-        self.save.click(on_save, inputs=[self.pair, self.note, *self.choices.values()], outputs=[self.pair, self.status],
+        self.save.click(on_save, inputs=[self.pair, self.note, *self.choices.values()], outputs=[self.status],
                         queue=False, api_visibility=PRIVATE)
+
+        def on_reveal(pair_id, request: gr.Request):
+            try:  # BlindDesk.reveal reads the stored vote: nothing on the page can reveal a pair before it
+                return {self.revealed: self.blind.reveal(pair_id, reviewer_of(request)), self.status: ""}
+            except StudioError as exc:
+                return {self.revealed: "", self.status: status_html(str(exc), "error")}
+
+        self.reveal.click(on_reveal, inputs=self.pair, outputs=[self.revealed, self.status], queue=False,
+                          api_visibility=PRIVATE)
+        self.play.click(None, js=SYNC_PLAY_JS, api_visibility=PRIVATE)
 
 
 class ReviewTabs:

@@ -17,6 +17,7 @@ from .events import JobCancelled
 from .queue import JobFailed, JobQueue, QueueFull
 
 MAX_BATCH_LINES = 500
+CAPTION_KEYS = ("prompt", "negative_prompt")
 
 
 @dataclass
@@ -55,6 +56,14 @@ def parse_batch(text: str) -> list[BatchLine]:
     return lines
 
 
+def request_for_engine(request: dict) -> dict:
+    """The request as the engine takes it: a caption object in `prompt` or `negative_prompt` becomes its
+    JSON text. A batch or suite line may hold the caption as an object (JSON Lines nests it naturally);
+    the engine takes every prompt as text and parses a JSON caption once, itself."""
+    return {key: json.dumps(value, ensure_ascii=False) if key in CAPTION_KEYS and isinstance(value, dict) else value
+            for key, value in request.items()}
+
+
 def new_batch_id() -> str:
     return "batch-" + time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
 
@@ -65,7 +74,8 @@ def _submit_when_there_is_room(queue: JobQueue, entry: BatchLine, session_id, ba
         if cancel is not None and cancel.is_set():
             return None
         try:
-            return queue.submit(entry.model, entry.request, session_id=session_id, output_group=batch_id)
+            return queue.submit(entry.model, request_for_engine(entry.request), session_id=session_id,
+                                output_group=batch_id)
         except QueueFull:
             time.sleep(0.5)
 
