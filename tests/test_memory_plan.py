@@ -116,3 +116,55 @@ def test_the_weights_are_counted_once_per_model_each_storage_once(tiny_family, m
 
     monkeypatch.setattr(memory, "_count_weight_bytes", recount)
     assert memory.model_weight_bytes(model, None)[0] == expected
+
+
+def state_for(model, width, height, frames, prefixes=(1615, 64)):
+    return SimpleNamespace(model=model, request={"mode": "t2v" if frames > 1 else "t2i"},
+                           cond=SimpleNamespace(width=width, height=height),
+                           latents=SimpleNamespace(vision=torch.zeros(1, 48, (frames - 1) // 4 + 1, 1, 1)),
+                           token_ids=tuple([0] * n for n in prefixes), plan=[True])
+
+
+def test_the_memory_stage_moves_the_text_tower_refuses_and_frees_kept_steps_first(super_fp8, monkeypatch):
+    from engine.pipeline import whole_step
+
+    made = []
+    monkeypatch.setattr(memory, "TextTower", lambda tr, device: made.append(device) or SimpleNamespace(
+        to_gpu=lambda: made.append("to_gpu"), release=lambda: made.append("release")))
+    monkeypatch.setattr(memory, "gpu_capacity", lambda model: H200)
+    state = state_for(super_fp8, 1280, 720, 189)
+    memory.memory_stage(state)
+    assert state.text_tower_leaves and made == [super_fp8.device, "to_gpu"]
+    memory.after_prefill(state)
+    assert made[-1] == "release"
+    # Too large for this GPU even so: refused, nothing moved; kept step graphs are given back first and the plan
+    # made again with their room (here it still does not fit).
+    made.clear()
+    released = []
+    monkeypatch.setattr(whole_step, "release_kept_steps", lambda: released.append(1) or 1)
+    monkeypatch.setattr(memory, "gpu_capacity", lambda model: 120 * GIB)
+    with pytest.raises(memory.RequestTooLarge):
+        memory.memory_stage(state_for(super_fp8, 1280, 720, 189))
+    assert released == [1] and made == []
+    # Where the kept steps held what was missing, the request runs.
+    room = iter([120 * GIB, H200])
+    monkeypatch.setattr(memory, "gpu_capacity", lambda model: next(room))
+    memory.memory_stage(state_for(super_fp8, 1280, 720, 189))
+    assert made[-1] == "to_gpu"
+
+
+def test_generate_refuses_before_the_prefill(tiny_family, monkeypatch):
+    from engine.model.loader import load_in_process
+    from engine.pipeline import run
+
+    model = load_in_process(tiny_family["nano"], device="cpu")
+    prefilled = []
+    monkeypatch.setattr(run, "prefill_stage", lambda state: prefilled.append(state))
+
+    def too_large(state):
+        raise memory.RequestTooLarge("t2i 1024x1024: does not fit. What fits: no size of this mode.", "width")
+
+    monkeypatch.setattr(run, "memory_stage", too_large)
+    with pytest.raises(memory.RequestTooLarge):
+        run.generate(model, dict(mode="t2i", prompt="a lighthouse", seed=1, steps=2))
+    assert prefilled == []

@@ -16,6 +16,7 @@ by pixels). Dispatch's first-step timing takes only what is left over (`cosmos3_
 """
 from __future__ import annotations
 
+import gc
 import logging
 import math
 from dataclasses import dataclass
@@ -276,7 +277,18 @@ def memory_stage(state) -> None:
     cond = state.cond
     frames = (state.latents.vision.shape[2] - 1) * 4 + 1
     prefixes = tuple(len(ids) for ids in state.token_ids[: 2 if any(state.plan) else 1])
-    _, text_on_gpu = plan_request(model, state.request["mode"], cond.width, cond.height, frames, prefixes)
+    plan = (model, state.request["mode"], cond.width, cond.height, frames, prefixes)
+    try:
+        _, text_on_gpu = plan_request(*plan)
+    except RequestTooLarge:
+        # Kept step graphs are a cache (engine.pipeline.whole_step): give their memory back and plan once more.
+        from .whole_step import release_kept_steps
+
+        if not release_kept_steps():
+            raise
+        gc.collect()
+        torch.cuda.empty_cache()
+        _, text_on_gpu = plan_request(*plan)
     if not text_on_gpu and model.text_tower is None:
         model.text_tower = TextTower(model.transformer, model.device)
     if model.text_tower is not None:
