@@ -2,11 +2,11 @@
 
 Why: Super in FP8 on one H200 holds ~104 GiB of weights, and at 1280x720/189f its request needs ~22 GiB of
 packed K/V (64 layers, both CFG branches) and ~15 GiB for a step's MLP on top: over the 139.8 GiB the card has.
-But the text ("und") tower runs once per request, in the prefill, and ~58 GiB of those weights are its own. So
+But the text ("und") tower runs once per request, in the prefill, and ~60 GiB of those weights are its own. So
 where a request does not fit with them on the GPU, they wait in pinned host memory through the denoising loop
-(`TextTower`: one copy on the host, made once; the GPU copy made again for each request's prefill, ~1 s at the
-host link's ~50 GB/s, and dropped after it). A request that does not fit even so is refused before anything
-runs, naming the sizes that would (`RequestTooLarge`).
+(`TextTower`: one pinned copy on the host, made once at load, 38-48 s; the GPU copy made again for each request's
+prefill and dropped after it: that prefill stage took 1.85 s warm at 720p, the copy included). A request that
+does not fit even so is refused before anything runs, naming the sizes that would (`RequestTooLarge`).
 
 The plan (`request_memory`) counts what the fast gen tower holds, by the model's dimensions: the weights (the
 tensors themselves), the K/V buffers (`engine.pipeline.transformer.allocate_cache`'s sizing), a step at its
@@ -232,7 +232,7 @@ def fits(need: int, capacity: int) -> bool:
 
 
 def can_offload(model) -> bool:
-    return model.text_tower is not None or (model.device is not None and model.device.type == "cuda")
+    return model.text_tower is not None or (model.device is not None and torch.device(model.device).type == "cuda")
 
 
 def what_fits(model, mode: str, capacity: int, prefixes: tuple[int, ...], offload: bool) -> list[str]:
@@ -308,9 +308,9 @@ def _largest_mode(model) -> tuple[str, object]:
 
 
 def describe_at_load(model, capacity: int | None = None) -> str:
-    """The plan's line at load, e.g. "Super FP8 on 1 H200: weights 45.6 GiB (text tower 58.0 GiB, on the host
-    between prefills), peak 86.0 GiB at 1280x720/189f of 139.8 GiB": the family's default video size (or image
-    size) at its most frames."""
+    """The plan's line at load, e.g. "Super FP8 on 1 H200: weights 45.4 GiB (text tower 59.6 GiB, on the host
+    between prefills), peak 127.2 GiB at 1280x720/189f of 139.2 GiB" (measured there: 127.36 GiB, the prefill's):
+    the family's default video size (or image size) at its most frames."""
     from ..model.defaults import sampling_defaults
 
     capacity = gpu_capacity(model) if capacity is None else capacity
