@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import logging
 import os
 import statistics
@@ -268,6 +269,9 @@ class KernelDispatcher:
         self.quack_configs = tuple(quack_configs)
         self.timing = timing
         self.store = store  # measured decisions kept across processes (None: this process only)
+        # Stored decisions are this dispatcher's only if it offered the same candidates (benchmarks pass their own).
+        self._candidates_key = hashlib.sha256(repr((self.attention_configs, self.flash4_configs,
+                                                    self.quack_configs)).encode()).hexdigest()[:12]
         self.free_memory = free_memory or free_device_bytes  # bytes a candidate's timing may take
         self._decisions: dict[Hashable, Decision] = {}
         self._sharing: dict[Hashable, SharingDecision] = {}
@@ -323,7 +327,8 @@ class KernelDispatcher:
         return decision
 
     def _store_key(self, key: tuple) -> str:
-        return f"{self.timing}|{key!r}"  # a dtype's repr (torch.bfloat16) reads the same in every process
+        # A dtype's repr (torch.bfloat16) reads the same in every process.
+        return f"{self.timing}|{self._candidates_key}|{key!r}"
 
     def _restored(self, key: tuple, kind: type):
         """The decision a previous process measured for `key` (`store`), or None."""

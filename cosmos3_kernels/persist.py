@@ -37,6 +37,8 @@ COMPILER_CACHES = {
     "CUTE_DSL_CACHE_DIR": "cute_dsl",
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
 }
+# The switches that take a library's candidates out of dispatch (a decision measured with them is not one without).
+KEYED_SWITCHES = ("COSMOS3_FLASH4", "COSMOS3_QUACK")
 # The libraries whose kernels dispatch times (their versions key the stored decisions).
 KEYED_PACKAGES = ("triton", "flash-attn-4", "quack-kernels", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend",
                   "torchao", "mslk-cuda", "fa3-fwd")
@@ -106,7 +108,8 @@ def kernels_source_hash() -> str:
 
 def environment_fingerprint(device=None) -> dict:
     """What a stored decision is valid for: the GPU (name, capability), its driver, torch with its CUDA and cuDNN,
-    every library in `KEYED_PACKAGES` (None where not installed) and this package's source."""
+    every library in `KEYED_PACKAGES` (None where not installed), the switches in `KEYED_SWITCHES` and this
+    package's source."""
     import torch
 
     out = {"store_version": STORE_VERSION, "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -121,6 +124,8 @@ def environment_fingerprint(device=None) -> dict:
         out.update(gpu="cpu")
     for name in KEYED_PACKAGES:
         out[name] = _package_version(name)
+    for name in KEYED_SWITCHES:
+        out[name] = os.environ.get(name)
     return out
 
 

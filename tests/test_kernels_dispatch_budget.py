@@ -88,12 +88,15 @@ def test_measured_decisions_are_read_back_by_a_fresh_dispatcher(tmp_path, monkey
     other_shape = KEY[:3] + ((2, 12090, 64, 128),) + KEY[4:]
     again = dsp.Decision(dsp.Path.TRITON, "measured", triton_ms=1.0, torch_ms=2.0)
     assert fresh._decide(other_shape, ON_CUDA, None, lambda: again) == again
-    # Candidates timed another way (eager) are not the graph-timed decision either.
+    # Candidates timed another way (eager), or other candidates, are not that decision either.
     eager = dsp.KernelDispatcher("auto", timing="eager", store=persist.DecisionStore(tmp_path, FINGERPRINT))
     assert eager._decide(KEY, ON_CUDA, None, lambda: again) == again
+    one_config = dsp.KernelDispatcher("auto", flash4_configs=(Flash4Config(),),
+                                      store=persist.DecisionStore(tmp_path, FINGERPRINT))
+    assert one_config._decide(KEY, ON_CUDA, None, lambda: again) == again
 
 
-@pytest.mark.parametrize("changed", ["gpu", "driver", "triton", "flash-attn-4", "kernels_source"])
+@pytest.mark.parametrize("changed", ["gpu", "driver", "triton", "flash-attn-4", "kernels_source", "COSMOS3_FLASH4"])
 def test_decisions_of_another_environment_are_ignored(tmp_path, monkeypatch, changed):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     stored = dsp.Decision(dsp.Path.TORCH, "measured", triton_ms=2.0, torch_ms=1.0)
@@ -150,6 +153,7 @@ def test_the_cache_folder_and_the_compilers_caches(tmp_path, monkeypatch):
 
 def test_the_fingerprint_names_the_environment_a_decision_depends_on():
     fingerprint = persist.environment_fingerprint()
-    for field in ("torch", "cuda", "kernels_source", "gpu", "triton", "flash-attn-4", "quack-kernels"):
+    for field in ("torch", "cuda", "kernels_source", "gpu", "triton", "flash-attn-4", "quack-kernels",
+                  "COSMOS3_FLASH4", "COSMOS3_QUACK"):
         assert field in fingerprint
     assert fingerprint["kernels_source"] == persist.kernels_source_hash()
