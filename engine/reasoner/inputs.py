@@ -174,9 +174,9 @@ def _parts_inputs(pre: Preprocessor, messages: list[dict], image, video: VideoCl
     if video is not None:
         pixels, thw = _video_pixels(pre, video)
         placeholder = _video_placeholder(pre, video, thw[0])
-        # Edge's processor replaces the whole wrapped slot; Qwen3-VL's only the pad inside it.
-        slot = "<|vision_start|><|video_pad|><|vision_end|>" if pre.kind == "edge" else "<|video_pad|>"
-        text = text.replace(slot, placeholder, 1)
+        # Both processors replace the chat template's whole wrapped slot: each frame span brings its own
+        # wrapper (Qwen3-VL's collapses the chat wrapper first since Transformers 5.25).
+        text = text.replace("<|vision_start|><|video_pad|><|vision_end|>", placeholder, 1)
         out.update(pixel_values_videos=pixels, video_grid_thw=thw)
     encoded = pre.tokenizer(text, return_tensors="pt", add_special_tokens=False)
     out.update(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"])
