@@ -118,6 +118,9 @@ def test_enhance_and_describe_give_a_caption_in_one_attempt_on_random_weights(lo
                            on_progress=events.append)
     assert result.decoding == "constrained:llguidance" and result.attempts == 1 and result.repairs == []
     assert result.tokens <= budget and json.loads(result.text) == result.caption
+    # One byte a character and at least one a token: printable ASCII, no escapes (what bounds the tokens).
+    assert all(" " <= c <= "~" and c != "\\" for c in result.text)
+    assert len(result.text) <= caption_schema(result.caption_kind, budget).longest_bytes
     kind = "video" if task == "enhance" else "image"
     assert result.caption_kind == kind
     mode = "t2v" if kind == "video" else "t2i"

@@ -233,7 +233,8 @@ def test_video_frames_are_sized_as_the_video_processor_sizes_them():
                 if kind == "omni":
                     capped = dict(config, cap_pixels_per_frame=True, max_video_tokens=6)
                     h, w = video_frame_size(kind, capped, frames, height, width)
-                    processor = SimpleNamespace(**capped)
+                    # Its keyword merge (a processor's defaults under the call's) is all it reads of `self`.
+                    processor = SimpleNamespace(**capped, _merge_and_standardize_kwargs=lambda **kw: {**capped, **kw})
                     assert (frames // temporal) * (h // 16) * (w // 16) == \
                         Qwen3VLVideoProcessor.get_num_of_video_patches(processor, frames, height, width, {})
 

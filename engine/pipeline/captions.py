@@ -169,9 +169,9 @@ def fields_for(kind: str) -> dict[str, Field]:
 # JSON Schema export (constrained decoding)
 # ----------------------------------------------------------------------------------------------
 # The reasoner decodes a caption under a JSON Schema made here from the fields above, so the two can
-# never disagree. Text is printable ASCII without '"' or '\\' (no escapes): every such character is one
-# byte, every token at least one byte, so a text bounded in characters is bounded in tokens too.
-SCHEMA_TEXT_CHARS = r"[ !#-\[\]-~]"
+# never disagree. Texts are bounded in characters; the decoder also keeps them to printable ASCII
+# without escapes (engine.reasoner.constrained), which a `pattern` here would say too but at eight times
+# the decoder's per-token cost.
 # "M:SS-M:SS" with at most two digits of minutes: the bounded form of what `_TIME_RANGE` accepts.
 SCHEMA_TIME_RANGE = r"^[0-9]{1,2}:[0-5][0-9]-[0-9]{1,2}:[0-5][0-9]$"
 SCHEMA_TIME_RANGE_CHARS = 11
@@ -181,10 +181,8 @@ _SCHEMA_LEAF_KINDS = (TEXT, TIME_RANGE)
 
 
 def schema_text(max_chars: int, min_chars: int = 1) -> dict:
-    """A bounded text value (see SCHEMA_TEXT_CHARS)."""
-    min_chars = min(min_chars, max_chars)
-    return {"type": "string", "minLength": min_chars, "maxLength": max_chars,
-            "pattern": f"^{SCHEMA_TEXT_CHARS}{{{min_chars},{max_chars}}}$"}
+    """A text value of `min_chars`..`max_chars` characters."""
+    return {"type": "string", "minLength": min(min_chars, max_chars), "maxLength": max_chars}
 
 
 def _schema_leaf(spec: Field, path: str, text_chars) -> dict:
