@@ -2,10 +2,11 @@
 team), so that Enhance and Describe write a valid caption, and Critique valid scores, on the first
 attempt and on any weights.
 
-Why llguidance (docs/PERFORMANCE.md, "Constrained decoding", has the numbers): on a 151k-token
+Why llguidance (docs/PERFORMANCE.md, "Constrained decoding (issue 46)", has the numbers): on a 151k-token
 byte-level vocabulary it compiles the caption schema in milliseconds and masks a token in ~0.3 ms on
-the CPU; xgrammar took 34 s to compile the same schema (and drops `maxLength` where a `pattern` is
-given), and outlines-core builds its whole index up front. llguidance's wheel needs no other package.
+the CPU; xgrammar took 34-61 s to compile the same schema (and drops `maxLength` where a `pattern` is
+given), and outlines-core had not built its index after 10 minutes. llguidance's wheel needs no other
+package.
 
 Every answer is plain printable ASCII without backslashes: the processor allows only tokens whose
 bytes are all such characters (or an end-of-text token). The schema (engine.reasoner.schema) bounds
