@@ -5,7 +5,7 @@ attempt and on any weights.
 Why llguidance (docs/PERFORMANCE.md, "Constrained decoding (issue 46)", has the numbers): on a 151k-token
 byte-level vocabulary it compiles the caption schema in milliseconds and masks a token in ~0.3 ms on
 the CPU; xgrammar took 34-61 s to compile the same schema (and drops `maxLength` where a `pattern` is
-given), and outlines-core had not built its index after 10 minutes. llguidance's wheel needs no other
+given), and outlines-core 23 minutes to build its index. llguidance's wheel needs no other
 package.
 
 Every answer is plain printable ASCII without backslashes: the processor allows only tokens whose
