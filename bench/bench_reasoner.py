@@ -2,6 +2,16 @@
 
     python3 bench/bench_reasoner.py --out $OUT        # on a GPU; writes reasoner_bench.json
     python3 bench/bench_reasoner.py --families nano --out $OUT --budget-s 120    # Nano alone, ~80 s
+    python3 bench/bench_reasoner.py --constrained-only --out $OUT   # free vs schema-constrained decode only
+    python3 bench/bench_reasoner.py --tiny --out $OUT    # the same comparison on the CPU, tiny checkpoints
+    python3 bench/bench_reasoner.py --candidates llguidance,xgrammar,outlines_core --out $OUT   # the libraries
+
+Constrained decoding (issue 46): the same prompt decoded free and under the video caption schema
+(`engine.reasoner.schema`, through `engine.reasoner.constrained`: llguidance as a logits processor):
+tokens/s and first-token delay of each, the processor's own time per token, and the one-off cost of
+llguidance's view of the tokenizer. The GPU runs have no tokenizer of the real checkpoints (random
+weights, no hub), so one is trained here: a byte-level BPE of the model's vocabulary size on the
+installed Python packages' source (cached under --out); `--tiny` uses the tiny checkpoints' own.
 
 
 For the Edge (`cosmos3_edge`) and Nano (`cosmos3_omni`, Qwen3-VL-8B sized) reasoners in bf16 on cuda:0:
@@ -16,8 +26,11 @@ measured; `--budget-s` skips what is left once that many seconds have passed (ma
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -111,12 +124,15 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def timed_generate(model, batch, tokens: int) -> dict:
+def timed_generate(model, batch, tokens: int, processors: list | None = None) -> dict:
+    """Greedy decode of `tokens` new tokens (forced with min_new_tokens); with `processors` (a schema
+    constraint, which must be free to end the answer) at most `tokens`."""
     stream = FirstToken()
+    forced = {"min_new_tokens": tokens} if not processors else {"logits_processor": processors}
     _sync()
     start = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(**batch, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, streamer=stream)
+        out = model.generate(**batch, max_new_tokens=tokens, do_sample=False, streamer=stream, **forced)
     _sync()
     end = time.perf_counter()
     new = out.shape[1] - batch["input_ids"].shape[1]
@@ -137,6 +153,90 @@ def copies(model, device) -> dict:
     _sync()
     h2d = time.perf_counter() - t
     return {"bytes": nbytes, "to_cpu_s": round(d2h, 3), "to_gpu_s": round(h2d, 3)}
+
+
+class TimedConstraint:
+    """The engine's schema constraint, timed: seconds spent in it, per call."""
+
+    def __init__(self, constraint):
+        self.constraint, self.seconds = constraint, []
+
+    def __call__(self, input_ids, scores):
+        start = time.perf_counter()
+        out = self.constraint(input_ids, scores)
+        _sync()
+        self.seconds.append(time.perf_counter() - start)
+        return out
+
+
+def bench_tokenizer(vocab_size: int, out: Path):
+    """A byte-level BPE with `vocab_size` tokens, trained on the installed packages' Python source (no hub
+    here); cached in `out`. It stands in for the checkpoints' tokenizer in llguidance's mask cost."""
+    import sysconfig
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    folder = out / f"bench_tokenizer_{vocab_size}"
+    if (folder / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(folder)
+
+    def texts(limit=150_000_000):
+        seen = 0
+        for path in sorted(Path(sysconfig.get_paths()["purelib"]).rglob("*.py")):
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            seen += len(text)
+            yield text
+            if seen > limit:
+                return
+
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(texts(), trainer=trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def constrained_vs_free(model, batch, tokenizer, eos_id: int, tokens: int, budget: int = 4096, repeats: int = 3) -> dict:
+    """The same greedy decode under the video caption schema sized for `budget` tokens (at most `tokens`),
+    then free with as many tokens forced as the constrained answer took; alternated `repeats` times and
+    the fastest of each kept (a shared machine's noise only slows a run down)."""
+    from engine.reasoner.constrained import SchemaConstraint, grammar_tokenizer
+    from engine.reasoner.schema import caption_schema
+
+    started = time.perf_counter()
+    grammar = grammar_tokenizer(tokenizer, [eos_id])
+    row = {"vocab": len(tokenizer), "grammar_tokenizer_s": round(time.perf_counter() - started, 3)}
+    schema = caption_schema("video", budget).schema
+    timed_generate(model, batch, 4, [SchemaConstraint(grammar, schema)])  # warm-up of the masked path
+    best: dict = {}
+    for _ in range(repeats):
+        started = time.perf_counter()
+        timed = TimedConstraint(SchemaConstraint(grammar, schema))
+        compile_s = time.perf_counter() - started
+        held = timed_generate(model, batch, tokens, [timed])
+        held["first_token_with_compile_s"] = round(held["ttft_s"] + compile_s, 4)
+        free = timed_generate(model, batch, held["new_tokens"])
+        for key, run in (("constrained", held), ("free", free)):
+            if key not in best or run["decode_tokens_per_s"] > best[key]["decode_tokens_per_s"]:
+                best[key] = run
+        if "constrained" not in row or held is best["constrained"]:
+            per_token = sorted(timed.seconds)
+            row["compile_s"] = round(compile_s, 4)
+            row["constraint_ms_per_token"] = {"median": round(1e3 * per_token[len(per_token) // 2], 3),
+                                              "p90": round(1e3 * per_token[int(0.9 * (len(per_token) - 1))], 3),
+                                              "max": round(1e3 * per_token[-1], 3)}
+        row.update(best)
+    free, held = row["free"]["decode_tokens_per_s"], row["constrained"]["decode_tokens_per_s"]
+    row["constrained_over_free_tokens_per_s"] = round(held / free, 3) if free else None
+    return row
 
 
 class Report:
@@ -164,7 +264,19 @@ class Report:
         self.path.write_text(json.dumps(self.data, indent=2))
 
 
-def measure(name: str, report: Report, device, dry_run: bool) -> None:
+def measure_constrained(name: str, row: dict, report: Report, model, config, device, tokens: int,
+                        dry_run: bool) -> None:
+    if not report.due(row, "constrained"):
+        return
+    vocab = 2000 if dry_run else config.text_config.vocab_size  # a dry run checks the code, not the mask cost
+    tokenizer = bench_tokenizer(vocab, report.path.parent)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    row["constrained"] = constrained_vs_free(model, inputs(name, config, device, False), tokenizer, eos, tokens)
+    print(name, "constrained", json.dumps(row["constrained"]), f"at {report.elapsed():.0f} s", flush=True)
+    report.save()
+
+
+def measure(name: str, report: Report, device, dry_run: bool, constrained_only: bool = False) -> None:
     row = report.data["families"].setdefault(name, {})
     tokens = 4 if dry_run else DECODE_TOKENS[name]
     config = configs()[name]
@@ -177,6 +289,9 @@ def measure(name: str, report: Report, device, dry_run: bool) -> None:
     report.save()
     # Warm-up of both paths (text, and the vision tower's first call), so neither number is a cold one.
     timed_generate(model, inputs(name, config, device, False), 4)
+    measure_constrained(name, row, report, model, config, device, tokens, dry_run)
+    if constrained_only:
+        return
     timed_generate(model, inputs(name, config, device, True), 2)
     for key, with_image in (("text", False), ("text_image", True)):
         if report.due(row, key):
@@ -206,6 +321,135 @@ def measure(name: str, report: Report, device, dry_run: bool) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+# A caption the video schema admits, for the candidates' token path (what a real model would write).
+CANDIDATE_ANSWER = {
+    "subjects": [{"description": "A red kite with a long ribbon tail climbs over a windy beach",
+                  "appearance_details": "diamond-shaped, silk", "location": "center of frame", "action": "climbs"},
+                 {"description": "A child in a yellow raincoat holding the kite string", "location": "lower left"}],
+    "lighting": {"conditions": "overcast noon light", "direction": "from above"},
+    "cinematography": {"camera_motion": "slow tilt up", "framing": "wide shot"},
+    "background_setting": "A wide sandy beach under grey clouds with waves breaking in the distance",
+    "actions": [{"time": "0:00-0:03", "description": "The kite rises from the sand."},
+                {"time": "0:03-0:05", "description": "It loops twice."}],
+    "temporal_caption": "A red kite lifts off the beach and climbs, looping twice as the child runs along the water.",
+}
+
+
+def _raw_vocab(tokenizer, eos_id: int) -> dict:
+    """token bytes -> ids of a byte-level BPE (outlines-core's Vocabulary takes raw bytes)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    to_char = {b: chr(b) for b in printable}
+    to_char.update({b: chr(256 + n) for n, b in enumerate(b for b in range(256) if b not in to_char)})
+    to_byte = {c: b for b, c in to_char.items()}
+    vocab: dict = {}
+    for text, token in tokenizer.get_vocab().items():
+        if token != eos_id and not text.startswith("<|"):
+            vocab.setdefault(bytes(to_byte[c] for c in text), []).append(token)
+    return vocab
+
+
+def _candidate(name: str, tokenizer, eos_id: int, schema: dict):
+    """(setup seconds split, step(token) -> None) of one library: mask the next token, check the path's
+    token is allowed, advance."""
+    import numpy as np
+
+    vocab = len(tokenizer)
+    words = np.zeros((vocab + 31) // 32, np.int32)
+    started = time.perf_counter()
+    if name == "llguidance":
+        import llguidance.hf
+
+        view = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=eos_id)
+        ready = time.perf_counter()
+        matcher = llguidance.LLMatcher(view, llguidance.LLMatcher.grammar_from_json_schema(
+            schema, overrides={"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}))
+        mask, advance = (lambda: matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)), matcher.consume_token
+    elif name == "xgrammar":
+        import xgrammar
+
+        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab, stop_token_ids=[eos_id])
+        ready = time.perf_counter()
+        matcher = xgrammar.GrammarMatcher(xgrammar.GrammarCompiler(info).compile_json_schema(
+            json.dumps(schema), any_whitespace=False, separators=(",", ":")))
+        bitmask = xgrammar.allocate_token_bitmask(1, vocab)
+        words = bitmask[0].numpy()
+        mask, advance = (lambda: matcher.fill_next_token_bitmask(bitmask)), matcher.accept_token
+    else:
+        import outlines_core
+
+        table = outlines_core.Vocabulary(eos_id, _raw_vocab(tokenizer, eos_id))
+        ready = time.perf_counter()
+        guide = outlines_core.Guide(outlines_core.Index(
+            outlines_core.json_schema.build_regex_from_schema(json.dumps(schema), whitespace_pattern=""), table))
+        mask, advance = (lambda: guide.write_mask_into(words.ctypes.data, words.size, 4)), guide.advance
+    setup = {"tokenizer_s": round(ready - started, 3), "compile_s": round(time.perf_counter() - ready, 3)}
+
+    def step(token: int) -> None:
+        mask()
+        assert (int(words[token // 32]) >> (token % 32)) & 1, f"{name} refused token {token} of a valid caption"
+        if token != eos_id:
+            advance(token)
+
+    return setup, step
+
+
+def measure_candidates(report: Report, names: list[str], vocab_size: int, budget: int = 4096) -> None:
+    """Each candidate library on the CPU: its setup (the first-token delay it adds) and its per-token cost
+    (mask + advance) along the token path of a valid caption, under the engine's video caption schema."""
+    import statistics
+
+    from engine.reasoner.schema import caption_schema
+
+    tokenizer = bench_tokenizer(vocab_size, report.path.parent)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    path = tokenizer(json.dumps(CANDIDATE_ANSWER, separators=(",", ":")), add_special_tokens=False)["input_ids"]
+    schema = caption_schema("video", budget).schema
+    rows = report.data.setdefault("candidates", {"vocab": len(tokenizer), "path_tokens": len(path) + 1})
+    for name in names:
+        if not report.due(rows, name):
+            continue
+        try:
+            setup, step = _candidate(name, tokenizer, eos, schema)
+            seconds = []
+            for token in path + [eos]:
+                started = time.perf_counter()
+                step(token)
+                seconds.append(time.perf_counter() - started)
+        except Exception as exc:  # a candidate that fails is a result: record what it said
+            rows[name] = {"failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        else:
+            rows[name] = {**setup, "per_token_us_median": round(1e6 * statistics.median(seconds), 1),
+                          "per_token_us_max": round(1e6 * max(seconds), 1)}
+        print("candidate", name, json.dumps(rows[name]), flush=True)
+        report.save()
+
+
+def measure_tiny(report: Report, families: list[str], tokens: int = 512) -> None:
+    """Free vs constrained decode on the CPU, on the tiny checkpoints' reasoners with their own
+    tokenizer, for the engine's real enhance chat (system prompt of the schema, an idea)."""
+    from transformers import AutoModelForImageTextToText
+
+    from engine.model.tiny import write_family
+    from engine.reasoner.inputs import build_inputs, load_preprocessor, messages_for
+    from engine.reasoner.schema import caption_schema
+    from engine.reasoner.tasks import caption_system_prompt, enhance_text
+
+    with tempfile.TemporaryDirectory() as tmp:
+        family = write_family(Path(tmp))
+        for name in families:
+            row = report.data["families"].setdefault(name, {})
+            root = family[name]
+            model = AutoModelForImageTextToText.from_pretrained(root).eval()
+            pre = load_preprocessor(root, "edge" if name == "edge" else "omni")
+            system = caption_system_prompt("video", caption_schema("video", 1300))
+            batch = build_inputs(pre, messages_for(system, enhance_text("a red kite over a windy beach", False)))
+            timed_generate(model, batch, 4)
+            eos = model.generation_config.eos_token_id
+            row["constrained"] = constrained_vs_free(model, batch, pre.tokenizer, eos, tokens, budget=1300)
+            print(name, "constrained", json.dumps(row["constrained"]), flush=True)
+            report.save()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -213,16 +457,34 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=None,
                         help="skip the measurements still to come once this many seconds have passed")
     parser.add_argument("--dry-run", action="store_true", help="CPU, two layers: checks the script only")
+    parser.add_argument("--constrained-only", action="store_true",
+                        help="only free vs schema-constrained decode (no image, no memory-policy costs)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="CPU: free vs constrained decode on the tiny checkpoints (needs diffusers to write them)")
+    parser.add_argument("--candidates", default=None,
+                        help="CPU: compare grammar libraries, e.g. llguidance,xgrammar,outlines_core (each importable)")
+    parser.add_argument("--vocab", type=int, default=151936, help="--candidates: the trained tokenizer's size")
     args = parser.parse_args()
-    device = torch.device("cpu" if args.dry_run else "cuda:0")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # engine, run as `python3 bench/...`
+    cpu = args.dry_run or args.tiny or bool(args.candidates)
+    device = torch.device("cpu" if cpu else "cuda:0")
     import transformers
 
+    llguidance = importlib.util.find_spec("llguidance")
     report = Report(args.out, args.budget_s, {
         "torch": torch.__version__, "transformers": transformers.__version__,
-        "gpu": "dry run" if args.dry_run else torch.cuda.get_device_name(0), "decode_tokens": DECODE_TOKENS})
+        "llguidance": importlib.metadata.version("llguidance") if llguidance else None,
+        "gpu": ("tiny checkpoints, CPU" if args.tiny else "dry run") if cpu else torch.cuda.get_device_name(0),
+        "decode_tokens": DECODE_TOKENS})
+    if args.candidates:
+        measure_candidates(report, args.candidates.split(","), args.vocab)
+        return 0
+    if args.tiny:
+        measure_tiny(report, args.families.split(","))
+        return 0
     for name in args.families.split(","):
         if report.due(report.data["families"].setdefault(name, {}), "build"):
-            measure(name, report, device, args.dry_run)
+            measure(name, report, device, args.dry_run, args.constrained_only)
     return 0
 
 

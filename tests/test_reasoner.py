@@ -113,43 +113,45 @@ def test_greedy_decode_equals_transformers_generate(tiny_family, loaded, name, k
 @pytest.mark.parametrize("name, kind", [("edge", "text"), ("edge", "image"), ("nano", "text"), ("nano", "video")])
 def test_reason_streams_the_same_tokens_as_transformers(tiny_family, loaded, name, kind):
     """`engine.reason` end to end (task prompt, media stage, streamed decode) against Transformers'
-    `generate` on the same chat: critique for an image or a video, enhance's first attempt for text."""
+    `generate` on the same chat: a short critique for an image or a video (free text: too few tokens for
+    its schema), and enhance under the caption schema (`generate` given the same constraint)."""
     from transformers import AutoModelForImageTextToText
 
+    from engine.reasoner.constrained import SchemaConstraint
     from engine.reasoner.request import DEFAULT_CRITERIA
+    from engine.reasoner.schema import caption_schema
     from engine.reasoner.tasks import caption_system_prompt, enhance_text
 
-    request = {"prompt": "a red kite", "max_new_tokens": 10, "temperature": 0}
+    budget = 1300 if kind == "text" else 10
+    request = {"prompt": "a red kite", "max_new_tokens": budget, "temperature": 0}
     if kind == "text":
         request.update(task="enhance", mode="t2v")
-        system, text = caption_system_prompt("video"), enhance_text("a red kite", False)
+        decoded = caption_schema("video", budget)
+        system, text = caption_system_prompt("video", decoded), enhance_text("a red kite", False)
     else:
         request.update(task="critique", **({"image": IMAGE} if kind == "image" else {"video": VIDEO, "video_fps": 6}))
         system, text = CRITIQUE_SYSTEM, critique_text("a red kite", DEFAULT_CRITERIA, kind == "video")
     events = []
-    try:
-        result = reason(loaded[name], request, on_progress=events.append)
-    except EnhanceError:  # random weights write no caption: only the first attempt is compared
-        result = None
-    first = []
-    for event in events:
-        if isinstance(event, ReasonerText):
-            if event.restart:
-                break
-            first.append(event.text)
+    result = reason(loaded[name], request, on_progress=events.append)
+    streamed = "".join(e.text for e in events if isinstance(e, ReasonerText))
     reasoner = reasoner_for(loaded[name])
     media = _media(kind, reasoner.video_config())
     pre = load_preprocessor(tiny_family[name], reasoner.kind)
     inputs = build_inputs(pre, messages_for(system, text, **media), **media)
     reference = AutoModelForImageTextToText.from_pretrained(tiny_family[name]).eval()
+    constraint = [SchemaConstraint(reasoner.grammar, decoded.schema)] if kind == "text" else []
     with torch.no_grad():
-        ids = reference.generate(**inputs, max_new_tokens=10, do_sample=False)
+        ids = reference.generate(**inputs, max_new_tokens=budget, do_sample=False, logits_processor=constraint)
     expected = pre.tokenizer.decode(ids[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-    assert expected and "".join(first) == expected
-    if kind != "text":
-        assert result.text == expected and set(result.scores) == set(DEFAULT_CRITERIA)
-        progress = [e for e in events if isinstance(e, Progress) and e.stage == "reason"]
-        assert [p.step for p in progress] == list(range(1, result.tokens + 1))
+    assert expected and expected == result.text
+    # The stream holds back a character whose bytes have not all arrived; random weights may end on one.
+    assert streamed == expected.rstrip("\ufffd")
+    progress = [e for e in events if isinstance(e, Progress) and e.stage == "reason"]
+    assert [p.step for p in progress] == list(range(1, result.tokens + 1))
+    if kind == "text":
+        assert result.decoding == "constrained:llguidance" and result.caption == json.loads(expected)
+    else:
+        assert result.decoding == "repair" and set(result.scores) == set(DEFAULT_CRITERIA)
 
 
 def test_sampling_is_reproducible_by_seed(loaded):
@@ -174,6 +176,43 @@ def test_both_input_routes_agree_where_torchvision_exists(tiny_family):
             assert a["input_ids"].tolist() == b["input_ids"].tolist()
             key = "pixel_values" if "image" in media else "pixel_values_videos"
             assert torch.allclose(a[key], b[key], atol=2e-2)
+
+
+def test_inputs_match_transformers_processor_as_recorded(tiny_family):
+    """Runs everywhere, torchvision or not: the parts route against what Transformers' own processors
+    (AutoProcessor with its torchvision video processor) made of the same image and video, recorded by
+    tests/record_processor_inputs.py. Tokens exactly, grids exactly, pixels within resampling error."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from engine.reasoner.inputs import Preprocessor
+    from record_processor_inputs import CHECKPOINTS, FIXTURE, chats, fixed_media, processor_digest
+
+    recorded = load_file(str(FIXTURE))
+    with safe_open(str(FIXTURE), framework="pt") as handle:
+        meta = json.loads(handle.metadata()["recorded"])
+    image, video = fixed_media()
+    assert np.array_equal(recorded["media.image"].numpy(), image)
+    assert np.array_equal(recorded["media.video"].numpy(), video)
+    for name, kind in CHECKPOINTS:
+        root = tiny_family[name]
+        assert processor_digest(root) == meta[f"{name}.digest"], (
+            f"the tiny {name} processor files changed since the recording: run tests/record_processor_inputs.py "
+            "where torchvision is installed")
+        loaded = load_preprocessor(root, kind)
+        parts = Preprocessor(kind, loaded.tokenizer, loaded.image_processor, None, loaded.video_config)
+        for label, media in chats(parts.video_config):
+            ours = build_inputs(parts, messages_for(None, "Describe.", **media), **media)
+            theirs = {key[len(f"{name}.{label}."):]: value for key, value in recorded.items()
+                      if key.startswith(f"{name}.{label}.")}
+            assert sorted(ours) == sorted(theirs), (name, label)
+            for key, value in theirs.items():
+                if value.is_floating_point():
+                    assert torch.allclose(ours[key], value, atol=2e-2), (name, label, key)
+                else:
+                    assert torch.equal(ours[key], value), (name, label, key)
 
 
 def test_video_frames_are_sized_as_the_video_processor_sizes_them():
@@ -355,6 +394,7 @@ def test_enhance_takes_a_valid_answer_as_it_is():
     backend = Scripted(json.dumps(GOOD_VIDEO))
     result = _enhance(backend)
     assert result.caption == GOOD_VIDEO and result.attempts == 1 and result.repairs == []
+    assert result.decoding == "repair"  # a backend that constrains nothing: the answer is read and repaired
     assert "actions" in backend.asked[0]["system"] and "a kite on a beach" in backend.asked[0]["text"]
 
 

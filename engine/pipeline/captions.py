@@ -166,6 +166,73 @@ def fields_for(kind: str) -> dict[str, Field]:
 
 
 # ----------------------------------------------------------------------------------------------
+# JSON Schema export (constrained decoding)
+# ----------------------------------------------------------------------------------------------
+# The reasoner decodes a caption under a JSON Schema made here from the fields above, so the two can
+# never disagree. Texts are bounded in characters; the decoder also keeps them to printable ASCII
+# without escapes (engine.reasoner.constrained), which a `pattern` here would say too but at eight times
+# the decoder's per-token cost.
+# "M:SS-M:SS" with at most two digits of minutes: the bounded form of what `_TIME_RANGE` accepts.
+SCHEMA_TIME_RANGE = r"^[0-9]{1,2}:[0-5][0-9]-[0-9]{1,2}:[0-5][0-9]$"
+SCHEMA_TIME_RANGE_CHARS = 11
+
+# What a leaf of a decoded caption may be: only kinds with a bounded JSON form are exported.
+_SCHEMA_LEAF_KINDS = (TEXT, TIME_RANGE)
+
+
+def schema_text(max_chars: int, min_chars: int = 1) -> dict:
+    """A text value of `min_chars`..`max_chars` characters."""
+    return {"type": "string", "minLength": min(min_chars, max_chars), "maxLength": max_chars}
+
+
+def _schema_leaf(spec: Field, path: str, text_chars) -> dict:
+    if spec.kind == TIME_RANGE:
+        return {"type": "string", "minLength": 9, "maxLength": SCHEMA_TIME_RANGE_CHARS, "pattern": SCHEMA_TIME_RANGE}
+    if spec.kind != TEXT:
+        raise ValueError(f"caption field {path!r} is {spec.kind!r}; a decoding schema takes {list(_SCHEMA_LEAF_KINDS)}")
+    return schema_text(int(text_chars(path)))
+
+
+def _schema_object(spec: Field, path: str, names: tuple[str, ...], required: tuple[str, ...], text_chars) -> dict:
+    properties = {}
+    for name in names:
+        child = spec.child(name)
+        if child is None:
+            raise ValueError(f"caption field {path!r} has no sub-field {name!r}; it has {[c.name for c in spec.children]}")
+        properties[name] = _schema_leaf(child, f"{path}.{name}", text_chars)
+    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+
+def caption_json_schema(kind: str, selection: dict[str, tuple[str, ...]], *, text_chars, max_items: dict[str, int],
+                        required: tuple[str, ...] = (), child_required: dict[str, tuple[str, ...]] | None = None) -> dict:
+    """The JSON Schema of a caption of `kind` holding the `selection` of fields (top-level name -> its
+    sub-fields, () for a leaf), each text at most `text_chars(path)` characters and each list at most
+    `max_items[name]` items. `required` top-level fields must appear (lists with at least one item);
+    `child_required[name]` sub-fields must appear in that object or list item. Properties come in
+    the schema's order and nothing else is allowed, so the longest answer is known in advance."""
+    schema = fields_for(kind)
+    child_required = child_required or {}
+    properties = {}
+    for name, children in selection.items():
+        spec = schema.get(name)
+        if spec is None:
+            raise ValueError(f"{kind} captions have no field {name!r}; they have {list(schema)}")
+        if spec.kind == OBJECT:
+            properties[name] = _schema_object(spec, name, children, child_required.get(name, ()), text_chars)
+        elif spec.kind == LIST and spec.item == OBJECT:
+            item = _schema_object(spec, name, children, child_required.get(name, ()), text_chars)
+            properties[name] = {"type": "array", "items": item, "minItems": 1 if name in required else 0,
+                                "maxItems": int(max_items[name])}
+        else:
+            properties[name] = _schema_leaf(spec, name, text_chars)
+    missing = [name for name in required if name not in properties]
+    if missing:
+        raise ValueError(f"required fields {missing} are not in the selection {list(selection)}")
+    return {"type": "object", "properties": properties, "required": [n for n in properties if n in required],
+            "additionalProperties": False}
+
+
+# ----------------------------------------------------------------------------------------------
 # Parsing
 # ----------------------------------------------------------------------------------------------
 

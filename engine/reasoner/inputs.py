@@ -174,8 +174,8 @@ def _parts_inputs(pre: Preprocessor, messages: list[dict], image, video: VideoCl
     if video is not None:
         pixels, thw = _video_pixels(pre, video)
         placeholder = _video_placeholder(pre, video, thw[0])
-        # Both processors replace the template's whole wrapped slot: every frame carries its own vision start and
-        # end (Qwen3-VL's collapses the outer pair since Transformers 5.25, as Edge's always did).
+        # Both processors replace the chat template's whole wrapped slot: each frame span brings its own
+        # wrapper (Qwen3-VL's collapses the chat wrapper first since Transformers 5.25).
         text = text.replace("<|vision_start|><|video_pad|><|vision_end|>", placeholder, 1)
         out.update(pixel_values_videos=pixels, video_grid_thw=thw)
     encoded = pre.tokenizer(text, return_tensors="pt", add_special_tokens=False)

@@ -40,12 +40,13 @@ class TaskDefaults:
     label: str
 
 
-# One row per task: what it needs and how it samples by default. Enhance writes 1.5k-3k token captions
-# for the real model, so it gets the longest budget; describe and critique decode greedily by default so
-# the same upload gives the same text.
+# One row per task: what it needs and how it samples by default. Enhance and describe get the longest
+# budget: their caption schema sizes each text from it (engine.reasoner.schema), and a real model stops
+# well before it (~4 characters a token against the schema's worst case of one). Describe and critique
+# decode greedily by default so the same upload gives the same text.
 REASON_TABLE: dict[str, TaskDefaults] = {
-    "enhance": TaskDefaults(2048, 0.7, needs_prompt=True, needs_media=False, label="Enhance"),
-    "describe": TaskDefaults(2048, 0.0, needs_prompt=False, needs_media=True, label="Describe"),
+    "enhance": TaskDefaults(4096, 0.7, needs_prompt=True, needs_media=False, label="Enhance"),
+    "describe": TaskDefaults(4096, 0.0, needs_prompt=False, needs_media=True, label="Describe"),
     "critique": TaskDefaults(768, 0.0, needs_prompt=True, needs_media=True, label="Critique"),
 }
 
@@ -168,10 +169,18 @@ def validate_reason_request(params: dict, info=None) -> ReasonRequest:
     fps = params.get("video_fps")
     if fps is not None:
         fps = _float(params, "video_fps", 24.0, 0.1, 240.0)
+    kind = _caption_kind(params)
+    budget = _int(params, "max_new_tokens", row.max_new_tokens, *limits.max_new_tokens)
+    if task != "critique":
+        from .schema import SchemaBudgetError, caption_schema
+
+        try:
+            caption_schema(kind, budget)
+        except SchemaBudgetError as exc:
+            raise ReasonRequestError("max_new_tokens", str(exc)) from None
     return ReasonRequest(
         task=task, prompt=prompt.strip(), image=image, video=video, video_fps=fps,
-        caption_kind=_caption_kind(params), criteria=_criteria(params),
-        max_new_tokens=_int(params, "max_new_tokens", row.max_new_tokens, *limits.max_new_tokens),
+        caption_kind=kind, criteria=_criteria(params), max_new_tokens=budget,
         temperature=_float(params, "temperature", row.temperature, *limits.temperature),
         seed=_int(params, "seed", -1, *limits.seed),
     )

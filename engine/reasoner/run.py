@@ -1,7 +1,11 @@
 """`reason(model, request)`: one reasoner request, read top to bottom as named stages.
 
 validate -> media (read the upload, sample video frames) -> ask (task prompt, streamed decode) ->
-read (enhance and describe: the caption, repaired or retried; critique: the scores) -> result.
+read (enhance and describe: the caption; critique: the scores) -> result.
+
+Where the backend decodes under a schema (`constrained`, llguidance installed) the answer is valid by
+construction and is asked for once; elsewhere ("repair") it is repaired and retried with feedback.
+`ReasonResult.decoding` says which ran.
 """
 from __future__ import annotations
 
@@ -15,8 +19,8 @@ from ..serving.events import Progress
 from .caption import MAX_ATTEMPTS, CaptionProblem, EnhanceError, caption_from_answer, feedback
 from .events import ReasonerText
 from .request import ReasonRequest, validate_reason_request
-from .tasks import (CRITIQUE_SYSTEM, caption_system_prompt, critique_text, describe_text, enhance_text,
-                    read_scores)
+from .tasks import (CRITIQUE_SCHEMA_SYSTEM, CRITIQUE_SYSTEM, caption_system_prompt, critique_text, describe_text,
+                    enhance_text, read_scores)
 
 
 @dataclass
@@ -33,6 +37,7 @@ class ReasonResult:
     prompt_tokens: int = 0
     first_token_s: float | None = None
     seconds: float = 0.0
+    decoding: str = "repair"  # "constrained:<library>" (decoded under a schema) | "repair" (free text, read after)
 
 
 @dataclass(frozen=True)
@@ -108,11 +113,12 @@ class _Asker:
         self.on_progress(Progress(stage="reason", step=count, total=total, elapsed_s=elapsed,
                                   eta_s=(total - count) / rate if rate else None))
 
-    def __call__(self, system: str | None, text: str, media: Media) -> str:
+    def __call__(self, system: str | None, text: str, media: Media, schema: dict | None = None) -> str:
         self._streamed = 0
+        extra = {} if schema is None else {"schema": schema}  # backends without schemas take no such argument
         out = self.backend.chat(system, text, image=media.image, video=media.video,
                                 max_new_tokens=self.request.max_new_tokens, temperature=self.request.temperature,
-                                seed=self.seed, on_text=self._emit, cancel=self.cancel)
+                                seed=self.seed, on_text=self._emit, cancel=self.cancel, **extra)
         self.tokens += len(out.token_ids)
         self.prompt_tokens = out.prompt_tokens
         if self.first_token_s is None:
@@ -140,6 +146,41 @@ def caption_stage(ask: _Asker, request: ReasonRequest, media: Media, first_text:
     raise EnhanceError(request.caption_kind, problems, answer)
 
 
+def constrained_caption_stage(ask: _Asker, request: ReasonRequest, media: Media,
+                              first_text: str) -> tuple[dict, str, list, int]:
+    """Ask once, decoding under the caption schema sized to the budget: the answer is a caption."""
+    from .schema import caption_schema
+
+    decoded = caption_schema(request.caption_kind, request.max_new_tokens)
+    answer = ask(caption_system_prompt(request.caption_kind, decoded), first_text, media, schema=decoded.schema)
+    try:
+        caption, repairs = caption_from_answer(answer, request.caption_kind)
+    except CaptionProblem as problem:  # a schema-valid answer always reads; this names what did not
+        raise EnhanceError(request.caption_kind, [problem], answer) from problem
+    return caption, answer, repairs, 1
+
+
+def critique_stage(ask: _Asker, request: ReasonRequest, media: Media, decoding: str) -> tuple[str, dict, str]:
+    """The critique's text, its scores and how it was decoded. Under the critique schema where the
+    backend constrains and the budget holds the schema; as free text, read line by line, otherwise."""
+    import json
+
+    from .schema import SchemaBudgetError, critique_schema, scores_from_critique
+
+    text = critique_text(request.prompt, request.criteria, media.video is not None)
+    decoded = None
+    if decoding != "repair":
+        try:
+            decoded = critique_schema(request.criteria, request.max_new_tokens)
+        except SchemaBudgetError:
+            decoded = None  # too few tokens for the schema: a short free-text critique instead
+    if decoded is None:
+        answer = ask(CRITIQUE_SYSTEM, text, media)
+        return answer, read_scores(answer, request.criteria), "repair"
+    answer = ask(CRITIQUE_SCHEMA_SYSTEM, text, media, schema=decoded.schema)
+    return answer, scores_from_critique(json.loads(answer), request.criteria), decoding
+
+
 def reason(model, request: dict | ReasonRequest, on_progress: Callable | None = None,
            cancel: threading.Event | None = None, backend=None) -> ReasonResult:
     """Run a reasoner request on a loaded checkpoint (`engine.load_model`). `backend` replaces the
@@ -154,14 +195,16 @@ def reason(model, request: dict | ReasonRequest, on_progress: Callable | None = 
     media = media_stage(req, backend.video_config())
     seed = req.seed if req.seed >= 0 else random.SystemRandom().randrange(2**31)
     ask = _Asker(backend, req, seed, on_progress, cancel)
-    result = ReasonResult(task=req.task, text="", seed=seed)
+    # Scripted test backends and other stand-ins without `decoding` take free text.
+    decoding = backend.decoding() if hasattr(backend, "decoding") else "repair"
+    result = ReasonResult(task=req.task, text="", seed=seed, decoding=decoding)
     if req.task == "critique":
-        result.text = ask(CRITIQUE_SYSTEM, critique_text(req.prompt, req.criteria, media.video is not None), media)
-        result.scores = read_scores(result.text, req.criteria)
+        result.text, result.scores, result.decoding = critique_stage(ask, req, media, decoding)
     else:
         first = (enhance_text(req.prompt, media.image is not None) if req.task == "enhance"
                  else describe_text(req.prompt, media.video is not None))
-        result.caption, result.text, result.repairs, result.attempts = caption_stage(ask, req, media, first)
+        stage = caption_stage if decoding == "repair" else constrained_caption_stage
+        result.caption, result.text, result.repairs, result.attempts = stage(ask, req, media, first)
         result.caption_kind = req.caption_kind
     result.tokens, result.prompt_tokens = ask.tokens, ask.prompt_tokens
     result.first_token_s = ask.first_token_s

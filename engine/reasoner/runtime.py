@@ -124,6 +124,7 @@ class Reasoner:
     policy: str
     model: Any = None
     pre: Preprocessor | None = None
+    grammar: Any = None  # constrained.GrammarTokenizer, built on the first constrained chat
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _load(self) -> None:
@@ -154,9 +155,26 @@ class Reasoner:
             self.pre = load_preprocessor(self.root, self.kind)
         return self.pre.video_config
 
+    def decoding(self) -> str:
+        """How this reasoner decodes answers that have a schema (`ReasonResult.decoding`)."""
+        from .constrained import decoding_name
+
+        return decoding_name()
+
+    def _constraint(self, schema: dict):
+        """A fresh logits processor for `schema` (the tokenizer's grammar view is built once)."""
+        from .constrained import SchemaConstraint, grammar_tokenizer
+
+        if self.grammar is None:
+            eos = self.model.generation_config.eos_token_id
+            self.grammar = grammar_tokenizer(self.pre.tokenizer, list(eos) if isinstance(eos, (list, tuple)) else [eos])
+        return SchemaConstraint(self.grammar, schema)
+
     def chat(self, system: str | None, text: str, *, image=None, video: VideoClip | None = None,
              max_new_tokens: int, temperature: float, seed: int,
-             on_text: Callable[[str, int], None] | None = None, cancel: threading.Event | None = None) -> ChatOutput:
+             on_text: Callable[[str, int], None] | None = None, cancel: threading.Event | None = None,
+             schema: dict | None = None) -> ChatOutput:
+        """One decoded answer; with `schema`, decoded under it (see `constrained`)."""
         import torch
 
         with self._lock:
@@ -167,6 +185,10 @@ class Reasoner:
                 stream = _TokenStream(self.pre.tokenizer, on_text, cancel)
                 sampling = {"do_sample": False} if temperature == 0.0 else {"do_sample": True,
                                                                             "temperature": temperature}
+                if schema is not None:
+                    from transformers import LogitsProcessorList
+
+                    sampling["logits_processor"] = LogitsProcessorList([self._constraint(schema)])
                 started = time.perf_counter()
                 devices = [self.device] if getattr(self.device, "type", str(self.device)) == "cuda" else []
                 with torch.inference_mode(), torch.random.fork_rng(devices=devices):

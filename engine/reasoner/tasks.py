@@ -20,15 +20,36 @@ def _schema_lines(kind: str) -> str:
     return "\n".join(lines)
 
 
-def caption_system_prompt(kind: str) -> str:
+def _decoded_lines(schema: dict) -> str:
+    """The fields of a decoding schema (engine.reasoner.schema), in the order they are written."""
+    lines = []
+    for name, spec in schema["properties"].items():
+        inner = spec.get("items", spec)
+        if inner.get("type") == "object":
+            shape = f"list of up to {spec['maxItems']} objects" if spec.get("type") == "array" else "object"
+            lines.append(f"- {name}: {shape} with {', '.join(inner['properties'])}")
+        else:
+            lines.append(f"- {name}: text")
+    return "\n".join(lines)
+
+
+def caption_system_prompt(kind: str, decoding=None) -> str:
+    """The caption task's instructions; with `decoding` (a schema.DecodingSchema), the fields and
+    lengths the answer is decoded under, in its order."""
     medium = "a video" if kind == "video" else "an image"
     timing = (" Give actions as a list of {\"time\": \"M:SS-M:SS\", \"description\"} in order."
               if kind == "video" else "")
+    if decoding is None:
+        fields, limits = _schema_lines(kind), ""
+    else:
+        from .schema import limits_text
+
+        fields, limits = _decoded_lines(decoding.schema), " " + limits_text(decoding)
     return (
         f"You write structured captions for a model that generates {medium} from them. Answer with one JSON "
         f"object and nothing else: no prose, no code fence. Be concrete and visual; fill every field you can "
-        f"infer and always include {', '.join(REQUIRED_FIELDS[kind])}.{timing}\n"
-        f"Fields of {medium} caption (text unless said otherwise):\n{_schema_lines(kind)}"
+        f"infer and always include {', '.join(REQUIRED_FIELDS[kind])}.{timing}{limits}\n"
+        f"Fields of {medium} caption (text unless said otherwise):\n{fields}"
     )
 
 
@@ -47,6 +68,13 @@ CRITIQUE_SYSTEM = (
     "You review results of a generative video and image model. First describe in a few sentences what the "
     "result shows. Then answer each criterion on its own line as `criterion: N - reason`, N from 1 (poor) to "
     "5 (excellent). Judge only what you see."
+)
+
+
+CRITIQUE_SCHEMA_SYSTEM = (
+    "You review results of a generative video and image model. Answer with one JSON object: `summary`, a few "
+    "sentences on what the result shows; then `scores`, for each criterion in the order given, its `score` from "
+    "1 (poor) to 5 (excellent) and the `reason` for it. Judge only what you see."
 )
 
 
