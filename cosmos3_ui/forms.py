@@ -286,22 +286,57 @@ def _message_box(tab, place: str):
     return tab.upload_message if place in ("canvas", "upload", "caption") else None
 
 
+# Engine names a message may use anywhere (no plain word is one of them), and the plain-word keys
+# that are renamed only where a message starts with them ("steps must be ...").
+_ENGINE_NAMES = ("num_frames", "guidance_scale", "flow_shift", "guidance_interval", "negative_prompt")
+
+
+def labelled(tab, field: str, message: str) -> str:
+    """`message` in the page's words: the engine's names of the field's controls become their labels
+    ("num_frames must be ..." reads "Frames must be ...")."""
+    import re
+
+    for key in _ENGINE_NAMES:
+        controls = _field_controls(tab, key)
+        if controls and key in message:
+            message = re.sub(rf"\b{key}\b", _label(controls[0]), message)
+    key = _top_key(field)
+    controls = _field_controls(tab, field)
+    if controls and re.match(rf"{re.escape(key)}\b", message):
+        message = _label(controls[0]) + message[len(key):]
+    return message
+
+
+def _label(control) -> str:
+    return str(control.label or "").split(" (")[0]  # "Resolution (W x H)" -> "Resolution"
+
+
 def error_updates(tab, exc: StudioError) -> dict:
-    """The message in the tab's status line and beside the input it concerns, that input marked:
-    placed by the refusal's field (`RequestError.field`), never by its wording."""
-    message = str(exc)
-    out: dict[Any, Any] = {tab.result.status: status_html(message, "error")}
-    place = _place(exc.field)
-    box = _message_box(tab, place)
-    controls = _field_controls(tab, exc.field)
-    if box is not None:
-        # An upload's message names the input it is about, as the page labels it.
-        named = f"{controls[0].label}: {message}" if place == "upload" and controls else message
-        out[box] = error_html(named, exc.excerpt)
-    if place == "sampling":
-        out[tab.sampling.accordion] = gr.update(open=True)
-    for control in controls:
-        out[control] = gr.update(elem_classes=["field-error"])
+    """Every refusal of a run (`exc.errors`, one per bad field), each beside the input it concerns in
+    the page's words, those inputs marked, and the status line listing them: placed by each refusal's
+    field (`RequestError.field`), never by its wording."""
+    errors = getattr(exc, "errors", None) or [(exc.field, str(exc))]
+    out: dict[Any, Any] = {}
+    shown: dict[Any, list[str]] = {}
+    for field, message in errors:
+        text = labelled(tab, field, message)
+        place = _place(field)
+        box = _message_box(tab, place)
+        controls = _field_controls(tab, field)
+        if box is not None:
+            # An upload's message names the input it is about, as the page labels it.
+            shown.setdefault(box, []).append(f"{controls[0].label}: {text}" if place == "upload" and controls else text)
+        if place == "sampling":
+            out[tab.sampling.accordion] = gr.update(open=True)
+        for control in controls:
+            out[control] = gr.update(elem_classes=["field-error"])
+    for box, messages in shown.items():
+        # The caption's excerpt (its line, a caret) goes with the first refusal, the one it belongs to.
+        out[box] = "".join(error_html(m, exc.excerpt if i == 0 and box is _message_box(tab, _place(exc.field)) else "")
+                           for i, m in enumerate(messages))
+    texts = [labelled(tab, field, message) for field, message in errors]
+    head = texts[0] if len(texts) == 1 else f"{len(texts)} inputs need a change: " + " ".join(texts)
+    out[tab.result.status] = status_html(head, "error")
     return out
 
 
@@ -552,7 +587,7 @@ def _restore_result(tab, entry: dict, model: str) -> dict:
     for key, component in (("steps", s.steps), ("guidance_scale", s.guidance), ("flow_shift", s.flow_shift)):
         if params.get(key) is not None:
             out[component] = params[key]
-    out[s.seed] = entry.get("seed", 0)
+    out[s.seed] = str(entry.get("seed", 0))
     out[s.randomize] = False
     summary = entry.get("summary", {})
     out[box.output] = publish(H.media_path(entry))

@@ -60,7 +60,8 @@ def sampling_box(spec: C.SamplingControls, prefix: str, with_interval: bool) -> 
                 interval_hi = gr.Number(hi, label="Interval end", interactive=not spec.locked,
                                         elem_id=f"{prefix}-interval-hi")
     with gr.Row(equal_height=True):
-        seed = gr.Number(0, label="Seed", info=notes.seed, scale=3, interactive=False, elem_id=f"{prefix}-seed")
+        # Text, not a number box: a browser holds numbers as doubles and would round a 20-digit seed.
+        seed = gr.Textbox("0", label="Seed", info=notes.seed, scale=3, interactive=False, max_lines=1, elem_id=f"{prefix}-seed")
         randomize = gr.Checkbox(True, label="Random seed", scale=1, elem_id=f"{prefix}-randomize")
     message = gr.HTML("", elem_id=f"{prefix}-sampling-message", padding=False)
     return SamplingBox(accordion, lock_note, steps, guidance, flow_shift, use_interval, interval_lo, interval_hi, seed,

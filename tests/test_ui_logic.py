@@ -667,3 +667,47 @@ def test_dropping_unknown_keys_from_json_that_no_longer_parses_says_why_and_chan
     assert "caption-error" in message and "Line 1, column 30" in message  # where it stopped parsing
     code = out["data"][drop.outputs.index(editor.code)]
     assert code == {"__type__": "update"}  # the user's text stays as they left it
+
+
+def test_every_refusal_of_a_run_stands_at_its_control_in_the_pages_words(page, studio, tiny_family):
+    """Five bad fields refused at once by the engine: each is shown beside its control, named by the
+    control's label (never num_frames/guidance_scale), each control marked, the seed quoted exactly."""
+    import engine
+
+    info = engine.inspect_checkpoint(tiny_family["nano"])
+    t2v = page.t2v
+    bad = {"prompt": "x", "num_frames": 6, "steps": 500, "fps": 0, "guidance_scale": -3, "seed": 99999999999999999999}
+    with pytest.raises(ValueError) as caught:
+        engine.validate_request(info, "t2v", bad)
+    out = F.error_updates(t2v, StudioError.refused(caught.value))
+    marked = {c for c, u in out.items() if isinstance(u, dict) and u.get("elem_classes") == ["field-error"]}
+    s = t2v.sampling
+    assert marked == {t2v.frames, t2v.fps, s.steps, s.guidance, s.seed}
+    sampling, canvas = out[s.message], out[t2v.canvas_message]
+    assert "Steps must be in [1, 200], got 500;" in sampling and "Seed must be in [-1," in sampling
+    assert "Guidance scale must be in [0, 30], got -3." in sampling and "99999999999999999999" in sampling
+    assert "Frames must be in" in canvas and "FPS must be in (0, 120], got 0." in canvas
+    for text in (sampling, canvas, out[t2v.result.status]):
+        assert "num_frames" not in text and "guidance_scale" not in text and "e+" not in text
+    assert out[t2v.result.status].count("must be") == 5
+
+
+def test_each_hint_says_the_range_its_refusal_says(models):
+    """The hint under a control and the engine's refusal render one limit with one function."""
+    import re
+
+    import engine
+    from engine.model import defaults as D
+
+    spec = C.sampling_controls(models["nano"], "t2v")
+    notes = C.limit_notes(spec)
+    limits = spec.limits
+    for note, rendered in ((notes.steps, D.render_range(*limits.steps)),
+                           (notes.guidance, D.render_range(*limits.guidance_scale)),
+                           (notes.flow_shift, D.render_range(*limits.flow_shift, lo_open=True)),
+                           (notes.fps, D.render_range(*limits.fps, lo_open=True)),
+                           (notes.seed, D.render_range(*limits.seed)),
+                           (notes.frames, D.render_frames(*limits.frame_range, limits.frame_step))):
+        assert rendered.lower() in note.lower(), (note, rendered)
+    assert str(D.SEED_MAX) in notes.seed and "9007199254740991" not in notes.seed
+    assert re.search(r"\[1, 200\]", notes.steps) and not hasattr(engine, "UI_SEED_MAX")

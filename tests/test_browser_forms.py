@@ -1,0 +1,96 @@
+"""Issue 45 in a real browser (Chromium): a form checked in one pass, one job status line, named
+downloads, model switches that keep values, uploads that say how they are fitted, a locked Form on
+broken JSON, Reuse seed, the results gallery and a 390 px phone layout.
+
+Screenshots go to pytest's temporary folder, never into the repository.
+"""
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+from harness import CHROMIUM, CHROMIUM_ARGS, browser_page, chromium_available, launched_studio  # noqa: E402
+from test_browser_studio import open_tab, pick_model, set_number, wait_for_text  # noqa: E402
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def studio(tiny_family, tmp_path_factory):
+    if not chromium_available():
+        pytest.skip("Chromium is missing: run scripts/ensure_chromium.sh (apt-get install chromium)")
+    argv = ["--outputs", str(tmp_path_factory.mktemp("forms-outputs")),
+            "--cache-dir", str(tmp_path_factory.mktemp("forms-cache")), "--queue-size", "4"]
+    for name in ("nano", "nano-distilled", "edge"):
+        argv += ["--model", f"{name}={tiny_family[name]}"]
+    with launched_studio(argv) as (studio, url):
+        studio.url = url
+        yield studio
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser, studio, tmp_path):
+    with browser_page(browser, tmp_path) as page:
+        page.goto(studio.url)
+        page.wait_for_selector("#model-picker")
+        page.wait_for_timeout(500)
+        yield page
+
+
+def number(page, elem_id: str) -> str:
+    return page.locator(f"#{elem_id} input[type=number]").first.input_value()
+
+
+def type_seed(page, prefix: str, seed: str) -> None:
+    page.locator(f"#{prefix}-randomize input").uncheck()
+    box = page.locator(f"#{prefix}-seed input, #{prefix}-seed textarea").first
+    box.fill(seed)
+    box.press("Tab")
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. every bad field at once, at its control, in the page's words
+# ---------------------------------------------------------------------------------------------
+
+def test_every_bad_field_is_shown_at_once_at_its_control(page, studio, tmp_path):
+    pick_model(page, "nano")
+    open_tab(page, "Text to Video")
+    page.locator("#t2v-sampling").click()
+    set_number(page, "t2v-frames", 6)
+    set_number(page, "t2v-fps", 0)
+    set_number(page, "t2v-steps", 500)
+    set_number(page, "t2v-guidance", -3)
+    type_seed(page, "t2v", "99999999999999999999")
+    page.locator("#t2v-generate").click()
+    sampling = wait_for_text(page, "#t2v-sampling-message", "Seed", timeout_s=30)
+    canvas = page.locator("#t2v-canvas-message").inner_text()
+    page.screenshot(path=str(tmp_path / "all-errors.png"), full_page=True)
+    assert "Steps must be in [1, 200], got 500" in sampling
+    assert "Guidance scale must be in [0, 30], got -3" in sampling
+    assert "got 99999999999999999999" in sampling and "e+" not in sampling
+    assert "Frames must be in" in canvas and "FPS must be in (0, 120], got 0" in canvas
+    for text in (sampling, canvas, page.locator("#t2v-status").inner_text()):
+        assert "num_frames" not in text and "guidance_scale" not in text
+    for elem in ("t2v-frames", "t2v-fps", "t2v-steps", "t2v-guidance", "t2v-seed"):
+        assert "field-error" in (page.locator(f"#{elem}").get_attribute("class") or ""), elem
+    # Each hint quotes the range its refusal quotes.
+    steps_hint = page.locator("#t2v-steps").inner_text()
+    for said in ("in [1, 200]", "at most 100 steps are allowed at this shift (flow shift 10)"):
+        assert said in steps_hint.lower() and said in sampling
+    assert "9223372036854775807" in page.locator("#t2v-seed").inner_text()
+    assert "(0, 120]" in page.locator("#t2v-fps").inner_text()
