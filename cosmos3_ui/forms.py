@@ -188,13 +188,28 @@ def result_updates(tab, result, model: str) -> dict:
         box.live: gr.update(value=None, visible=False),
         box.progress: "",
         box.status: status_html(done, "ok"),
-        box.output: publish(media),
+        box.output: gr.update(value=publish(media), label=RESULT_LABEL),
         box.used_seed: str(result.seed),
         box.downloads: files,
         box.result_json: summary,
         box.prompt_view: result.prompt_text,
         box.negative_view: result.negative_prompt_text,
     }
+
+
+RESULT_LABEL = "Result"
+
+
+def running_updates(tab) -> dict:
+    """While a run waits or works: the last run's media is labelled as such, never taken for this one's."""
+    return {tab.result.output: gr.update(label=f"{RESULT_LABEL} of the previous run")}
+
+
+def cancelled_updates(tab) -> dict:
+    """A cancelled run: no progress, no preview, and a result area that says it holds nothing of it."""
+    box = tab.result
+    return {box.progress: "", box.live: gr.update(value=None, visible=False),
+            box.output: gr.update(value=None, label=f"{RESULT_LABEL}: cancelled, nothing was made")}
 
 
 def result_outputs(tab) -> list:
@@ -590,7 +605,7 @@ def _restore_result(tab, entry: dict, model: str) -> dict:
     out[s.seed] = str(entry.get("seed", 0))
     out[s.randomize] = False
     summary = entry.get("summary", {})
-    out[box.output] = publish(H.media_path(entry))
+    out[box.output] = gr.update(value=publish(H.media_path(entry)), label=RESULT_LABEL)
     out[box.used_seed] = str(entry.get("seed", ""))
     out[box.downloads] = publish_all(H.download_paths(entry, with_actions=not isinstance(tab, ActionTab)))
     out[box.result_json] = dict(summary, model=model)

@@ -13,7 +13,7 @@ from . import controls as C
 from . import forms as F
 from . import history as H
 from .assets import negative_caption
-from .common import GPU_POOL, PRIVATE, status_html
+from .common import FOLLOW_POOL, GPU_POOL, PRIVATE, status_html
 from .jobs import JobFollower, guarded, session_of
 from .parts import ActionTab, GenTab, Page
 from .service import JobWasCancelled, StudioError, StudioService
@@ -35,7 +35,8 @@ class Handlers:
         """
         box = tab.result
         hide = {box.live: gr.update(visible=False, value=None), box.progress: ""}
-        yield {**F.clear_errors(tab), **hide}
+        yield {**F.clear_errors(tab), **hide, **F.running_updates(tab),
+               box.progress: status_html("Sending the job to the queue ...", "info")}
         shown = ""
         try:
             watching = self.jobs.follow(v[self.page.model], build(), session_of(request), progress,
@@ -53,10 +54,10 @@ class Handlers:
                 if update:
                     yield update
         except JobWasCancelled as exc:
-            yield {box.status: status_html(exc.message(), "warn"), **hide}
+            yield {box.status: status_html(exc.message(), "warn"), **F.cancelled_updates(tab)}
         except StudioError as exc:
             gr.Warning(str(exc))
-            yield {**F.error_updates(tab, exc), **hide}
+            yield {**F.error_updates(tab, exc), **hide, box.output: gr.update(label=F.RESULT_LABEL)}
 
     def finish(self, tab, model: str, result, ui: dict, history: list, v: dict) -> dict:
         """The updates a finished run shows: its result and the new history entry (which keeps the
@@ -73,10 +74,12 @@ class Handlers:
         box = tab.result
         event = box.generate.click(
             guarded(box.status)(generate), inputs={*inputs, self.page.history.state}, outputs=outputs,
-            concurrency_id=GPU_POOL, concurrency_limit=1, trigger_mode="once", api_visibility=PRIVATE,
+            concurrency_id=FOLLOW_POOL, concurrency_limit=None, trigger_mode="once", api_visibility=PRIVATE,
             show_progress="full", show_progress_on=[box.output], api_name=f"ui_{name}_generate",
         )
-        box.cancel.click(self.jobs.cancel_handler(box.status, box.progress), outputs=[box.status, box.progress],
+        cleared = F.cancelled_updates(tab)
+        box.cancel.click(self.jobs.cancel_handler(box.status, box.progress, cleared),
+                         outputs=[box.status, *cleared],
                          cancels=[event], queue=False,
                          api_visibility=PRIVATE, api_name=f"ui_{name}_cancel")
 

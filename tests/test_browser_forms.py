@@ -94,3 +94,62 @@ def test_every_bad_field_is_shown_at_once_at_its_control(page, studio, tmp_path)
         assert said in steps_hint.lower() and said in sampling
     assert "9223372036854775807" in page.locator("#t2v-seed").inner_text()
     assert "(0, 120]" in page.locator("#t2v-fps").inner_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. one status line from the click: the queue position within a second; Cancel clears
+# ---------------------------------------------------------------------------------------------
+
+def slow_action_request(image: str) -> dict:
+    """A policy run that takes well over a second per step on the CPU, even with tiny weights."""
+    return {"mode": "action", "prompt": "", "image": image, "steps": 100,
+            "action": {"kind": "policy", "domain": "bridge_orig_lerobot", "chunk_size": 32, "resolution_tier": 720}}
+
+
+def first_frame(tmp_path):
+    path = tmp_path / "first-frame.png"
+    Image.fromarray(np.tile(np.linspace(0, 255, 1280, dtype=np.uint8)[None, :, None], (720, 1, 3))).save(path)
+    return path
+
+
+def test_the_queue_position_shows_within_a_second_while_another_job_runs(page, studio, tmp_path):
+    pick_model(page, "nano")
+    page.locator("#t2i-sampling").click()
+    set_number(page, "t2i-steps", 2)
+    running = studio.service.queue.submit("nano", slow_action_request(str(first_frame(tmp_path))),
+                                          session_id="someone-else")
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and running.position() != 0:
+            time.sleep(0.1)
+        clicked = time.time()
+        page.locator("#t2i-generate").click()
+        line = wait_for_text(page, "#t2i-progress", "Queued: position 2", timeout_s=5)
+        assert time.time() - clicked < 1.5, line  # Playwright's click and polling take a few hundred ms
+    finally:
+        running.cancel()
+    wait_for_text(page, "#t2i-status", "Done", timeout_s=120)
+    assert page.locator("#t2i-progress").inner_text().strip() == ""
+
+
+def test_cancel_clears_the_progress_and_preview_and_marks_the_result_cancelled(page, studio, tmp_path):
+    pick_model(page, "nano")
+    open_tab(page, "Action")
+    page.locator("#action-image input[type=file]").set_input_files(str(first_frame(tmp_path)))
+    page.wait_for_selector("#action-image img")
+    page.locator("#action-tier input").click()
+    page.get_by_role("option", name="720p", exact=True).click()
+    set_number(page, "action-chunk", 32)
+    page.locator("#action-sampling").click()
+    set_number(page, "action-steps", 100)
+    page.locator("#action-generate").click()
+    wait_for_text(page, "#action-progress", "Denoising: step", timeout_s=120)
+    page.wait_for_selector("#action-live img", timeout=120_000)
+    page.locator("#action-cancel").click()
+    wait_for_text(page, "#action-status", "Cancelled", timeout_s=30)
+    page.wait_for_timeout(1000)  # the job's own handler ends after Cancel's answer: nothing may come back
+    page.screenshot(path=str(tmp_path / "cancelled.png"), full_page=True)
+    assert page.locator("#action-progress").inner_text().strip() == ""
+    assert not page.locator("#action-live").is_visible()
+    assert "cancelled" in page.locator("#action-output").inner_text().lower()
+    assert page.locator("#action-output video").count() == 0

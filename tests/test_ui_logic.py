@@ -298,7 +298,7 @@ def test_the_line_beside_generate_gives_the_queue_position_its_wait_and_the_step
 
     waits = {2: 42.0}
     follower = JobFollower(SimpleNamespace(queue=SimpleNamespace(eta_seconds=lambda position: waits.get(position))))
-    assert "Waiting for the GPU: 2 jobs ahead · about 42 s" in follower.status_line(JobStatus(position=2))
+    assert "Queued: position 3, about 42 s" in follower.status_line(JobStatus(position=2))
     running = JobStatus(stage="denoise", step=3, total=10, eta_s=2.4)
     assert "Denoising: step 3/10 · about 2 s left" in follower.status_line(running)
 
@@ -711,3 +711,31 @@ def test_each_hint_says_the_range_its_refusal_says(models):
         assert rendered.lower() in note.lower(), (note, rendered)
     assert str(D.SEED_MAX) in notes.seed and "9007199254740991" not in notes.seed
     assert re.search(r"\[1, 200\]", notes.steps) and not hasattr(engine, "UI_SEED_MAX")
+
+
+def test_the_reasoner_status_line_follows_its_job_queued_reading_writing_done():
+    """Not "Queued for the reasoner" all through a Describe: the line says the queue position, then
+    reading, then writing with the tokens so far, then done."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from cosmos3_ui.reasoner_panel import reasoner_updates
+    from engine.reasoner import ReasonerText
+
+    events = [Queued(position=1), Started(model_name="m"), ReasonerText("a", 1), ReasonerText("b", 2),
+              Finished(result="R")]
+    h = FakeHandle()
+    h.events = lambda: iter(events)
+    service = SimpleNamespace(active=ActiveJobs(), submit=lambda *a, **k: h,
+                              queue=SimpleNamespace(eta_seconds=lambda ahead, model=None: 20.0 * ahead))
+    box = SimpleNamespace(stream="stream", status="status")
+
+    async def collect():
+        return [u async for u in reasoner_updates(service, "m", {"image": "x.png"}, "me", box, "the editor",
+                                                  lambda result: {"status": f"done {result}"})]
+
+    statuses = [u["status"] for u in asyncio.run(collect()) if "status" in u]
+    assert "Queued: position 2, about 20 s" in statuses[1]
+    assert "Reading the image" in statuses[2]
+    assert "Writing: 1 token so far" in statuses[3] and "Writing: 2 tokens so far" in statuses[4]
+    assert statuses[-1] == "done R"
