@@ -179,7 +179,7 @@ def result_updates(tab, result, model: str) -> dict:
     summary = dict(result.summary(), model=model)
     named = named_outputs(result, model)
     files = publish_all(D.download_list(named, with_actions=not isinstance(tab, ActionTab)))
-    media = result.outputs.get("image") or result.outputs.get("video")
+    media = D.named_media(named, result.outputs.get("image") or result.outputs.get("video"))
     took = result.timings.get("total")
     done = f"Done in {took:.1f} s · seed {result.seed}" if took else f"Done · seed {result.seed}"
     if summary.get("precision", "bf16") != "bf16":  # e.g. "FP8 (faster, approximate)": say it where it is seen
@@ -605,7 +605,8 @@ def _restore_result(tab, entry: dict, model: str) -> dict:
     out[s.seed] = str(entry.get("seed", 0))
     out[s.randomize] = False
     summary = entry.get("summary", {})
-    out[box.output] = gr.update(value=publish(H.media_path(entry)), label=RESULT_LABEL)
+    out[box.output] = gr.update(value=publish(D.named_media(H.named_files(entry), H.media_path(entry))),
+                                label=RESULT_LABEL)
     out[box.used_seed] = str(entry.get("seed", ""))
     out[box.downloads] = publish_all(H.download_paths(entry, with_actions=not isinstance(tab, ActionTab)))
     out[box.result_json] = dict(summary, model=model)

@@ -153,3 +153,22 @@ def test_cancel_clears_the_progress_and_preview_and_marks_the_result_cancelled(p
     assert not page.locator("#action-live").is_visible()
     assert "cancelled" in page.locator("#action-output").inner_text().lower()
     assert page.locator("#action-output video").count() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. the media's own download icon saves the named file
+# ---------------------------------------------------------------------------------------------
+
+def test_the_results_own_download_icon_saves_the_named_file(page, studio, tmp_path):
+    pick_model(page, "nano")
+    page.locator("#t2i-sampling").click()
+    set_number(page, "t2i-steps", 2)
+    before = {p.name for p in studio.service.outputs_root.iterdir()}
+    page.locator("#t2i-generate").click()
+    wait_for_text(page, "#t2i-status", "Done", timeout_s=120)
+    request_id = next(p.name for p in studio.service.outputs_root.iterdir() if p.name not in before)
+    seed = page.locator("#t2i-used-seed textarea, #t2i-used-seed input").first.input_value()
+    page.locator("#t2i-output").hover()
+    with page.expect_download() as caught:
+        page.locator("#t2i-output a[download], #t2i-output button[aria-label*='ownload']").first.click()
+    assert caught.value.suggested_filename == f"nano_t2i_seed{seed}_{request_id}.png"
