@@ -6,9 +6,12 @@ about what a model allows live in `controls`, request building in `requests`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
+
+from engine.model.defaults import quote_number
 
 from . import controls as C
 from . import downloads as D
@@ -466,8 +469,9 @@ def model_updates(page: Page, model: dict, current_tab: str | None = None) -> di
 
 
 def switch_inputs(page: Page) -> list:
-    """What a model switch reads: the model shown so far and every setting it may keep."""
-    out = [page.model, page.current_tab, page.shown_model]
+    """What a model switch reads: the model shown so far, every setting it may keep, and the values
+    set aside by earlier switches."""
+    out = [page.model, page.current_tab, page.shown_model, page.set_aside]
     for tab in page.all_tabs():
         s = tab.sampling
         out += [s.steps, s.guidance, s.flow_shift]
@@ -484,57 +488,94 @@ def _keep(out: dict, component, value) -> None:
     out[component] = update
 
 
-def _kept_sampling(tab, spec: C.SamplingControls, old: C.SamplingControls | None, v: dict, out: dict) -> list[str]:
-    """Keep steps, guidance, shift and interval where the new model runs them; the reasons for the rest."""
+def _shown(value) -> str:
+    return quote_number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+@dataclass
+class Settling:
+    """One model switch, control by control: a value the new model takes stays; one it cannot take is
+    set aside (by `tab.control` key, in the session's `set_aside`) and the model's default shown; a value
+    set aside earlier comes back as soon as a model takes it. `changes` names each value that changed."""
+
+    v: dict  # the form's values before the switch
+    aside: dict  # {key: value} set aside, updated in place
+    out: dict  # the switch's updates, updated in place
+    changes: list = field(default_factory=list)
+
+    def settle(self, key: str, component, label: str, fits, default, why: str, own: bool = True):
+        """Settle one control; `own`: its value is the user's (not one a distilled checkpoint fixed).
+        Returns the value it shows."""
+        value = self.v[component]
+        held = self.aside.get(key)
+        if held is not None and fits(held):
+            del self.aside[key]
+            _keep(self.out, component, held)
+            if held != value:
+                self.changes.append(f"{label} {_shown(value)} → {_shown(held)}: restored (set aside at an earlier switch)")
+            return held
+        if own and fits(value):
+            _keep(self.out, component, value)
+            return value
+        _keep(self.out, component, default)
+        if own and key not in self.aside and value not in (None, ""):
+            self.aside[key] = value
+            why += "; set aside, and restored when you switch to a model that takes it"
+        if value != default:
+            self.changes.append(f"{label} {_shown(value)} → {_shown(default)}: {why}")
+        return default
+
+
+def _in_range(value, lo, hi) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def _settle_sampling(tab, spec: C.SamplingControls, old: C.SamplingControls | None, act: Settling, key: str) -> None:
+    """Steps, guidance, shift and interval: the user's values where the new model runs them."""
     s = tab.sampling
+    own = not (old is not None and old.locked)  # values a distilled checkpoint fixed are not the user's
+    fixed = "fixed by the distilled checkpoint"
     if spec.locked:
-        return ["steps, guidance and flow shift: fixed by the distilled checkpoint"] if not (old and old.locked) else []
-    if old is not None and old.locked:
-        return ["steps, guidance and flow shift: back to this model's defaults (the distilled ones were fixed)"]
-    reasons = []
-    for box in (s.guidance, s.flow_shift):
-        _keep(out, box, v[box])
-    shift = v[s.flow_shift]
+        for name, box, wanted in (("steps", s.steps, spec.steps), ("guidance", s.guidance, spec.guidance_scale),
+                                  ("flow shift", s.flow_shift, spec.flow_shift)):
+            act.settle(f"{key}.{name}", box, name, lambda x, w=wanted: x == w, wanted, fixed, own)
+        return
+    g_lo, g_hi = spec.limits.guidance_scale
+    act.settle(f"{key}.guidance", s.guidance, "guidance", lambda x: _in_range(x, g_lo, g_hi), spec.guidance_scale,
+               "outside this model's range", own)
+    f_lo, f_hi = spec.limits.flow_shift
+    shift = act.settle(f"{key}.flow shift", s.flow_shift, "flow shift", lambda x: _in_range(x, f_lo, f_hi) and x > f_lo,
+                       spec.flow_shift, "outside this model's range", own)
     top = C.steps_max(spec, shift)
-    steps = v[s.steps]
-    if isinstance(steps, (int, float)) and 1 <= steps <= top:
-        _keep(out, s.steps, steps)
-    else:
-        reasons.append(f"steps {steps} → {spec.steps}: at most {top} run at flow shift {shift}")
-    out[s.steps] = {**out[s.steps], "info": C.limit_notes(spec, shift).steps}
-    if s.use_interval is not None and spec.show_interval:
+    act.settle(f"{key}.steps", s.steps, "steps", lambda x: _in_range(x, 1, top), spec.steps,
+               f"at most {top} run at flow shift {_shown(shift)}", own)
+    act.out[s.steps] = {**act.out[s.steps], "info": C.limit_notes(spec, shift).steps}
+    if s.use_interval is not None and spec.show_interval and own:
         for box in (s.use_interval, s.interval_lo, s.interval_hi):
-            _keep(out, box, v[box])
-    return reasons
+            _keep(act.out, box, act.v[box])
 
 
-def _kept_canvas(tab: GenTab, spec: C.SamplingControls, v: dict, out: dict) -> list[str]:
-    reasons = []
+def _settle_canvas(tab: GenTab, spec: C.SamplingControls, act: Settling, key: str) -> None:
     allowed = [value for _, value in spec.resolution_choices]
-    if v[tab.resolution] in allowed:
-        _keep(out, tab.resolution, v[tab.resolution])
-    elif v[tab.resolution]:
-        reasons.append(f"resolution {v[tab.resolution]} → {spec.resolution}: this model does not offer it")
+    act.settle(f"{key}.resolution", tab.resolution, "resolution", lambda x: x in allowed, spec.resolution,
+               "this model does not offer it")
     if tab.frames is not None and spec.frames_range:
         lo, hi = spec.frames_range
-        frames = v[tab.frames]
-        if isinstance(frames, (int, float)) and lo <= frames <= hi and (frames - 1) % spec.limits.frame_step == 0:
-            _keep(out, tab.frames, frames)
-        else:
-            reasons.append(f"frames {frames} → {spec.frames}: this model runs {lo} to {hi}")
-        _keep(out, tab.fps, v[tab.fps])
-    if tab.sound is not None and v[tab.sound]:
-        if spec.sound_available:
-            _keep(out, tab.sound, True)
-        else:
-            reasons.append("sound off: " + (spec.sound_reason or "this model has no sound"))
-    return reasons
+        act.settle(f"{key}.frames", tab.frames, "frames",
+                   lambda x: _in_range(x, lo, hi) and (x - 1) % spec.limits.frame_step == 0, spec.frames,
+                   f"this model runs {lo} to {hi}")
+        _keep(act.out, tab.fps, act.v[tab.fps])
+    if tab.sound is not None:
+        act.settle(f"{key}.sound", tab.sound, "sound", lambda x: not x or spec.sound_available, False,
+                   spec.sound_reason or "this model has no sound")
 
 
 def switch_updates(page: Page, old_model: dict | None, model: dict, v: dict, current_tab: str | None) -> dict:
-    """A model switch: every setting that the new model still allows is kept; the others go to its
-    defaults, and the note under the picker says which and why."""
+    """A model switch: every setting the new model allows is kept; one it cannot take goes to its
+    default and is set aside until a model takes it again; the note under the picker names exactly
+    what changed (and says nothing when nothing did)."""
     out = model_updates(page, model, current_tab)
+    act = Settling(v, dict(v.get(page.set_aside) or {}), out)
     lines = []
     for tab in page.all_tabs():
         mode = tab.mode if isinstance(tab, GenTab) else "action"
@@ -543,19 +584,22 @@ def switch_updates(page: Page, old_model: dict | None, model: dict, v: dict, cur
             continue
         old = C.sampling_controls(old_model, mode) if old_model is not None else None
         old = old if old is not None and old.available else None
-        reasons = _kept_canvas(tab, spec, v, out) if isinstance(tab, GenTab) else []
-        reasons += _kept_sampling(tab, spec, old, v, out)
-        lines += [f"{C.TAB_MODES[mode]}: {reason}." for reason in reasons]
+        act.changes = []
+        if isinstance(tab, GenTab):
+            _settle_canvas(tab, spec, act, mode)
+        _settle_sampling(tab, spec, old, act, mode)
+        lines += [f"{C.TAB_MODES[mode]}: {change}." for change in act.changes]
+    out[page.set_aside] = act.aside
     if old_model is not None and old_model["name"] != model["name"]:
-        head = f"Switched from {old_model['name']} to {model['name']}: every other setting was kept."
-        out[page.switch_note] = head + ("".join(f"\n- {line}" for line in lines) if lines else "")
+        head = f"Switched from {old_model['name']} to {model['name']}; changed:"
+        out[page.switch_note] = head + "".join(f"\n- {line}" for line in lines) if lines else ""
     return out
 
 
 def model_outputs(page: Page, model: dict) -> list:
     """Every component `model_updates` may touch (a superset is fine for dict returns)."""
     keys = set(model_updates(page, model, "action").keys())
-    keys |= {page.tabs, page.current_tab}
+    keys |= {page.tabs, page.current_tab, page.set_aside}
     return list(keys)
 
 

@@ -336,7 +336,7 @@ class Studio:
                     self.batch_tab = BatchTab(self.service, self.jobs).build()
             history = history_section(self.state_secret)
             self.page = Page(model, shown_model, variant, switch_note, tabs, current_tab, t2i, t2v, action, history,
-                             api_section())
+                             api_section(), set_aside=gr.State({}))
             self.reason_api = ReasonApi.build()
             self._wire(blocks)
         return blocks

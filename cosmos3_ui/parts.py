@@ -141,7 +141,7 @@ class Page:
     model: gr.Dropdown
     shown_model: gr.State  # the model the controls follow now (a switch compares against it)
     variant: gr.Markdown
-    switch_note: gr.Markdown  # what the last model switch kept and reset
+    switch_note: gr.Markdown  # what the last model switch changed (empty when nothing did)
     tabs: gr.Tabs
     current_tab: gr.State
     t2i: GenTab
@@ -149,6 +149,7 @@ class Page:
     action: ActionTab
     history: HistoryBox
     api: ApiBox
+    set_aside: Any = None  # gr.State: {"t2i.steps": 20, ...} values a model switch could not keep, until one can
 
     def gen_tabs(self) -> tuple[GenTab, GenTab]:
         return self.t2i, self.t2v

@@ -172,3 +172,27 @@ def test_the_results_own_download_icon_saves_the_named_file(page, studio, tmp_pa
     with page.expect_download() as caught:
         page.locator("#t2i-output a[download], #t2i-output button[aria-label*='ownload']").first.click()
     assert caught.value.suggested_filename == f"nano_t2i_seed{seed}_{request_id}.png"
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. a model switch sets aside what the new model cannot take, and brings it back
+# ---------------------------------------------------------------------------------------------
+
+def test_a_switch_sets_values_aside_and_restores_them_and_says_only_what_changed(page):
+    pick_model(page, "nano")
+    page.locator("#t2i-sampling").click()
+    set_number(page, "t2i-steps", 20)
+    set_number(page, "t2i-guidance", 3)
+    pick_model(page, "nano-distilled")
+    note = wait_for_text(page, "#switch-note", "fixed by the distilled", timeout_s=10)
+    assert "steps 20 → 4" in note and "guidance 3 → 1" in note
+    assert number(page, "t2i-steps") == "4"
+    pick_model(page, "nano")
+    note = wait_for_text(page, "#switch-note", "restored", timeout_s=10)
+    assert number(page, "t2i-steps") == "20" and number(page, "t2i-guidance") == "3"
+    assert "steps 4 → 20: restored" in note
+    # Nano -> Edge changes nothing here: the note says nothing at all.
+    pick_model(page, "edge")
+    page.wait_for_timeout(500)
+    assert page.locator("#switch-note").inner_text().strip() == ""
+    assert number(page, "t2i-steps") == "20" and number(page, "t2i-guidance") == "3"

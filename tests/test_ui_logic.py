@@ -523,10 +523,20 @@ def test_a_model_switch_keeps_what_still_holds_and_says_what_it_reset(page, mode
     note = out[page.switch_note]
     assert "Switched from nano to edge" in note and "resolution 64x64" in note and "does not offer it" in note
     assert "steps 99999" in note  # a value the new model cannot run is reset, and said so
+    assert out[page.set_aside] == {"t2i.resolution": "64x64", "t2v.steps": 99999}
     distilled = F.switch_updates(page, models["nano"], models["nano-distilled"], v, "t2i")
     assert distilled[t2i.sampling.steps]["value"] == 4 and "fixed by the distilled" in distilled[page.switch_note]
-    back = F.switch_updates(page, models["nano-distilled"], models["nano"], v, "t2i")
-    assert "back to this model's defaults" in back[page.switch_note]
+    aside = distilled[page.set_aside]
+    assert aside["t2i.steps"] == 7 and aside["t2i.guidance"] == 2.5
+    # Back on a full checkpoint, the values set aside come back, and the note says so.
+    now = {**v, page.shown_model: "nano-distilled", page.set_aside: aside, t2i.sampling.steps: 4,
+           t2i.sampling.guidance: 1.0}
+    back = F.switch_updates(page, models["nano-distilled"], models["nano"], now, "t2i")
+    assert back[t2i.sampling.steps]["value"] == 7 and back[t2i.sampling.guidance]["value"] == 2.5
+    assert "steps 4 → 7: restored" in back[page.switch_note] and "t2i.steps" not in back[page.set_aside]
+    # A switch that changes nothing says nothing.
+    same = F.switch_updates(page, models["nano"], models["super"], {**v, t2v.sampling.steps: 30}, "t2i")
+    assert same[page.switch_note] == "", same[page.switch_note]
 
 
 def test_the_variant_panel_says_each_flag_once(models):
