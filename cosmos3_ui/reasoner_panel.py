@@ -187,7 +187,7 @@ def _filled_editor(editor, caption: dict) -> dict:
     text = captions.pretty(caption)
     out = {editor.style: STYLE_JSON, editor.code: text, editor.parsed: known(text, caption), editor.message: "",
            editor.json_group: gr.update(visible=True), editor.prose: gr.update(visible=False)}
-    out.update(editor.form_updates(caption))
+    out.update(editor.shown_updates(caption))  # filled, and open again if broken JSON had locked it
     return out
 
 
@@ -294,7 +294,7 @@ class ReasonerWiring:
     def _wire_panel(self, tab, panel: ReasonerPanel) -> None:
         editor = tab.editor
         outputs = [panel.stream, panel.status, editor.style, editor.code, editor.parsed, editor.message,
-                   editor.json_group, editor.prose, *editor.form_components]
+                   editor.json_group, editor.prose, editor.form_lock, *editor.form_components]
         service = self.service
 
         def runner(task: str, source=None):

@@ -196,3 +196,35 @@ def test_a_switch_sets_values_aside_and_restores_them_and_says_only_what_changed
     page.wait_for_timeout(500)
     assert page.locator("#switch-note").inner_text().strip() == ""
     assert number(page, "t2i-steps") == "20" and number(page, "t2i-guidance") == "3"
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. broken JSON locks the Form visibly, the error at the top of the editor
+# ---------------------------------------------------------------------------------------------
+
+def test_broken_json_locks_the_form_with_the_error_at_the_top(page, tmp_path):
+    page.locator("#tab-t2i").get_by_role("tab", name="JSON", exact=True).click()
+    page.locator("#t2i-code .cm-content").click()
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Delete")
+    page.keyboard.insert_text('{"subjects": [{"description": "a kite"}], "context": "broken')
+    message = wait_for_text(page, "#t2i-caption-message", "Line 1", timeout_s=15)
+    assert message
+    # The error is above the editor's controls, not below the fold.
+    assert page.locator("#t2i-caption-message").bounding_box()["y"] < page.locator("#t2i-style").bounding_box()["y"]
+    page.locator("#tab-t2i").get_by_role("tab", name="Form", exact=True).click()
+    lock = wait_for_text(page, "#t2i-form-lock", "The Form is locked", timeout_s=10)
+    assert "does not parse" in lock
+    page.screenshot(path=str(tmp_path / "form-locked.png"), full_page=True)
+    assert page.locator("#t2i-field-context textarea").is_disabled()
+    # A fix unlocks it and the Form follows the JSON.
+    page.locator("#tab-t2i").get_by_role("tab", name="JSON", exact=True).click()
+    page.locator("#t2i-code .cm-content").click()
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Delete")
+    page.keyboard.insert_text('{"subjects": [{"description": "a kite"}], "context": "fixed"}')
+    page.wait_for_timeout(1500)
+    page.locator("#tab-t2i").get_by_role("tab", name="Form", exact=True).click()
+    assert page.locator("#t2i-form-lock").inner_text().strip() == ""
+    assert not page.locator("#t2i-field-context textarea").is_disabled()
+    assert page.locator("#t2i-field-context textarea").input_value() == "fixed"
