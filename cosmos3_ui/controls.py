@@ -394,3 +394,30 @@ def tab_availability(model: dict) -> TabAvailability:
         t2v=(unsupported_reason(model, "t2v") is None, unsupported_reason(model, "t2v")),
         action=(unsupported_reason(model, "action") is None, unsupported_reason(model, "action")),
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# Fitting an upload to the canvas
+# ----------------------------------------------------------------------------------------------
+
+FIT_CHOICES = [("Crop to fill (centre)", "crop"), ("Letterbox (nothing cut, black bars)", "letterbox"),
+               ("Stretch to the canvas", "resize")]
+
+
+def fit_note(upload_size: tuple[int, int] | None, canvas: tuple[int, int] | None, fit: str) -> str:
+    """What happens to an upload of `upload_size` on the `canvas` with `fit`, in pixels of the upload."""
+    if not upload_size or not canvas:
+        return "An upload whose aspect differs from the resolution is fitted as chosen here."
+    (w, h), (cw, ch) = upload_size, canvas
+    if w * ch == h * cw:
+        return f"Your {w}x{h} upload has the canvas's aspect: it is scaled to {cw}x{ch}, nothing is cut or padded."
+    if fit == "resize":
+        return f"Your {w}x{h} upload is stretched to {cw}x{ch} (its aspect changes)."
+    cover = fit == "crop"
+    scale = max(cw / w, ch / h) if cover else min(cw / w, ch / h)
+    sw, sh = round(w * scale), round(h * scale)
+    if cover:
+        cut = f"{round((sw - cw) / scale)} px of its width" if sw > cw else f"{round((sh - ch) / scale)} px of its height"
+        return f"Your {w}x{h} upload is scaled to cover {cw}x{ch} and centre-cropped: {cut} is cut, split evenly."
+    bars = f"{cw - sw} px of black beside it" if sw < cw else f"{ch - sh} px of black above and below"
+    return f"Your {w}x{h} upload is scaled to {sw}x{sh} inside {cw}x{ch}: {bars}, nothing is cut."

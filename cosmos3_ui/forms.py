@@ -45,7 +45,7 @@ def gen_inputs(page: Page, tab: GenTab) -> list:
              tab.resolution, s.steps,
              s.guidance, s.flow_shift, s.seed, s.randomize, tab.result.live_preview]
     for optional in (s.use_interval, s.interval_lo, s.interval_hi, tab.frames, tab.fps, tab.image, tab.video,
-                     tab.sound):
+                     tab.sound, tab.fit):
         if optional is not None:
             items.append(optional)
     return items
@@ -70,7 +70,7 @@ def gen_request(tab: GenTab, v: dict, sent_json: str | None = None) -> dict:
         return image_request(prompt, negative, sampling)
     sampling.frames, sampling.fps = v[tab.frames], v[tab.fps]
     return video_request(prompt, negative, sampling, image=v[tab.image] or None, video=v[tab.video] or None,
-                         sound=bool(v[tab.sound]))
+                         sound=bool(v[tab.sound]), fit=v[tab.fit] if tab.fit is not None else None)
 
 
 def gen_ui_state(tab: GenTab, v: dict, sent_json: str) -> dict:
@@ -394,6 +394,24 @@ def upload_check(image, label: str) -> str:
     return ""
 
 
+def fit_note_for(image, resolution, fit) -> str:
+    """The note under the fit choice for the image uploaded now (its size read from the file)."""
+    from engine.pipeline.media import load_image
+
+    size = None
+    if image:
+        try:
+            picture = load_image(image)
+            size = (picture.width, picture.height)
+        except ValueError:
+            size = None  # the upload's own message says why it cannot be read
+    try:
+        canvas = C.parse_size(resolution) if resolution else None
+    except ValueError:
+        canvas = None
+    return C.fit_note(size, canvas, fit or "crop")
+
+
 # ==============================================================================================
 # Model -> form
 # ==============================================================================================
@@ -619,6 +637,8 @@ def _restore_gen_tab(tab: GenTab, ui: dict, params: dict) -> dict:
         out[tab.fps] = params.get("fps")
     if tab.sound is not None and params.get("sound"):
         out[tab.sound] = True
+    if tab.fit is not None and params.get("fit"):
+        out[tab.fit] = params["fit"]
     if s.use_interval is not None:
         interval = params.get("guidance_interval")
         out[s.use_interval] = gr.update(value=interval is not None)
@@ -659,6 +679,8 @@ def _restore_result(tab, entry: dict, model: str) -> dict:
     note = "Restored the settings of this result with its seed (Random seed is off)."
     for key, component in _uploads(tab).items():
         out[component] = publish(H.file_path(entry, key))
+    if getattr(tab, "uploads_box", None) is not None:  # the restored uploads are seen, not folded away
+        out[tab.uploads_box] = gr.update(open=any(H.file_path(entry, k) for k in _uploads(tab)))
     if (params.get("image") or params.get("video")) and not any(H.file_path(entry, k) for k in _uploads(tab)):
         note += " Upload the conditioning file again to rerun it."
     out[box.status] = status_html(note, "info")
@@ -698,7 +720,7 @@ def restore_outputs(page: Page, model: dict) -> list:
     keys |= {page.model, page.tabs, page.current_tab, h.note, h.files, h.params}
     for tab in page.gen_tabs():
         keys |= set(tab.editor.outputs) | {tab.negative, tab.resolution}
-        keys |= {c for c in (tab.frames, tab.fps, tab.sound) if c is not None}
+        keys |= {c for c in (tab.frames, tab.fps, tab.sound, tab.uploads_box, tab.fit) if c is not None}
     a = page.action
     keys |= {a.kind, a.domain, a.view_point, a.chunk_size, a.tier, a.fps, a.instruction, a.plot, a.actions_download}
     for tab in page.all_tabs():

@@ -109,6 +109,11 @@ class Handlers:
 
         for event in (s.flow_shift.change, self.blocks.load):
             event(on_shift, inputs=[page.model, s.flow_shift], outputs=s.steps, queue=False, api_visibility=PRIVATE)
+        if isinstance(tab, GenTab) and tab.fit is not None:
+            # The page says how this upload will meet the canvas, as the choice and the size change.
+            for event in (tab.image.change, tab.fit.change, tab.resolution.change):
+                event(F.fit_note_for, inputs=[tab.image, tab.resolution, tab.fit], outputs=tab.fit_note, queue=False,
+                      api_visibility=PRIVATE)
         if tab.image is not None:
             message = tab.canvas_message if isinstance(tab, GenTab) else tab.upload_message
             tab.image.upload(lambda image, label=tab.image.label: F.upload_check(image, label), inputs=tab.image,

@@ -124,15 +124,18 @@ def _negative_box(mode: str, spec: C.SamplingControls) -> tuple[gr.Textbox, gr.B
 
 
 def _conditioning_box(mode: str, spec: C.SamplingControls):
-    with gr.Accordion("Start from an image or a video (optional)", open=False):
+    with gr.Accordion("Start from an image or a video (optional)", open=False, elem_id=f"{mode}-uploads") as box:
         with gr.Row():
             image = UploadImage(label="Conditioning image (image to video)", type="filepath",
                              sources=["upload", "clipboard"], height=180, elem_id=f"{mode}-image")
             video = gr.Video(label="Conditioning video (video to video)", sources=["upload"], height=180,
                              elem_id=f"{mode}-video")
+        fit = gr.Radio(C.FIT_CHOICES, value="crop", label="Fit the upload to the resolution",
+                       elem_id=f"{mode}-fit")
+        fit_note = gr.Markdown(C.fit_note(None, None, "crop"), elem_id=f"{mode}-fit-note")
         sound = gr.Checkbox(False, label="Generate sound", interactive=spec.sound_available,
                             info=spec.sound_reason or "Adds an audio track to the MP4.", elem_id=f"{mode}-sound")
-    return image, video, sound
+    return image, video, sound, box, fit, fit_note
 
 
 def gen_tab(mode: str, label: str, model: dict, reasoner: tuple[bool, str] = (False, "")) -> GenTab:
@@ -157,9 +160,9 @@ def gen_tab(mode: str, label: str, model: dict, reasoner: tuple[bool, str] = (Fa
                                            elem_id=f"{mode}-frames")
                         fps = gr.Number(spec.fps, label="FPS", info=notes.fps, elem_id=f"{mode}-fps")
                 canvas_message = gr.HTML("", elem_id=f"{mode}-canvas-message", padding=False)
-                image = video = sound = None
+                image = video = sound = uploads = fit = fit_note = None
                 if mode == "t2v":
-                    image, video, sound = _conditioning_box(mode, spec)
+                    image, video, sound, uploads, fit, fit_note = _conditioning_box(mode, spec)
                     panel.build_describe(True, True, reasoner[0])
                 sampling = sampling_box(spec, mode, with_interval=mode == "t2i")
                 buttons = run_buttons(mode)
@@ -168,7 +171,7 @@ def gen_tab(mode: str, label: str, model: dict, reasoner: tuple[bool, str] = (Fa
     editor.wire()
     gen = GenTab(mode, kind, tab, notice, editor, negative, negative_use, negative_message, resolution, frames,
                  fps, canvas_message, image, video, sound, sampling, result)
-    gen.reasoner = panel
+    gen.reasoner, gen.uploads_box, gen.fit, gen.fit_note = panel, uploads, fit, fit_note
     return gen
 
 

@@ -84,6 +84,9 @@ class GenTab:
     sampling: SamplingBox
     result: ResultBox
     reasoner: Any = None  # cosmos3_ui.reasoner_panel.ReasonerPanel (Enhance, Describe)
+    uploads_box: Any = None  # gr.Accordion around the uploads (History opens it to show what it restored)
+    fit: Any = None  # gr.Radio: how an upload meets the canvas (crop, letterbox, resize)
+    fit_note: Any = None  # gr.Markdown: what that does to this upload
 
 
 @dataclass

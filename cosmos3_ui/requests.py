@@ -135,7 +135,7 @@ def image_request(prompt: str, negative: str, sampling: Sampling) -> dict:
 
 
 def video_request(prompt: str, negative: str, sampling: Sampling, *, image: str | None, video: str | None,
-                  sound: bool) -> dict:
+                  sound: bool, fit: str | None = None) -> dict:
     """T2V, or I2V with a conditioning image, or V2V with a conditioning video."""
     if image and video:
         raise StudioError("Give a conditioning image or a conditioning video, not both; clear one of them.", "image")
@@ -149,6 +149,8 @@ def video_request(prompt: str, negative: str, sampling: Sampling, *, image: str 
         request["image"] = image
     if video:
         request["video"] = video
+    if (image or video) and fit:
+        request["fit"] = fit
     return request
 
 

@@ -228,3 +228,44 @@ def test_broken_json_locks_the_form_with_the_error_at_the_top(page, tmp_path):
     assert page.locator("#t2i-form-lock").inner_text().strip() == ""
     assert not page.locator("#t2i-field-context textarea").is_disabled()
     assert page.locator("#t2i-field-context textarea").input_value() == "fixed"
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. the page says how an upload is fitted, the choice reaches the run, History shows the upload
+# ---------------------------------------------------------------------------------------------
+
+def test_an_upload_says_how_it_is_fitted_and_the_run_and_history_keep_the_choice(page, studio, tmp_path):
+    import json
+
+    wide = tmp_path / "wide.png"
+    Image.fromarray(np.full((48, 64, 3), 120, np.uint8)).save(wide)  # 4:3 against a 1:1 canvas
+    pick_model(page, "nano")
+    open_tab(page, "Text to Video")
+    page.locator("#t2v-resolution input").click()
+    page.get_by_role("option").filter(has_text="64 x 64").first.click()
+    page.get_by_text("Start from an image or a video (optional)").click()
+    page.locator("#t2v-image input[type=file]").set_input_files(str(wide))
+    note = wait_for_text(page, "#t2v-fit-note", "64x48", timeout_s=15)
+    assert "centre-cropped" in note and "16 px of its width" in note
+    page.locator("#t2v-fit").get_by_text("Letterbox", exact=False).click()
+    note = wait_for_text(page, "#t2v-fit-note", "black", timeout_s=10)
+    assert "64x48 inside 64x64" in note and "nothing is cut" in note
+    page.locator("#t2v-sampling").click()
+    set_number(page, "t2v-steps", 2)
+    before = {p.name for p in studio.service.outputs_root.iterdir()}
+    page.locator("#t2v-generate").click()
+    wait_for_text(page, "#t2v-status", "Done", timeout_s=180)
+    folder = next(p for p in studio.service.outputs_root.iterdir() if p.name not in before)
+    params = json.loads((folder / "params.json").read_text())
+    assert json.dumps(params).count('"fit": "letterbox"') >= 1  # the engine ran the choice
+    # History restore shows the upload, not inside a folded section.
+    page.reload()
+    page.wait_for_selector("#model-picker")
+    gallery = page.locator("#history-gallery .thumbnail-item")
+    deadline = time.time() + 15
+    while time.time() < deadline and gallery.count() < 1:
+        time.sleep(0.1)
+    gallery.first.click()
+    wait_for_text(page, "#history", "Restored")
+    page.wait_for_selector("#t2v-image img", state="visible", timeout=15_000)
+    assert page.locator("#t2v-fit input[value=letterbox]").is_checked()

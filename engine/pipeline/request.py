@@ -45,8 +45,12 @@ from . import captions
 
 REQUEST_KEYS = (
     "mode", "prompt", "negative_prompt", "width", "height", "num_frames", "fps", "steps", "guidance_scale",
-    "guidance_interval", "flow_shift", "seed", "image", "video", "sound", "action",
+    "guidance_interval", "flow_shift", "seed", "image", "video", "sound", "action", "fit",
 )
+# How a conditioning image or video is fitted to the canvas when their aspects differ. The default
+# is what the reference pipeline does: an image is scaled to cover and centre-cropped, a video resized.
+FITS = ("crop", "letterbox", "resize")
+DEFAULT_FIT = {"i2v": "crop", "v2v": "resize"}
 ACTION_KEYS = ("kind", "domain", "chunk_size", "resolution_tier", "view_point", "actions")
 
 
@@ -115,6 +119,7 @@ class Request(Mapping):
     video: Any
     sound: bool
     action: Mapping | None  # read-only; rows of `actions` as tuples
+    fit: str | None = None  # i2v/v2v: how the upload meets the canvas (FITS); None where there is none
     caption: Mapping | None = field(default=None, repr=False)
     negative_caption: Mapping | None = field(default=None, repr=False)
 
@@ -394,7 +399,7 @@ def _fill(info: VariantInfo, mode: str, params: Mapping) -> dict[str, Any]:
     out: dict[str, Any] = {k: defaults[k] for k in ("width", "height", "num_frames", "fps", "steps",
                                                      "guidance_scale", "guidance_interval", "flow_shift")}
     out.update({"mode": mode, "prompt": "", "negative_prompt": "", "seed": -1, "image": None, "video": None,
-                "sound": False, "action": None})
+                "sound": False, "action": None, "fit": DEFAULT_FIT.get(mode)})
     for key, value in params.items():
         if value is not None or key in ("guidance_interval", "image", "video", "action"):
             out[key] = value
@@ -502,11 +507,13 @@ def _check_media(out: dict, info: VariantInfo, mode: str, params: Mapping, limit
     """Step 5: the action, the canvas and frames, the conditioning inputs and sound, per mode."""
     if mode == "action":
         refusals.check(_check_action, out, info, params)
+        refusals.check(_validate_fit, out, mode)  # the action canvas fits its input its own way
         return
     if out["action"] is not None:
         refusals.errors.append(RequestError("action", f"action is only used in mode 'action', not {mode!r}."))
     refusals.check(_validate_canvas, out, limits)
     refusals.check(_validate_frames, out, mode, limits)
+    refusals.check(_validate_fit, out, mode)
     for key, needs in (("image", "i2v"), ("video", "v2v")):
         if mode == needs and out[key] is None:
             what = "image-to-video needs a conditioning image" if key == "image" else "video-to-video needs a conditioning video"
@@ -519,6 +526,16 @@ def _check_media(out: dict, info: VariantInfo, mode: str, params: Mapping, limit
                 "sound", f"This {info.family} checkpoint cannot generate sound; it supports: {list(info.modes)}."))
         elif mode == "t2i":
             refusals.errors.append(RequestError("sound", "sound needs a video mode (t2v, i2v or v2v), not t2i."))
+
+
+def _validate_fit(out: dict, mode: str) -> None:
+    fit = out["fit"]
+    if mode not in DEFAULT_FIT:
+        if fit is not None:
+            raise RequestError("fit", f"fit is only used with a conditioning image or video (i2v, v2v), not {mode!r}.")
+        return
+    if fit not in FITS:
+        raise RequestError("fit", f"fit must be one of {list(FITS)}, got {fit!r}.")
 
 
 def _check_action(out: dict, info: VariantInfo, params: Mapping) -> None:
