@@ -101,7 +101,7 @@ class CaptionEditor:
         with gr.Group(elem_classes=["caption-editor"]):
             # At the top, so a JSON error is seen where the editing starts, not below the fold.
             self.message = gr.HTML("", elem_id=f"{elem_prefix}-caption-message", padding=False)
-            with gr.Row():
+            with gr.Row(elem_classes=["stack-on-phone"]):
                 self.style = gr.Radio(list(PROMPT_STYLES), value=STYLE_JSON, label="Prompt style", scale=3,
                                       elem_id=f"{elem_prefix}-style")
                 self.example = gr.Dropdown(

@@ -394,6 +394,20 @@ def upload_check(image, label: str) -> str:
     return ""
 
 
+def reuse_seed(tab):
+    """A click handler for "Reuse seed": the seed of the tab's last result in the box, Random off."""
+    s = tab.sampling
+
+    def reuse(used: str):
+        used = (used or "").strip()
+        if not used:
+            return {s.seed: gr.skip(), s.randomize: gr.skip(),
+                    s.message: status_html("No result yet in this tab: there is no seed to reuse.", "info")}
+        return {s.seed: gr.update(value=used, interactive=True), s.randomize: False, s.message: ""}
+
+    return reuse
+
+
 def fit_note_for(image, resolution, fit) -> str:
     """The note under the fit choice for the image uploaded now (its size read from the file)."""
     from engine.pipeline.media import load_image

@@ -109,6 +109,9 @@ class Handlers:
 
         for event in (s.flow_shift.change, self.blocks.load):
             event(on_shift, inputs=[page.model, s.flow_shift], outputs=s.steps, queue=False, api_visibility=PRIVATE)
+        if s.reuse is not None:
+            s.reuse.click(F.reuse_seed(tab), inputs=tab.result.used_seed, outputs=[s.seed, s.randomize, s.message],
+                          queue=False, api_visibility=PRIVATE)
         if isinstance(tab, GenTab) and tab.fit is not None:
             # The page says how this upload will meet the canvas, as the choice and the size change.
             for event in (tab.image.change, tab.fit.change, tab.resolution.change):
@@ -210,6 +213,9 @@ class Handlers:
             return F.restore(self.page, self.service, entry)
 
         h.gallery.select(on_select, inputs=h.state, outputs=restore_outputs, queue=False, api_visibility=PRIVATE)
+        if self.page.results_gallery is not None:
+            self.page.results_gallery.wire(h.state, owns, lambda entry: F.restore(self.page, self.service, entry),
+                                           restore_outputs)
 
         def on_clear():
             return {h.state: [], h.gallery: [], h.files: None, h.params: None,

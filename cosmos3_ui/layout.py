@@ -21,6 +21,7 @@ from . import forms as F
 from .assets import CSS_PATH, example_media
 from .caption_editor import CaptionEditor
 from .common import PRIVATE
+from .gallery import ResultsGallery
 from .handlers import Handlers
 from .jobs import JobFollower
 from .parts import ActionTab, ApiBox, GenTab, HistoryBox, Page, ResultBox, SamplingBox, UploadImage
@@ -47,7 +48,7 @@ def sampling_box(spec: C.SamplingControls, prefix: str, with_interval: bool) -> 
                                    interactive=not spec.locked, elem_id=f"{prefix}-shift")
         use_interval = interval_lo = interval_hi = None
         if with_interval:
-            with gr.Row():
+            with gr.Row(elem_classes=["stack-on-phone"]):
                 use_interval = gr.Checkbox(
                     value=spec.guidance_interval is not None, label="Guide only inside a timestep interval",
                     info="Classifier-free guidance runs only for timesteps t in [start, end]; outside it one "
@@ -59,13 +60,16 @@ def sampling_box(spec: C.SamplingControls, prefix: str, with_interval: bool) -> 
                                         elem_id=f"{prefix}-interval-lo")
                 interval_hi = gr.Number(hi, label="Interval end", interactive=not spec.locked,
                                         elem_id=f"{prefix}-interval-hi")
-    with gr.Row(equal_height=True):
+    with gr.Row(equal_height=True, elem_classes=["seed-row", "stack-on-phone"]):
         # Text, not a number box: a browser holds numbers as doubles and would round a 20-digit seed.
-        seed = gr.Textbox("0", label="Seed", info=notes.seed, scale=3, interactive=False, max_lines=1, elem_id=f"{prefix}-seed")
-        randomize = gr.Checkbox(True, label="Random seed", scale=1, elem_id=f"{prefix}-randomize")
+        seed = gr.Textbox("0", label="Seed", info=notes.seed, scale=3, interactive=False, max_lines=1,
+                          elem_id=f"{prefix}-seed")
+        with gr.Column(scale=1, min_width=130):
+            randomize = gr.Checkbox(True, label="Random seed", elem_id=f"{prefix}-randomize")
+            reuse = gr.Button("Reuse seed", size="sm", elem_id=f"{prefix}-reuse-seed")
     message = gr.HTML("", elem_id=f"{prefix}-sampling-message", padding=False)
     return SamplingBox(accordion, lock_note, steps, guidance, flow_shift, use_interval, interval_lo, interval_hi, seed,
-                       randomize, message)
+                       randomize, message, reuse)
 
 
 def run_buttons(prefix: str) -> tuple:
@@ -339,7 +343,7 @@ class Studio:
                     self.batch_tab = BatchTab(self.service, self.jobs).build()
             history = history_section(self.state_secret)
             self.page = Page(model, shown_model, variant, switch_note, tabs, current_tab, t2i, t2v, action, history,
-                             api_section(), set_aside=gr.State({}))
+                             api_section(), results_gallery=ResultsGallery.build(), set_aside=gr.State({}))
             self.reason_api = ReasonApi.build()
             self._wire(blocks)
         return blocks

@@ -45,6 +45,7 @@ class SamplingBox:
     seed: gr.Number
     randomize: gr.Checkbox
     message: gr.HTML  # a refusal of one of these controls, shown under them
+    reuse: Any = None  # gr.Button "Reuse seed": the seed of this tab's last result, Random off
 
 
 @dataclass
@@ -152,6 +153,7 @@ class Page:
     action: ActionTab
     history: HistoryBox
     api: ApiBox
+    results_gallery: Any = None  # cosmos3_ui.gallery.ResultsGallery
     set_aside: Any = None  # gr.State: {"t2i.steps": 20, ...} values a model switch could not keep, until one can
 
     def gen_tabs(self) -> tuple[GenTab, GenTab]:

@@ -269,3 +269,70 @@ def test_an_upload_says_how_it_is_fitted_and_the_run_and_history_keep_the_choice
     wait_for_text(page, "#history", "Restored")
     page.wait_for_selector("#t2v-image img", state="visible", timeout=15_000)
     assert page.locator("#t2v-fit input[value=letterbox]").is_checked()
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. Reuse seed, the gallery of results, and a phone's 390 px
+# ---------------------------------------------------------------------------------------------
+
+def test_reuse_seed_and_the_gallery_of_results(page, studio):
+    pick_model(page, "nano")
+    page.locator("#t2i-sampling").click()
+    set_number(page, "t2i-steps", 2)
+    page.locator("#t2i-generate").click()
+    wait_for_text(page, "#t2i-status", "Done", timeout_s=120)
+    used = page.locator("#t2i-used-seed textarea, #t2i-used-seed input").first.input_value()
+    assert page.locator("#t2i-randomize input").is_checked()
+    page.locator("#t2i-reuse-seed").click()
+    page.wait_for_timeout(500)
+    assert not page.locator("#t2i-randomize input").is_checked()
+    assert page.locator("#t2i-seed input, #t2i-seed textarea").first.input_value() == used
+    # The gallery shows this browser's results as large tiles; a pick restores the result.
+    page.locator("#results-gallery-box").click()
+    tiles = page.locator("#results-gallery .thumbnail-item, #results-gallery button.thumbnail-item")
+    deadline = time.time() + 15
+    while time.time() < deadline and tiles.count() < 1:
+        time.sleep(0.1)
+    assert tiles.count() >= 1
+    assert tiles.first.bounding_box()["width"] >= 150  # a gallery, not the History strip's thumbnails
+    assert f"seed {used}" in page.locator("#results-gallery").inner_text()
+
+
+def _cut_labels(page) -> list[str]:
+    """Control labels on screen whose text is cut off (wider than their box) or past the viewport's edge."""
+    return page.evaluate("""() => {
+        const out = [];
+        const width = document.documentElement.clientWidth;
+        for (const el of document.querySelectorAll(
+                '[data-testid=block-info], label span, .seed-row label')) {
+            const box = el.getBoundingClientRect();
+            if (!box.width || !el.offsetParent || !el.innerText.trim()) continue;
+            if (el.scrollWidth > el.clientWidth + 1 || box.right > width + 1) out.push(el.innerText.trim());
+        }
+        return out;
+    }""")
+
+
+def test_a_390px_phone_shows_whole_labels_and_the_tabs_on_one_row(browser, studio, tmp_path):
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    try:
+        page.goto(studio.url)
+        page.wait_for_selector("#model-picker")
+        page.wait_for_timeout(800)
+        page.screenshot(path=str(tmp_path / "phone-top.png"))
+        tabs = page.locator("#mode-tabs > .tab-wrapper button[role=tab]")  # the page's tabs, not a tab's own
+        rows = {round(tabs.nth(i).bounding_box()["y"]) for i in range(tabs.count()) if tabs.nth(i).is_visible()}
+        assert tabs.count() >= 4 and len(rows) == 1, rows  # one row (it scrolls sideways), not a stack of rows
+        page.locator("#t2i-sampling").click()
+        page.wait_for_timeout(500)
+        page.locator("#t2i-randomize").scroll_into_view_if_needed()
+        page.screenshot(path=str(tmp_path / "phone-seed.png"))
+        cut = _cut_labels(page)
+        assert cut == [], cut
+        for elem in ("t2i-randomize", "t2i-example", "t2i-reuse-seed"):
+            box = page.locator(f"#{elem}").bounding_box()
+            assert box["x"] >= 0 and box["x"] + box["width"] <= 390 + 1, (elem, box)
+        page.screenshot(path="/tmp/h45/phone-full.png", full_page=True)
+    finally:
+        context.close()
