@@ -54,3 +54,17 @@ def test_each_fit_puts_the_upload_on_the_canvas_its_own_way(tiny_family, tmp_pat
     assert crop[0, width // 2].min() > 200 and crop[height // 2, 1][0] > 200
     # Resize: no bars and nothing cut; the red quarter is stretched to a quarter of the width.
     assert resize[0, width // 2].min() > 200 and resize[height // 2, width // 4 - 2][1] < 60
+
+
+def test_an_undecodable_upload_is_refused_without_its_server_path(tmp_path):
+    from engine.pipeline.media import load_image, load_video
+
+    folder = tmp_path / "gradio" / "0123abcd"
+    folder.mkdir(parents=True)
+    for name, load in (("notes.png", load_image), ("notes.mp4", load_video)):
+        fake = folder / name
+        fake.write_text("a text file renamed")
+        with pytest.raises(ValueError) as caught:
+            load(str(fake))
+        assert "could not be decoded" in str(caught.value) and name in str(caught.value)
+        assert str(folder) not in str(caught.value) and "0123abcd" not in str(caught.value)

@@ -75,7 +75,9 @@ def load_image(source):
                 opened.load()
                 image = opened.copy()
         except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
-            raise ValueError(f"The image {file.name!r} could not be decoded: {exc}.") from exc
+            # PIL's message quotes the path it opened: a server folder (an upload's temp dir) never shows.
+            reason = str(exc).replace(str(file.resolve()), file.name).replace(str(file), file.name)
+            raise ValueError(f"The image {file.name!r} could not be decoded: {reason}.") from exc
     if image.width * image.height > MAX_IMAGE_PIXELS:
         raise ValueError(f"The image is {image.width}x{image.height}; at most {MAX_IMAGE_PIXELS:,} pixels.")
     return image.convert("RGB")
@@ -127,7 +129,8 @@ def load_video(source, max_frames: int = MAX_VIDEO_FRAMES) -> list:
                     if len(frames) >= max_frames:
                         break
         except (av.FFmpegError, IndexError, OSError) as exc:
-            raise ValueError(f"The video {file.name!r} could not be decoded: {exc}.") from exc
+            reason = str(exc).replace(str(file.resolve()), file.name).replace(str(file), file.name)
+            raise ValueError(f"The video {file.name!r} could not be decoded: {reason}.") from exc
     if not frames:
         raise ValueError("The video has no frames.")
     return frames
