@@ -45,6 +45,8 @@ class Handlers:
                 if watched.result is not None:
                     yield ("result", watched.result)
                     return
+                if watched.cancelling:
+                    continue  # Cancel cleared the progress and preview: a step still in flight must not bring them back
                 update: dict = {}
                 line = self.jobs.status_line(watched.status)
                 if line != shown:

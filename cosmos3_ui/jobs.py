@@ -33,6 +33,7 @@ class Watched:
     status: JobStatus
     preview: Any = None
     result: Any = None
+    cancelling: bool = False  # Cancel was pressed: its handler has cleared the progress and preview
 
 
 def session_of(request: gr.Request | None) -> str:
@@ -90,14 +91,14 @@ class JobFollower:
         async with aclosing(job_events(self.service.active, handle, session)) as events:
             async for job, event in events:
                 if isinstance(event, Preview):
-                    yield Watched(job.status, preview=event)
+                    yield Watched(job.status, preview=event, cancelling=job.cancel_requested)
                     continue
                 result = apply_event(job.status, event)
                 if result is not None:
                     yield Watched(job.status, result=result)
                     return
                 self.report(progress, job.status)
-                yield Watched(job.status)
+                yield Watched(job.status, cancelling=job.cancel_requested)
 
     async def drive(self, handle, session: str, progress):
         """Follow a job to its end and return its result (raises StudioError or JobWasCancelled)."""

@@ -114,7 +114,9 @@ async def follow_reasoner(service: StudioService, model: str, request: dict, ses
             if isinstance(event, ReasonerText):
                 text = "" if event.restart else text + event.text
                 job.status.stage, job.status.step = "reason", event.tokens  # what Cancel reports
-                yield ("writing", (text, event.tokens)) if stages else ("text", text)
+                # Once Cancel is pressed its note owns the status line: text still in flight only fills the box.
+                writing = stages and not job.cancel_requested
+                yield ("writing", (text, event.tokens)) if writing else ("text", text)
             elif isinstance(event, (Queued, Started)) and stages:
                 yield ("queued", event.position) if isinstance(event, Queued) else ("started", None)
             elif isinstance(event, Finished):
@@ -123,6 +125,12 @@ async def follow_reasoner(service: StudioService, model: str, request: dict, ses
                 raise StudioError(event.message, event.field)
             elif isinstance(event, Cancelled):
                 yield "cancelled", (text, job.status.step)
+
+
+def cancelled_note(tokens: int, unchanged: str) -> str:
+    """The one status line of a cancelled reasoner job, whichever of Cancel's handler and the job's own
+    handler reports it last."""
+    return f"Cancelled after {tokens} token{'' if tokens == 1 else 's'}; {unchanged} is unchanged."
 
 
 def reasoner_line(jobs, what: str, value, reads: str) -> str:
@@ -150,6 +158,8 @@ async def reasoner_updates(service: StudioService, model: str, request: dict, se
                 yield {box.status: reasoner_line(jobs, what, value, reads)}
             elif what == "writing":
                 yield {box.stream: value[0], box.status: reasoner_line(jobs, what, value, reads)}
+            elif what == "text":  # after Cancel: the text only
+                yield {box.stream: value}
             elif what == "cancelled":
                 text, tokens = value
                 yield {box.stream: text, box.status: status_html(cancelled_note(tokens, unchanged), "warn")}
