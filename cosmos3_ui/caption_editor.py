@@ -99,7 +99,9 @@ class CaptionEditor:
         form = captions.caption_to_form(initial, kind)
 
         with gr.Group(elem_classes=["caption-editor"]):
-            with gr.Row():
+            # At the top, so a JSON error is seen where the editing starts, not below the fold.
+            self.message = gr.HTML("", elem_id=f"{elem_prefix}-caption-message", padding=False)
+            with gr.Row(elem_classes=["stack-on-phone"]):
                 self.style = gr.Radio(list(PROMPT_STYLES), value=STYLE_JSON, label="Prompt style", scale=3,
                                       elem_id=f"{elem_prefix}-style")
                 self.example = gr.Dropdown(
@@ -109,6 +111,7 @@ class CaptionEditor:
             with gr.Column(visible=True) as self.json_group:
                 with gr.Tabs():
                     with gr.Tab("Form", id=f"{elem_prefix}-form-tab"):
+                        self.form_lock = gr.HTML("", elem_id=f"{elem_prefix}-form-lock", padding=False)
                         self.tables: dict[str, gr.Dataframe] = {}
                         for table in self.layout.tables:
                             self.tables[table.name] = gr.Dataframe(
@@ -132,7 +135,6 @@ class CaptionEditor:
                                             label="Caption JSON", interactive=True, elem_id=f"{elem_prefix}-code")
             self.prose = gr.Textbox(value=PROSE_EXAMPLES[kind], label="Prompt (prose)", lines=4, visible=False,
                                     elem_id=f"{elem_prefix}-prose")
-            self.message = gr.HTML("", elem_id=f"{elem_prefix}-caption-message", padding=False)
             self.parsed = gr.State(known(initial_text, initial))  # the JSON text last parsed, and its caption
             with gr.Row():
                 self.keep_unknown = gr.Button("Keep unknown keys", size="sm", visible=False,
@@ -166,7 +168,7 @@ class CaptionEditor:
     @property
     def outputs(self) -> list:
         return [self.style, self.code, self.prose, self.message, self.json_group, self.keep_unknown,
-                self.drop_unknown, self.parsed, *self.form_components]
+                self.drop_unknown, self.parsed, self.form_lock, *self.form_components]
 
     def sent(self, v: dict) -> tuple[str, dict | None]:
         """The JSON text a run sends, and its caption (None when the JSON does not parse): the JSON with
@@ -204,6 +206,25 @@ class CaptionEditor:
             out[self.tables[table.name]] = _table_value(form.tables[table.name], table.columns)
         return out
 
+    def lock_updates(self, parses: bool) -> dict:
+        """The Form locked while the JSON does not parse (it would show an older caption as if current,
+        and an edit there could not be merged), with a banner saying why; unlocked once it parses."""
+        banner = "" if parses else (
+            "<div class='caption-error form-locked' role='alert'><strong>The Form is locked: the JSON does not "
+            "parse.</strong> It shows the last caption that did. Fix the JSON (the error is at the top of the "
+            "editor) and the Form follows it again.</div>")
+        out: dict[Any, Any] = {self.form_lock: banner}
+        out.update({c: gr.update(interactive=parses) for c in self.form_components})
+        return out
+
+    def shown_updates(self, caption: Any) -> dict:
+        """The Form for what the JSON holds now: filled from `caption` and open, or locked (None)."""
+        out = self.lock_updates(caption is not None)
+        if caption is not None:
+            for component, value in self.form_updates(caption).items():
+                out[component] = gr.update(value=value, interactive=True)
+        return out
+
     def restore(self, style: str, json_text: str, prose: str) -> dict:
         """Updates that show a saved editor state (used by history)."""
         out: dict[Any, Any] = {
@@ -214,8 +235,7 @@ class CaptionEditor:
         out[self.parsed] = known(json_text, caption)
         out[self.message] = message if style == STYLE_JSON else ""
         out.update(self.choice_updates(caption))
-        if caption is not None:
-            out.update(self.form_updates(caption))
+        out.update(self.shown_updates(caption))
         return out
 
     def show_error(self, message: str) -> dict:
@@ -233,12 +253,11 @@ class CaptionEditor:
         def on_code(text):
             caption, message = describe_problem(text, kind)
             out: dict[Any, Any] = {self.message: message, self.parsed: known(text, caption),
-                                   **self.choice_updates(caption)}
-            if caption is not None:
-                out.update(self.form_updates(caption))
+                                   **self.choice_updates(caption), **self.shown_updates(caption)}
             return out
 
-        self.code.input(on_code, inputs=self.code, outputs=[self.message, self.parsed, *choices, *self.form_components],
+        self.code.input(on_code, inputs=self.code,
+                        outputs=[self.message, self.parsed, self.form_lock, *choices, *self.form_components],
                         trigger_mode="always_last", queue=False, api_visibility=PRIVATE)
 
         def on_form(text, last, *values):
@@ -290,11 +309,11 @@ class CaptionEditor:
             caption = json.loads(text)
             return {self.code: text, self.parsed: known(text, caption), self.message: "", self.style: STYLE_JSON,
                     self.prose: gr.update(visible=False), self.json_group: gr.update(visible=True),
-                    **self.choice_updates(caption), **self.form_updates(caption)}
+                    **self.choice_updates(caption), **self.shown_updates(caption)}
 
         self.example.input(on_example, inputs=self.example,
                            outputs=[self.code, self.parsed, self.message, self.style, self.prose, self.json_group,
-                                    *choices, *self.form_components],
+                                    self.form_lock, *choices, *self.form_components],
                            queue=False, api_visibility=PRIVATE)
 
     def _wire_unknown_keys(self) -> None:

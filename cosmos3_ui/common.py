@@ -8,6 +8,10 @@ import queue
 from collections.abc import AsyncIterator
 
 GPU_POOL = "gpu"  # every event that runs a job shares this one Gradio concurrency slot
+# Generate's handlers only follow engine jobs (the engine's bounded queue runs one at a time), so their
+# pool has no limit of its own: a click while another job runs reaches the engine's queue at once and
+# shows its position there, instead of waiting unseen in Gradio's queue.
+FOLLOW_POOL = "follow"
 PRIVATE = "private"  # UI events are not public API; only /models and /generate are
 UI_SEED_MAX = 2**53 - 1  # browsers hold numbers as doubles; larger seeds would be rounded
 

@@ -17,9 +17,17 @@ from engine.model.action import (
     SUPPORTED_DOMAINS,
     VIEW_POINTS,
 )
-from engine.model.defaults import DEFAULT_FPS, FRAME_STEP, T2I_GUIDANCE_INTERVAL, Limits, max_distinct_steps
-
-from .common import UI_SEED_MAX
+from engine.model.defaults import (
+    DEFAULT_FPS,
+    FRAME_STEP,
+    T2I_GUIDANCE_INTERVAL,
+    Limits,
+    max_distinct_steps,
+    render_frames,
+    render_interval,
+    render_range,
+    steps_cap,
+)
 
 TAB_MODES = {"t2i": "Text to Image", "t2v": "Text to Video", "action": "Action"}
 MODE_NAMES = {
@@ -205,43 +213,41 @@ class LimitNotes:
     chunk: str
 
 
+def _hint(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def steps_note(spec: SamplingControls, flow_shift=None) -> str:
     """Steps' allowed range at this flow shift; without a shift, the range before the shift's limit
-    (so building the page needs no scheduler, which imports the denoising stack)."""
+    (so building the page needs no scheduler, which imports the denoising stack). Rendered by the
+    engine's own `render_range`, as its refusal says it."""
     if spec.locked or spec.limits is None:
         return "Fixed by the distilled checkpoint." if spec.locked else ""
     lo, top = _range(spec, "steps")
     if flow_shift is None:
-        return f"{lo} to {top}; fewer at high flow shifts."
+        return _hint(f"{render_range(lo, top)}; fewer at high flow shifts.")
     most = steps_max(spec, flow_shift)
-    try:
-        at = f" at flow shift {float(flow_shift):g}" if most < top else ""
-    except (TypeError, ValueError):
-        at = ""
-    return f"{lo} to {most}{at}."
+    cap = f"; {steps_cap(most, float(flow_shift))}" if most < top else ""
+    return _hint(f"{render_range(lo, top)}{cap}.")
 
 
 def limit_notes(spec: SamplingControls, flow_shift=None) -> LimitNotes:
+    """Each control's hint, rendered from the engine's limits by the functions its refusals use."""
     if spec.limits is None:  # an unavailable tab of a model described without limits: nothing to say
         return LimitNotes(*([""] * 8))
     steps = steps_note(spec, flow_shift)
     if spec.locked:
         guidance = shift = "Fixed by the distilled checkpoint."
     else:
-        lo, hi = _range(spec, "guidance_scale")
-        guidance = f"{lo:g} to {hi:g}; 1 turns guidance off."
-        shift = f"Above {_range(spec, 'flow_shift')[0]:g}, at most {_range(spec, 'flow_shift')[1]:g}; " \
-                "higher shifts allow fewer steps."
+        guidance = _hint(f"{render_range(*_range(spec, 'guidance_scale'))}; 1 turns guidance off.")
+        shift = _hint(f"{render_range(*_range(spec, 'flow_shift'), lo_open=True)}; higher shifts allow fewer steps.")
     frames = ""
     if spec.frames_range:
-        lo, hi = spec.frames_range
-        frames = f"{lo} to {hi}, of the form {lo} + {spec.limits.frame_step}k."
-    t_lo, t_hi = _range(spec, "guidance_interval")
-    fps_lo, fps_hi = _range(spec, "fps")
-    seed_top = min(UI_SEED_MAX, _range(spec, "seed")[1])
+        frames = _hint(render_frames(*spec.frames_range, spec.limits.frame_step) + ".")
     return LimitNotes(
-        steps=steps, guidance=guidance, flow_shift=shift, fps=f"Above {fps_lo:g}, at most {fps_hi:g}.",
-        frames=frames, interval=f"Timesteps: {t_lo:g} <= start < end <= {t_hi:g}.", seed=f"0 to {seed_top}.",
+        steps=steps, guidance=guidance, flow_shift=shift, fps=_hint(render_range(*_range(spec, "fps"), lo_open=True) + "."),
+        frames=frames, interval=f"Timesteps, start = lo, end = hi: {render_interval(*_range(spec, 'guidance_interval'))}.",
+        seed=_hint(f"{render_range(*_range(spec, 'seed'))}; -1 picks one at random."),
         chunk=f"{CHUNK_RANGE[0]} to {CHUNK_RANGE[1]}, a multiple of {FRAME_STEP}; the video has chunk + 1 frames.",
     )
 
@@ -388,3 +394,30 @@ def tab_availability(model: dict) -> TabAvailability:
         t2v=(unsupported_reason(model, "t2v") is None, unsupported_reason(model, "t2v")),
         action=(unsupported_reason(model, "action") is None, unsupported_reason(model, "action")),
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# Fitting an upload to the canvas
+# ----------------------------------------------------------------------------------------------
+
+FIT_CHOICES = [("Crop to fill (centre)", "crop"), ("Letterbox (nothing cut, black bars)", "letterbox"),
+               ("Stretch to the canvas", "resize")]
+
+
+def fit_note(upload_size: tuple[int, int] | None, canvas: tuple[int, int] | None, fit: str) -> str:
+    """What happens to an upload of `upload_size` on the `canvas` with `fit`, in pixels of the upload."""
+    if not upload_size or not canvas:
+        return "An upload whose aspect differs from the resolution is fitted as chosen here."
+    (w, h), (cw, ch) = upload_size, canvas
+    if w * ch == h * cw:
+        return f"Your {w}x{h} upload has the canvas's aspect: it is scaled to {cw}x{ch}, nothing is cut or padded."
+    if fit == "resize":
+        return f"Your {w}x{h} upload is stretched to {cw}x{ch} (its aspect changes)."
+    cover = fit == "crop"
+    scale = max(cw / w, ch / h) if cover else min(cw / w, ch / h)
+    sw, sh = round(w * scale), round(h * scale)
+    if cover:
+        cut = f"{round((sw - cw) / scale)} px of its width" if sw > cw else f"{round((sh - ch) / scale)} px of its height"
+        return f"Your {w}x{h} upload is scaled to cover {cw}x{ch} and centre-cropped: {cut} is cut, split evenly."
+    bars = f"{cw - sw} px of black beside it" if sw < cw else f"{ch - sh} px of black above and below"
+    return f"Your {w}x{h} upload is scaled to {sw}x{sh} inside {cw}x{ch}: {bars}, nothing is cut."

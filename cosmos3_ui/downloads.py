@@ -69,3 +69,9 @@ def download_list(named: dict[str, str], *, with_actions: bool = True) -> list[s
     the Action tab lists them beside its plot instead)."""
     kinds = [k for k in (*ORDER, "zip") if k != "actions" or with_actions]
     return [named[k] for k in kinds if named.get(k)]
+
+
+def named_media(named: dict[str, str], fallback: str | None = None) -> str | None:
+    """The named image or video of a result: what the media component shows, so its own download icon
+    saves `<model>_<mode>_seed<seed>_<request id>.png`, not `image.png`."""
+    return named.get("image") or named.get("video") or fallback

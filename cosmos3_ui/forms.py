@@ -6,9 +6,12 @@ about what a model allows live in `controls`, request building in `requests`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
+
+from engine.model.defaults import quote_number
 
 from . import controls as C
 from . import downloads as D
@@ -42,7 +45,7 @@ def gen_inputs(page: Page, tab: GenTab) -> list:
              tab.resolution, s.steps,
              s.guidance, s.flow_shift, s.seed, s.randomize, tab.result.live_preview]
     for optional in (s.use_interval, s.interval_lo, s.interval_hi, tab.frames, tab.fps, tab.image, tab.video,
-                     tab.sound):
+                     tab.sound, tab.fit):
         if optional is not None:
             items.append(optional)
     return items
@@ -67,7 +70,7 @@ def gen_request(tab: GenTab, v: dict, sent_json: str | None = None) -> dict:
         return image_request(prompt, negative, sampling)
     sampling.frames, sampling.fps = v[tab.frames], v[tab.fps]
     return video_request(prompt, negative, sampling, image=v[tab.image] or None, video=v[tab.video] or None,
-                         sound=bool(v[tab.sound]))
+                         sound=bool(v[tab.sound]), fit=v[tab.fit] if tab.fit is not None else None)
 
 
 def gen_ui_state(tab: GenTab, v: dict, sent_json: str) -> dict:
@@ -179,7 +182,7 @@ def result_updates(tab, result, model: str) -> dict:
     summary = dict(result.summary(), model=model)
     named = named_outputs(result, model)
     files = publish_all(D.download_list(named, with_actions=not isinstance(tab, ActionTab)))
-    media = result.outputs.get("image") or result.outputs.get("video")
+    media = D.named_media(named, result.outputs.get("image") or result.outputs.get("video"))
     took = result.timings.get("total")
     done = f"Done in {took:.1f} s · seed {result.seed}" if took else f"Done · seed {result.seed}"
     if summary.get("precision", "bf16") != "bf16":  # e.g. "FP8 (faster, approximate)": say it where it is seen
@@ -188,13 +191,28 @@ def result_updates(tab, result, model: str) -> dict:
         box.live: gr.update(value=None, visible=False),
         box.progress: "",
         box.status: status_html(done, "ok"),
-        box.output: publish(media),
+        box.output: gr.update(value=publish(media), label=RESULT_LABEL),
         box.used_seed: str(result.seed),
         box.downloads: files,
         box.result_json: summary,
         box.prompt_view: result.prompt_text,
         box.negative_view: result.negative_prompt_text,
     }
+
+
+RESULT_LABEL = "Result"
+
+
+def running_updates(tab) -> dict:
+    """While a run waits or works: the last run's media is labelled as such, never taken for this one's."""
+    return {tab.result.output: gr.update(label=f"{RESULT_LABEL} of the previous run")}
+
+
+def cancelled_updates(tab) -> dict:
+    """A cancelled run: no progress, no preview, and a result area that says it holds nothing of it."""
+    box = tab.result
+    return {box.progress: "", box.live: gr.update(value=None, visible=False),
+            box.output: gr.update(value=None, label=f"{RESULT_LABEL}: cancelled, nothing was made")}
 
 
 def result_outputs(tab) -> list:
@@ -286,22 +304,57 @@ def _message_box(tab, place: str):
     return tab.upload_message if place in ("canvas", "upload", "caption") else None
 
 
+# Engine names a message may use anywhere (no plain word is one of them), and the plain-word keys
+# that are renamed only where a message starts with them ("steps must be ...").
+_ENGINE_NAMES = ("num_frames", "guidance_scale", "flow_shift", "guidance_interval", "negative_prompt")
+
+
+def labelled(tab, field: str, message: str) -> str:
+    """`message` in the page's words: the engine's names of the field's controls become their labels
+    ("num_frames must be ..." reads "Frames must be ...")."""
+    import re
+
+    for key in _ENGINE_NAMES:
+        controls = _field_controls(tab, key)
+        if controls and key in message:
+            message = re.sub(rf"\b{key}\b", _label(controls[0]), message)
+    key = _top_key(field)
+    controls = _field_controls(tab, field)
+    if controls and re.match(rf"{re.escape(key)}\b", message):
+        message = _label(controls[0]) + message[len(key):]
+    return message
+
+
+def _label(control) -> str:
+    return str(control.label or "").split(" (")[0]  # "Resolution (W x H)" -> "Resolution"
+
+
 def error_updates(tab, exc: StudioError) -> dict:
-    """The message in the tab's status line and beside the input it concerns, that input marked:
-    placed by the refusal's field (`RequestError.field`), never by its wording."""
-    message = str(exc)
-    out: dict[Any, Any] = {tab.result.status: status_html(message, "error")}
-    place = _place(exc.field)
-    box = _message_box(tab, place)
-    controls = _field_controls(tab, exc.field)
-    if box is not None:
-        # An upload's message names the input it is about, as the page labels it.
-        named = f"{controls[0].label}: {message}" if place == "upload" and controls else message
-        out[box] = error_html(named, exc.excerpt)
-    if place == "sampling":
-        out[tab.sampling.accordion] = gr.update(open=True)
-    for control in controls:
-        out[control] = gr.update(elem_classes=["field-error"])
+    """Every refusal of a run (`exc.errors`, one per bad field), each beside the input it concerns in
+    the page's words, those inputs marked, and the status line listing them: placed by each refusal's
+    field (`RequestError.field`), never by its wording."""
+    errors = getattr(exc, "errors", None) or [(exc.field, str(exc))]
+    out: dict[Any, Any] = {}
+    shown: dict[Any, list[str]] = {}
+    for field, message in errors:
+        text = labelled(tab, field, message)
+        place = _place(field)
+        box = _message_box(tab, place)
+        controls = _field_controls(tab, field)
+        if box is not None:
+            # An upload's message names the input it is about, as the page labels it.
+            shown.setdefault(box, []).append(f"{controls[0].label}: {text}" if place == "upload" and controls else text)
+        if place == "sampling":
+            out[tab.sampling.accordion] = gr.update(open=True)
+        for control in controls:
+            out[control] = gr.update(elem_classes=["field-error"])
+    for box, messages in shown.items():
+        # The caption's excerpt (its line, a caret) goes with the first refusal, the one it belongs to.
+        out[box] = "".join(error_html(m, exc.excerpt if i == 0 and box is _message_box(tab, _place(exc.field)) else "")
+                           for i, m in enumerate(messages))
+    texts = [labelled(tab, field, message) for field, message in errors]
+    head = texts[0] if len(texts) == 1 else f"{len(texts)} inputs need a change: " + " ".join(texts)
+    out[tab.result.status] = status_html(head, "error")
     return out
 
 
@@ -339,6 +392,38 @@ def upload_check(image, label: str) -> str:
     except ValueError as exc:  # the engine quotes the file it read: in Gradio's cache, so its base name only
         return error_html(redact(f"{label}: {exc}"))
     return ""
+
+
+def reuse_seed(tab):
+    """A click handler for "Reuse seed": the seed of the tab's last result in the box, Random off."""
+    s = tab.sampling
+
+    def reuse(used: str):
+        used = (used or "").strip()
+        if not used:
+            return {s.seed: gr.skip(), s.randomize: gr.skip(),
+                    s.message: status_html("No result yet in this tab: there is no seed to reuse.", "info")}
+        return {s.seed: gr.update(value=used, interactive=True), s.randomize: False, s.message: ""}
+
+    return reuse
+
+
+def fit_note_for(image, resolution, fit) -> str:
+    """The note under the fit choice for the image uploaded now (its size read from the file)."""
+    from engine.pipeline.media import load_image
+
+    size = None
+    if image:
+        try:
+            picture = load_image(image)
+            size = (picture.width, picture.height)
+        except ValueError:
+            size = None  # the upload's own message says why it cannot be read
+    try:
+        canvas = C.parse_size(resolution) if resolution else None
+    except ValueError:
+        canvas = None
+    return C.fit_note(size, canvas, fit or "crop")
 
 
 # ==============================================================================================
@@ -416,8 +501,9 @@ def model_updates(page: Page, model: dict, current_tab: str | None = None) -> di
 
 
 def switch_inputs(page: Page) -> list:
-    """What a model switch reads: the model shown so far and every setting it may keep."""
-    out = [page.model, page.current_tab, page.shown_model]
+    """What a model switch reads: the model shown so far, every setting it may keep, and the values
+    set aside by earlier switches."""
+    out = [page.model, page.current_tab, page.shown_model, page.set_aside]
     for tab in page.all_tabs():
         s = tab.sampling
         out += [s.steps, s.guidance, s.flow_shift]
@@ -434,57 +520,94 @@ def _keep(out: dict, component, value) -> None:
     out[component] = update
 
 
-def _kept_sampling(tab, spec: C.SamplingControls, old: C.SamplingControls | None, v: dict, out: dict) -> list[str]:
-    """Keep steps, guidance, shift and interval where the new model runs them; the reasons for the rest."""
+def _shown(value) -> str:
+    return quote_number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+@dataclass
+class Settling:
+    """One model switch, control by control: a value the new model takes stays; one it cannot take is
+    set aside (by `tab.control` key, in the session's `set_aside`) and the model's default shown; a value
+    set aside earlier comes back as soon as a model takes it. `changes` names each value that changed."""
+
+    v: dict  # the form's values before the switch
+    aside: dict  # {key: value} set aside, updated in place
+    out: dict  # the switch's updates, updated in place
+    changes: list = field(default_factory=list)
+
+    def settle(self, key: str, component, label: str, fits, default, why: str, own: bool = True):
+        """Settle one control; `own`: its value is the user's (not one a distilled checkpoint fixed).
+        Returns the value it shows."""
+        value = self.v[component]
+        held = self.aside.get(key)
+        if held is not None and fits(held):
+            del self.aside[key]
+            _keep(self.out, component, held)
+            if held != value:
+                self.changes.append(f"{label} {_shown(value)} → {_shown(held)}: restored (set aside at an earlier switch)")
+            return held
+        if own and fits(value):
+            _keep(self.out, component, value)
+            return value
+        _keep(self.out, component, default)
+        if own and key not in self.aside and value not in (None, ""):
+            self.aside[key] = value
+            why += "; set aside, and restored when you switch to a model that takes it"
+        if value != default:
+            self.changes.append(f"{label} {_shown(value)} → {_shown(default)}: {why}")
+        return default
+
+
+def _in_range(value, lo, hi) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def _settle_sampling(tab, spec: C.SamplingControls, old: C.SamplingControls | None, act: Settling, key: str) -> None:
+    """Steps, guidance, shift and interval: the user's values where the new model runs them."""
     s = tab.sampling
+    own = not (old is not None and old.locked)  # values a distilled checkpoint fixed are not the user's
+    fixed = "fixed by the distilled checkpoint"
     if spec.locked:
-        return ["steps, guidance and flow shift: fixed by the distilled checkpoint"] if not (old and old.locked) else []
-    if old is not None and old.locked:
-        return ["steps, guidance and flow shift: back to this model's defaults (the distilled ones were fixed)"]
-    reasons = []
-    for box in (s.guidance, s.flow_shift):
-        _keep(out, box, v[box])
-    shift = v[s.flow_shift]
+        for name, box, wanted in (("steps", s.steps, spec.steps), ("guidance", s.guidance, spec.guidance_scale),
+                                  ("flow shift", s.flow_shift, spec.flow_shift)):
+            act.settle(f"{key}.{name}", box, name, lambda x, w=wanted: x == w, wanted, fixed, own)
+        return
+    g_lo, g_hi = spec.limits.guidance_scale
+    act.settle(f"{key}.guidance", s.guidance, "guidance", lambda x: _in_range(x, g_lo, g_hi), spec.guidance_scale,
+               "outside this model's range", own)
+    f_lo, f_hi = spec.limits.flow_shift
+    shift = act.settle(f"{key}.flow shift", s.flow_shift, "flow shift", lambda x: _in_range(x, f_lo, f_hi) and x > f_lo,
+                       spec.flow_shift, "outside this model's range", own)
     top = C.steps_max(spec, shift)
-    steps = v[s.steps]
-    if isinstance(steps, (int, float)) and 1 <= steps <= top:
-        _keep(out, s.steps, steps)
-    else:
-        reasons.append(f"steps {steps} → {spec.steps}: at most {top} run at flow shift {shift}")
-    out[s.steps] = {**out[s.steps], "info": C.limit_notes(spec, shift).steps}
-    if s.use_interval is not None and spec.show_interval:
+    act.settle(f"{key}.steps", s.steps, "steps", lambda x: _in_range(x, 1, top), spec.steps,
+               f"at most {top} run at flow shift {_shown(shift)}", own)
+    act.out[s.steps] = {**act.out[s.steps], "info": C.limit_notes(spec, shift).steps}
+    if s.use_interval is not None and spec.show_interval and own:
         for box in (s.use_interval, s.interval_lo, s.interval_hi):
-            _keep(out, box, v[box])
-    return reasons
+            _keep(act.out, box, act.v[box])
 
 
-def _kept_canvas(tab: GenTab, spec: C.SamplingControls, v: dict, out: dict) -> list[str]:
-    reasons = []
+def _settle_canvas(tab: GenTab, spec: C.SamplingControls, act: Settling, key: str) -> None:
     allowed = [value for _, value in spec.resolution_choices]
-    if v[tab.resolution] in allowed:
-        _keep(out, tab.resolution, v[tab.resolution])
-    elif v[tab.resolution]:
-        reasons.append(f"resolution {v[tab.resolution]} → {spec.resolution}: this model does not offer it")
+    act.settle(f"{key}.resolution", tab.resolution, "resolution", lambda x: x in allowed, spec.resolution,
+               "this model does not offer it")
     if tab.frames is not None and spec.frames_range:
         lo, hi = spec.frames_range
-        frames = v[tab.frames]
-        if isinstance(frames, (int, float)) and lo <= frames <= hi and (frames - 1) % spec.limits.frame_step == 0:
-            _keep(out, tab.frames, frames)
-        else:
-            reasons.append(f"frames {frames} → {spec.frames}: this model runs {lo} to {hi}")
-        _keep(out, tab.fps, v[tab.fps])
-    if tab.sound is not None and v[tab.sound]:
-        if spec.sound_available:
-            _keep(out, tab.sound, True)
-        else:
-            reasons.append("sound off: " + (spec.sound_reason or "this model has no sound"))
-    return reasons
+        act.settle(f"{key}.frames", tab.frames, "frames",
+                   lambda x: _in_range(x, lo, hi) and (x - 1) % spec.limits.frame_step == 0, spec.frames,
+                   f"this model runs {lo} to {hi}")
+        _keep(act.out, tab.fps, act.v[tab.fps])
+    if tab.sound is not None:
+        act.settle(f"{key}.sound", tab.sound, "sound", lambda x: not x or spec.sound_available, False,
+                   spec.sound_reason or "this model has no sound")
 
 
 def switch_updates(page: Page, old_model: dict | None, model: dict, v: dict, current_tab: str | None) -> dict:
-    """A model switch: every setting that the new model still allows is kept; the others go to its
-    defaults, and the note under the picker says which and why."""
+    """A model switch: every setting the new model allows is kept; one it cannot take goes to its
+    default and is set aside until a model takes it again; the note under the picker names exactly
+    what changed (and says nothing when nothing did)."""
     out = model_updates(page, model, current_tab)
+    act = Settling(v, dict(v.get(page.set_aside) or {}), out)
     lines = []
     for tab in page.all_tabs():
         mode = tab.mode if isinstance(tab, GenTab) else "action"
@@ -493,19 +616,22 @@ def switch_updates(page: Page, old_model: dict | None, model: dict, v: dict, cur
             continue
         old = C.sampling_controls(old_model, mode) if old_model is not None else None
         old = old if old is not None and old.available else None
-        reasons = _kept_canvas(tab, spec, v, out) if isinstance(tab, GenTab) else []
-        reasons += _kept_sampling(tab, spec, old, v, out)
-        lines += [f"{C.TAB_MODES[mode]}: {reason}." for reason in reasons]
+        act.changes = []
+        if isinstance(tab, GenTab):
+            _settle_canvas(tab, spec, act, mode)
+        _settle_sampling(tab, spec, old, act, mode)
+        lines += [f"{C.TAB_MODES[mode]}: {change}." for change in act.changes]
+    out[page.set_aside] = act.aside
     if old_model is not None and old_model["name"] != model["name"]:
-        head = f"Switched from {old_model['name']} to {model['name']}: every other setting was kept."
-        out[page.switch_note] = head + ("".join(f"\n- {line}" for line in lines) if lines else "")
+        head = f"Switched from {old_model['name']} to {model['name']}; changed:"
+        out[page.switch_note] = head + "".join(f"\n- {line}" for line in lines) if lines else ""
     return out
 
 
 def model_outputs(page: Page, model: dict) -> list:
     """Every component `model_updates` may touch (a superset is fine for dict returns)."""
     keys = set(model_updates(page, model, "action").keys())
-    keys |= {page.tabs, page.current_tab}
+    keys |= {page.tabs, page.current_tab, page.set_aside}
     return list(keys)
 
 
@@ -525,6 +651,8 @@ def _restore_gen_tab(tab: GenTab, ui: dict, params: dict) -> dict:
         out[tab.fps] = params.get("fps")
     if tab.sound is not None and params.get("sound"):
         out[tab.sound] = True
+    if tab.fit is not None and params.get("fit"):
+        out[tab.fit] = params["fit"]
     if s.use_interval is not None:
         interval = params.get("guidance_interval")
         out[s.use_interval] = gr.update(value=interval is not None)
@@ -552,10 +680,11 @@ def _restore_result(tab, entry: dict, model: str) -> dict:
     for key, component in (("steps", s.steps), ("guidance_scale", s.guidance), ("flow_shift", s.flow_shift)):
         if params.get(key) is not None:
             out[component] = params[key]
-    out[s.seed] = entry.get("seed", 0)
+    out[s.seed] = str(entry.get("seed", 0))
     out[s.randomize] = False
     summary = entry.get("summary", {})
-    out[box.output] = publish(H.media_path(entry))
+    out[box.output] = gr.update(value=publish(D.named_media(H.named_files(entry), H.media_path(entry))),
+                                label=RESULT_LABEL)
     out[box.used_seed] = str(entry.get("seed", ""))
     out[box.downloads] = publish_all(H.download_paths(entry, with_actions=not isinstance(tab, ActionTab)))
     out[box.result_json] = dict(summary, model=model)
@@ -564,6 +693,8 @@ def _restore_result(tab, entry: dict, model: str) -> dict:
     note = "Restored the settings of this result with its seed (Random seed is off)."
     for key, component in _uploads(tab).items():
         out[component] = publish(H.file_path(entry, key))
+    if getattr(tab, "uploads_box", None) is not None:  # the restored uploads are seen, not folded away
+        out[tab.uploads_box] = gr.update(open=any(H.file_path(entry, k) for k in _uploads(tab)))
     if (params.get("image") or params.get("video")) and not any(H.file_path(entry, k) for k in _uploads(tab)):
         note += " Upload the conditioning file again to rerun it."
     out[box.status] = status_html(note, "info")
@@ -603,7 +734,7 @@ def restore_outputs(page: Page, model: dict) -> list:
     keys |= {page.model, page.tabs, page.current_tab, h.note, h.files, h.params}
     for tab in page.gen_tabs():
         keys |= set(tab.editor.outputs) | {tab.negative, tab.resolution}
-        keys |= {c for c in (tab.frames, tab.fps, tab.sound) if c is not None}
+        keys |= {c for c in (tab.frames, tab.fps, tab.sound, tab.uploads_box, tab.fit) if c is not None}
     a = page.action
     keys |= {a.kind, a.domain, a.view_point, a.chunk_size, a.tier, a.fps, a.instruction, a.plot, a.actions_download}
     for tab in page.all_tabs():

@@ -13,7 +13,7 @@ from . import controls as C
 from . import forms as F
 from . import history as H
 from .assets import negative_caption
-from .common import GPU_POOL, PRIVATE, status_html
+from .common import FOLLOW_POOL, GPU_POOL, PRIVATE, status_html
 from .jobs import JobFollower, guarded, session_of
 from .parts import ActionTab, GenTab, Page
 from .service import JobWasCancelled, StudioError, StudioService
@@ -35,7 +35,8 @@ class Handlers:
         """
         box = tab.result
         hide = {box.live: gr.update(visible=False, value=None), box.progress: ""}
-        yield {**F.clear_errors(tab), **hide}
+        yield {**F.clear_errors(tab), **hide, **F.running_updates(tab),
+               box.progress: status_html("Sending the job to the queue ...", "info")}
         shown = ""
         try:
             watching = self.jobs.follow(v[self.page.model], build(), session_of(request), progress,
@@ -44,6 +45,8 @@ class Handlers:
                 if watched.result is not None:
                     yield ("result", watched.result)
                     return
+                if watched.cancelling:
+                    continue  # Cancel cleared the progress and preview: a step still in flight must not bring them back
                 update: dict = {}
                 line = self.jobs.status_line(watched.status)
                 if line != shown:
@@ -53,10 +56,10 @@ class Handlers:
                 if update:
                     yield update
         except JobWasCancelled as exc:
-            yield {box.status: status_html(exc.message(), "warn"), **hide}
+            yield {box.status: status_html(exc.message(), "warn"), **F.cancelled_updates(tab)}
         except StudioError as exc:
             gr.Warning(str(exc))
-            yield {**F.error_updates(tab, exc), **hide}
+            yield {**F.error_updates(tab, exc), **hide, box.output: gr.update(label=F.RESULT_LABEL)}
 
     def finish(self, tab, model: str, result, ui: dict, history: list, v: dict) -> dict:
         """The updates a finished run shows: its result and the new history entry (which keeps the
@@ -73,10 +76,12 @@ class Handlers:
         box = tab.result
         event = box.generate.click(
             guarded(box.status)(generate), inputs={*inputs, self.page.history.state}, outputs=outputs,
-            concurrency_id=GPU_POOL, concurrency_limit=1, trigger_mode="once", api_visibility=PRIVATE,
+            concurrency_id=FOLLOW_POOL, concurrency_limit=None, trigger_mode="once", api_visibility=PRIVATE,
             show_progress="full", show_progress_on=[box.output], api_name=f"ui_{name}_generate",
         )
-        box.cancel.click(self.jobs.cancel_handler(box.status, box.progress), outputs=[box.status, box.progress],
+        cleared = F.cancelled_updates(tab)
+        box.cancel.click(self.jobs.cancel_handler(box.status, box.progress, cleared),
+                         outputs=[box.status, *cleared],
                          cancels=[event], queue=False,
                          api_visibility=PRIVATE, api_name=f"ui_{name}_cancel")
 
@@ -106,6 +111,14 @@ class Handlers:
 
         for event in (s.flow_shift.change, self.blocks.load):
             event(on_shift, inputs=[page.model, s.flow_shift], outputs=s.steps, queue=False, api_visibility=PRIVATE)
+        if s.reuse is not None:
+            s.reuse.click(F.reuse_seed(tab), inputs=tab.result.used_seed, outputs=[s.seed, s.randomize, s.message],
+                          queue=False, api_visibility=PRIVATE)
+        if isinstance(tab, GenTab) and tab.fit is not None:
+            # The page says how this upload will meet the canvas, as the choice and the size change.
+            for event in (tab.image.change, tab.fit.change, tab.resolution.change):
+                event(F.fit_note_for, inputs=[tab.image, tab.resolution, tab.fit], outputs=tab.fit_note, queue=False,
+                      api_visibility=PRIVATE)
         if tab.image is not None:
             message = tab.canvas_message if isinstance(tab, GenTab) else tab.upload_message
             tab.image.upload(lambda image, label=tab.image.label: F.upload_check(image, label), inputs=tab.image,
@@ -202,6 +215,9 @@ class Handlers:
             return F.restore(self.page, self.service, entry)
 
         h.gallery.select(on_select, inputs=h.state, outputs=restore_outputs, queue=False, api_visibility=PRIVATE)
+        if self.page.results_gallery is not None:
+            self.page.results_gallery.wire(h.state, owns, lambda entry: F.restore(self.page, self.service, entry),
+                                           restore_outputs)
 
         def on_clear():
             return {h.state: [], h.gallery: [], h.files: None, h.params: None,

@@ -34,6 +34,7 @@ class Watched:
     status: JobStatus
     preview: Any = None
     result: Any = None
+    cancelling: bool = False  # Cancel was pressed: its handler has cleared the progress and preview
 
 
 def session_of(request: gr.Request | None) -> str:
@@ -91,14 +92,14 @@ class JobFollower:
         async with aclosing(job_events(self.service.active, handle, session)) as events:
             async for job, event in events:
                 if isinstance(event, Preview):
-                    yield Watched(job.status, preview=event)
+                    yield Watched(job.status, preview=event, cancelling=job.cancel_requested)
                     continue
                 result = apply_event(job.status, event)
                 if result is not None:
                     yield Watched(job.status, result=result)
                     return
                 self.report(progress, job.status)
-                yield Watched(job.status)
+                yield Watched(job.status, cancelling=job.cancel_requested)
 
     async def drive(self, handle, session: str, progress):
         """Follow a job to its end and return its result (raises StudioError or JobWasCancelled)."""
@@ -119,29 +120,36 @@ class JobFollower:
                 self.service.record(watched.result, model, origin)
             yield watched
 
+    def queued_text(self, ahead: int, model: str | None = None) -> str:
+        """"Queued: position 2, about 40 s" for a job with `ahead` jobs before it (the running one
+        included); the wait comes from recent job times, and is left out before there are any."""
+        try:
+            queue = self.service.queue
+            eta = (queue.eta_seconds(ahead) if model is None else queue.eta_seconds(ahead, model)) if ahead else None
+        except Exception:  # noqa: BLE001 - an estimate only
+            eta = None
+        return f"Queued: position {ahead + 1}" + (f", about {eta:.0f} s" if eta else "")
+
     def status_line(self, status: JobStatus) -> str:
         """What the line beside Generate says while a job runs: queue position with its wait, or the stage."""
-        text = status.describe()
-        if status.stage == "queued":
-            try:
-                eta = self.service.queue.eta_seconds(status.position or 0)
-            except Exception:  # noqa: BLE001 - an estimate only
-                eta = None
-            text += f" · about {eta:.0f} s" if eta else ""
+        text = self.queued_text(status.position or 0) if status.stage == "queued" else status.describe()
         note = warming_note(warming_status(self.service.queue))
         text += f" · {note}" if note else ""
         return status_html(text, "info")
 
-    def cancel_handler(self, status: gr.HTML, progress: gr.HTML | None = None):
-        """A click handler for a Cancel button that stops this session's job and says so in `status`
-        (clearing the `progress` line, when there is one)."""
-        cleared = {progress: ""} if progress is not None else {}
+    def cancel_handler(self, status: gr.HTML, progress: gr.HTML | None = None, cleared: dict | None = None):
+        """A click handler for a Cancel button that stops this session's job and says so in `status`,
+        clearing the `progress` line and whatever `cleared` maps to its emptied value (the preview, the
+        result of an earlier run that must not pass for this one's)."""
+        line = {progress: ""} if progress is not None else {}
+        cleared = {**line, **(cleared or {})}
 
         def cancel(request: gr.Request):
             job = self.service.active.cancel(session_of(request))
-            if job is None:
+            if job is None:  # nothing of this run to clear: an earlier result stays as it is
                 return {status: status_html("No job of yours was running; a waiting one, if any, was removed "
-                                            "from the queue.", "info"), **cleared}
+                                            "from the queue.", "info"), **line,
+                        **{c: gr.skip() for c in cleared if c not in line}}
             return {status: status_html(cancel_outcome(job), "warn"), **cleared}
 
         return cancel

@@ -23,6 +23,7 @@ from . import history as H
 from .assets import CSS_PATH, example_media
 from .caption_editor import CaptionEditor
 from .common import PRIVATE
+from .gallery import ResultsGallery
 from .handlers import Handlers
 from .jobs import JobFollower
 from .parts import ActionTab, ApiBox, GenTab, HistoryBox, Page, ResultBox, SamplingBox, UploadImage
@@ -51,7 +52,7 @@ def sampling_box(spec: C.SamplingControls, prefix: str, with_interval: bool) -> 
                                    interactive=not spec.locked, elem_id=f"{prefix}-shift")
         use_interval = interval_lo = interval_hi = None
         if with_interval:
-            with gr.Row():
+            with gr.Row(elem_classes=["stack-on-phone"]):
                 use_interval = gr.Checkbox(
                     value=spec.guidance_interval is not None, label="Guide only inside a timestep interval",
                     info="Classifier-free guidance runs only for timesteps t in [start, end]; outside it one "
@@ -63,12 +64,16 @@ def sampling_box(spec: C.SamplingControls, prefix: str, with_interval: bool) -> 
                                         elem_id=f"{prefix}-interval-lo")
                 interval_hi = gr.Number(hi, label="Interval end", interactive=not spec.locked,
                                         elem_id=f"{prefix}-interval-hi")
-    with gr.Row(equal_height=True):
-        seed = gr.Number(0, label="Seed", info=notes.seed, scale=3, interactive=False, elem_id=f"{prefix}-seed")
-        randomize = gr.Checkbox(True, label="Random seed", scale=1, elem_id=f"{prefix}-randomize")
+    with gr.Row(equal_height=True, elem_classes=["seed-row", "stack-on-phone"]):
+        # Text, not a number box: a browser holds numbers as doubles and would round a 20-digit seed.
+        seed = gr.Textbox("0", label="Seed", info=notes.seed, scale=3, interactive=False, max_lines=1,
+                          elem_id=f"{prefix}-seed")
+        with gr.Column(scale=1, min_width=130):
+            randomize = gr.Checkbox(True, label="Random seed", elem_id=f"{prefix}-randomize")
+            reuse = gr.Button("Reuse seed", size="sm", elem_id=f"{prefix}-reuse-seed")
     message = gr.HTML("", elem_id=f"{prefix}-sampling-message", padding=False)
     return SamplingBox(accordion, lock_note, steps, guidance, flow_shift, use_interval, interval_lo, interval_hi, seed,
-                       randomize, message)
+                       randomize, message, reuse)
 
 
 def run_buttons(prefix: str) -> tuple:
@@ -127,15 +132,18 @@ def _negative_box(mode: str, spec: C.SamplingControls) -> tuple[gr.Textbox, gr.B
 
 
 def _conditioning_box(mode: str, spec: C.SamplingControls):
-    with gr.Accordion("Start from an image or a video (optional)", open=False):
+    with gr.Accordion("Start from an image or a video (optional)", open=False, elem_id=f"{mode}-uploads") as box:
         with gr.Row():
             image = UploadImage(label="Conditioning image (image to video)", type="filepath",
                              sources=["upload", "clipboard"], height=180, elem_id=f"{mode}-image")
             video = gr.Video(label="Conditioning video (video to video)", sources=["upload"], height=180,
                              elem_id=f"{mode}-video")
+        fit = gr.Radio(C.FIT_CHOICES, value="crop", label="Fit the upload to the resolution",
+                       elem_id=f"{mode}-fit")
+        fit_note = gr.Markdown(C.fit_note(None, None, "crop"), elem_id=f"{mode}-fit-note")
         sound = gr.Checkbox(False, label="Generate sound", interactive=spec.sound_available,
                             info=spec.sound_reason or "Adds an audio track to the MP4.", elem_id=f"{mode}-sound")
-    return image, video, sound
+    return image, video, sound, box, fit, fit_note
 
 
 def gen_tab(mode: str, label: str, model: dict, reasoner: tuple[bool, str] = (False, "")) -> GenTab:
@@ -160,9 +168,9 @@ def gen_tab(mode: str, label: str, model: dict, reasoner: tuple[bool, str] = (Fa
                                            elem_id=f"{mode}-frames")
                         fps = gr.Number(spec.fps, label="FPS", info=notes.fps, elem_id=f"{mode}-fps")
                 canvas_message = gr.HTML("", elem_id=f"{mode}-canvas-message", padding=False)
-                image = video = sound = None
+                image = video = sound = uploads = fit = fit_note = None
                 if mode == "t2v":
-                    image, video, sound = _conditioning_box(mode, spec)
+                    image, video, sound, uploads, fit, fit_note = _conditioning_box(mode, spec)
                     panel.build_describe(True, True, reasoner[0])
                 sampling = sampling_box(spec, mode, with_interval=mode == "t2i")
                 buttons = run_buttons(mode)
@@ -171,7 +179,7 @@ def gen_tab(mode: str, label: str, model: dict, reasoner: tuple[bool, str] = (Fa
     editor.wire()
     gen = GenTab(mode, kind, tab, notice, editor, negative, negative_use, negative_message, resolution, frames,
                  fps, canvas_message, image, video, sound, sampling, result)
-    gen.reasoner = panel
+    gen.reasoner, gen.uploads_box, gen.fit, gen.fit_note = panel, uploads, fit, fit_note
     return gen
 
 
@@ -344,7 +352,7 @@ class Studio:
                 self.compare_tab = CompareTab(self.service, self.jobs).build() if self.review_desk is None else None
             history = history_section(self.state_secret)
             self.page = Page(model, shown_model, variant, switch_note, tabs, current_tab, t2i, t2v, action, history,
-                             api_section())
+                             api_section(), results_gallery=ResultsGallery.build(), set_aside=gr.State({}))
             self.reason_api = ReasonApi.build()
             self._wire(blocks)
         self.review_tab = self.batch_tab = None

@@ -46,6 +46,7 @@ class SamplingBox:
     seed: gr.Number
     randomize: gr.Checkbox
     message: gr.HTML  # a refusal of one of these controls, shown under them
+    reuse: Any = None  # gr.Button "Reuse seed": the seed of this tab's last result, Random off
 
 
 @dataclass
@@ -85,6 +86,9 @@ class GenTab:
     sampling: SamplingBox
     result: ResultBox
     reasoner: Any = None  # cosmos3_ui.reasoner_panel.ReasonerPanel (Enhance, Describe)
+    uploads_box: Any = None  # gr.Accordion around the uploads (History opens it to show what it restored)
+    fit: Any = None  # gr.Radio: how an upload meets the canvas (crop, letterbox, resize)
+    fit_note: Any = None  # gr.Markdown: what that does to this upload
 
 
 @dataclass
@@ -142,7 +146,7 @@ class Page:
     model: gr.Dropdown
     shown_model: gr.State  # the model the controls follow now (a switch compares against it)
     variant: gr.Markdown
-    switch_note: gr.Markdown  # what the last model switch kept and reset
+    switch_note: gr.Markdown  # what the last model switch changed (empty when nothing did)
     tabs: gr.Tabs
     current_tab: gr.State
     t2i: GenTab
@@ -150,6 +154,8 @@ class Page:
     action: ActionTab
     history: HistoryBox
     api: ApiBox
+    results_gallery: Any = None  # cosmos3_ui.gallery.ResultsGallery
+    set_aside: Any = None  # gr.State: {"t2i.steps": 20, ...} values a model switch could not keep, until one can
 
     def gen_tabs(self) -> tuple[GenTab, GenTab]:
         return self.t2i, self.t2v

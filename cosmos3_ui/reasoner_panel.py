@@ -19,12 +19,12 @@ import gradio as gr
 from engine.pipeline import captions
 from engine.reasoner import REASON_TABLE, SAMPLING_LIMITS, ReasonerText
 from engine.reasoner.runtime import reasoner_status
-from engine.serving.events import Cancelled, Failed, Finished, JobCancelled
+from engine.serving.events import Cancelled, Failed, Finished, JobCancelled, Queued, Started
 
 from .caption_editor import known
 from .common import status_html
 from .files import redact
-from .jobs import job_events, session_of
+from .jobs import JobFollower, job_events, session_of
 from .requests import STYLE_JSON
 from .service import StudioError, StudioService
 
@@ -101,9 +101,11 @@ class ReasonerPanel:
         return [b for b in (self.enhance, self.describe_image, self.describe_video) if b is not None]
 
 
-async def follow_reasoner(service: StudioService, model: str, request: dict, session: str):
+async def follow_reasoner(service: StudioService, model: str, request: dict, session: str, stages: bool = False):
     """Submit a reasoner request and yield ("text", so_far) while it streams, then ("done", result).
-    Refusals and failures raise StudioError; a cancelled job yields ("cancelled", (text so far, tokens))."""
+    Refusals and failures raise StudioError; a cancelled job yields ("cancelled", (text so far, tokens)).
+    With `stages`, it also yields ("queued", jobs ahead) and ("started", None) when the worker takes the
+    job, and each piece of text as ("writing", (so_far, tokens)) instead, for a status line."""
     handle = service.submit(model, request, session)
     text = ""
     async with aclosing(job_events(service.active, handle, session, "The reasoner job ended without a result.")) \
@@ -112,7 +114,11 @@ async def follow_reasoner(service: StudioService, model: str, request: dict, ses
             if isinstance(event, ReasonerText):
                 text = "" if event.restart else text + event.text
                 job.status.stage, job.status.step = "reason", event.tokens  # what Cancel reports
-                yield "text", text
+                # Once Cancel is pressed its note owns the status line: text still in flight only fills the box.
+                writing = stages and not job.cancel_requested
+                yield ("writing", (text, event.tokens)) if writing else ("text", text)
+            elif isinstance(event, (Queued, Started)) and stages:
+                yield ("queued", event.position) if isinstance(event, Queued) else ("started", None)
             elif isinstance(event, Finished):
                 yield "done", event.result
             elif isinstance(event, Failed):
@@ -127,15 +133,32 @@ def cancelled_note(tokens: int, unchanged: str) -> str:
     return f"Cancelled after {tokens} token{'' if tokens == 1 else 's'}; {unchanged} is unchanged."
 
 
+def reasoner_line(jobs, what: str, value, reads: str) -> str:
+    """The reasoner's one status line for an event of `follow_reasoner`: queued (position and wait),
+    reading (`reads`: what it looks at first), writing (tokens so far)."""
+    if what == "queued":
+        return status_html(jobs.queued_text(value or 0), "info")
+    if what == "started":
+        return status_html(f"Reading {reads} ...", "info")
+    tokens = value[1]
+    return status_html(f"Writing: {tokens} token{'' if tokens == 1 else 's'} so far ...", "info")
+
+
 async def reasoner_updates(service: StudioService, model: str, request: dict, session: str, box, unchanged: str,
-                           done):
-    """The updates of one reasoner run shown in `box` (its `stream` and `status`): the text as it is
-    written, then `done(result)`; a cancelled run keeps its text and says `unchanged` is unchanged, a
-    refused or failed one says why in the status."""
-    yield {box.stream: "", box.status: status_html("Queued for the reasoner ...", "info")}
+                           done, jobs=None):
+    """The updates of one reasoner run shown in `box` (its `stream` and `status`): the status line from
+    queued through reading and writing, the text as it is written, then `done(result)`; a cancelled run
+    keeps its text and says `unchanged` is unchanged, a refused or failed one says why in the status."""
+    jobs = jobs or JobFollower(service)
+    reads = "the " + next((k for k in ("image", "video") if request.get(k)), "prompt")
+    yield {box.stream: "", box.status: status_html("Sending the job to the reasoner's queue ...", "info")}
     try:
-        async for what, value in follow_reasoner(service, model, request, session):
-            if what == "text":
+        async for what, value in follow_reasoner(service, model, request, session, stages=True):
+            if what in ("queued", "started"):
+                yield {box.status: reasoner_line(jobs, what, value, reads)}
+            elif what == "writing":
+                yield {box.stream: value[0], box.status: reasoner_line(jobs, what, value, reads)}
+            elif what == "text":  # after Cancel: the text only
                 yield {box.stream: value}
             elif what == "cancelled":
                 text, tokens = value
@@ -174,7 +197,7 @@ def _filled_editor(editor, caption: dict) -> dict:
     text = captions.pretty(caption)
     out = {editor.style: STYLE_JSON, editor.code: text, editor.parsed: known(text, caption), editor.message: "",
            editor.json_group: gr.update(visible=True), editor.prose: gr.update(visible=False)}
-    out.update(editor.form_updates(caption))
+    out.update(editor.shown_updates(caption))  # filled, and open again if broken JSON had locked it
     return out
 
 
@@ -281,7 +304,7 @@ class ReasonerWiring:
     def _wire_panel(self, tab, panel: ReasonerPanel) -> None:
         editor = tab.editor
         outputs = [panel.stream, panel.status, editor.style, editor.code, editor.parsed, editor.message,
-                   editor.json_group, editor.prose, *editor.form_components]
+                   editor.json_group, editor.prose, editor.form_lock, *editor.form_components]
         service = self.service
 
         def runner(task: str, source=None):

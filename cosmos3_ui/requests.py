@@ -72,8 +72,18 @@ def _number(value: Any, name: str, field: str) -> Any:
 
 
 def seed_value(seed: Any, randomize: bool) -> int:
+    """The seed as typed. The box is text, so a seed past 2**53 reaches the engine exactly (a browser's
+    number box would round 99999999999999999999 to 1e20); the engine refuses one out of range."""
     if randomize:
         return -1
+    if isinstance(seed, str):
+        text = seed.strip()
+        if not text:
+            raise StudioError("Seed is empty; enter a whole number.", "seed")
+        try:
+            return int(text)
+        except ValueError:
+            raise StudioError(f"Seed must be a whole number, got {text!r}.", "seed") from None
     return _number(seed, "Seed", "seed")
 
 
@@ -125,7 +135,7 @@ def image_request(prompt: str, negative: str, sampling: Sampling) -> dict:
 
 
 def video_request(prompt: str, negative: str, sampling: Sampling, *, image: str | None, video: str | None,
-                  sound: bool) -> dict:
+                  sound: bool, fit: str | None = None) -> dict:
     """T2V, or I2V with a conditioning image, or V2V with a conditioning video."""
     if image and video:
         raise StudioError("Give a conditioning image or a conditioning video, not both; clear one of them.", "image")
@@ -139,6 +149,8 @@ def video_request(prompt: str, negative: str, sampling: Sampling, *, image: str 
         request["image"] = image
     if video:
         request["video"] = video
+    if (image or video) and fit:
+        request["fit"] = fit
     return request
 
 

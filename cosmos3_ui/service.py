@@ -42,6 +42,7 @@ class StudioError(ValueError):
         super().__init__(redact(message))  # an engine or OS message may quote a server path: its base name only
         self.field = field
         self.excerpt = excerpt
+        self.errors: list[tuple[str, str]] = [(field, message)]  # every refusal: (field, message), first = this
 
     @classmethod
     def refused(cls, exc: ValueError) -> "StudioError":
@@ -50,7 +51,10 @@ class StudioError(ValueError):
 
         cause = exc.__cause__
         excerpt = cause.excerpt() if isinstance(cause, CaptionParseError) else ""
-        return cls(redact(str(exc)), getattr(exc, "field", ""), excerpt)
+        out = cls(redact(str(exc)), getattr(exc, "field", ""), excerpt)
+        each = getattr(exc, "errors", None) or [exc]  # engine.RequestError lists every bad field
+        out.errors = [(getattr(e, "field", ""), redact(str(e))) for e in each]
+        return out
 
 
 class JobWasCancelled(Exception):

@@ -147,7 +147,7 @@ def test_switching_nano_to_edge_changes_the_resolution_choices(page, tmp_path):
     assert [o.split(" (")[0] for o in edge] == [f"{w} x {h}" for w, h in FAMILY_TABLE["edge"].image_sizes]
     open_tab(page, "Text to Video")
     # The frame limits follow the model; the box itself never clamps (a refusal names the field instead).
-    assert "49 to 149" in page.locator("#t2v-frames").inner_text()
+    assert "49..149" in page.locator("#t2v-frames").inner_text()
     assert page.locator("#t2v-frames input[type=number]").get_attribute("step") == "4"
 
 

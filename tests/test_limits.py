@@ -5,6 +5,7 @@ refused with a message that quotes the limit. If validation kept a literal of it
 in the table would make one of these fail.
 """
 import dataclasses
+import re
 
 import pytest
 
@@ -33,20 +34,20 @@ def test_every_range_is_enforced_at_its_edge(tiny_family, name, mode):
     # fps: the top passes, just above is refused; the open low end refuses 0.
     assert engine.validate_request(info, mode, {**base, "fps": limits.fps[1]})["fps"] == limits.fps[1]
     for bad in (limits.fps[1] + 0.5, limits.fps[0]):
-        with pytest.raises(ValueError, match=f"fps must be in \\({limits.fps[0]:g}, {limits.fps[1]:g}\\]"):
+        with pytest.raises(ValueError, match=re.escape(f"fps must be {D.render_range(*limits.fps, lo_open=True)}")):
             engine.validate_request(info, mode, {**base, "fps": bad})
-    with pytest.raises(ValueError, match=f"seed must be in \\[{limits.seed[0]}, {limits.seed[1]}\\]"):
+    with pytest.raises(ValueError, match=re.escape(f"seed must be {D.render_range(*limits.seed)}")):
         engine.validate_request(info, mode, {**base, "seed": limits.seed[1] + 1})
     lo, hi = limits.guidance_interval
     if not info.is_distilled:
         assert engine.validate_request(info, mode, {**base, "guidance_interval": [lo, hi]})["guidance_interval"] == [lo, hi]
-        with pytest.raises(ValueError, match=f"{lo:g} <= lo < hi <= {hi:g}"):
+        with pytest.raises(ValueError, match=re.escape(D.render_interval(lo, hi))):
             engine.validate_request(info, mode, {**base, "guidance_interval": [lo, hi + 1]})
-        with pytest.raises(ValueError, match=f"steps must be in \\[1, {limits.steps[1]}\\]"):
+        with pytest.raises(ValueError, match=re.escape(f"steps must be {D.render_range(*limits.steps)}")):
             engine.validate_request(info, mode, {**base, "steps": limits.steps[1] + 1})
-        with pytest.raises(ValueError, match=f"guidance_scale must be in \\[0, {limits.guidance_scale[1]:g}\\]"):
+        with pytest.raises(ValueError, match=re.escape(f"guidance_scale must be {D.render_range(*limits.guidance_scale)}")):
             engine.validate_request(info, mode, {**base, "guidance_scale": limits.guidance_scale[1] + 0.5})
-        with pytest.raises(ValueError, match=f"flow_shift must be in \\(0, {limits.flow_shift[1]:g}\\]"):
+        with pytest.raises(ValueError, match=re.escape(f"flow_shift must be {D.render_range(*limits.flow_shift, lo_open=True)}")):
             engine.validate_request(info, mode, {**base, "flow_shift": limits.flow_shift[1] + 1})
     assert limits.steps_locked == limits.guidance_locked == info.is_distilled
     # sizes and frames: what the limits list passes, and the defaults sit inside the limits.
@@ -59,7 +60,7 @@ def test_every_range_is_enforced_at_its_edge(tiny_family, name, mode):
     if mode == "t2v":
         assert limits.frame_step == 4
         assert engine.validate_request(info, mode, {**base, "num_frames": f_hi})["num_frames"] == f_hi
-        with pytest.raises(ValueError, match=f"in {f_lo}..{f_hi}"):
+        with pytest.raises(ValueError, match=re.escape(D.render_frames(f_lo, f_hi, limits.frame_step))):
             engine.validate_request(info, mode, {**base, "num_frames": f_hi + limits.frame_step})
         with pytest.raises(ValueError, match=f"steps of {limits.frame_step}"):
             engine.validate_request(info, mode, {**base, "num_frames": f_lo + 1})
@@ -77,3 +78,33 @@ def test_prompt_length_is_one_constant(tiny_family):
         engine.validate_request(info, "t2i", {"prompt": "x" * (limit + 1)})
     with pytest.raises(ValueError, match=f"at most {limit} are allowed"):
         captions.parse_caption('{"context": "' + "x" * limit + '"}')
+
+
+def test_every_bad_field_is_refused_at_once_and_quoted_as_written(tiny_family):
+    """Frames, steps, fps, guidance and seed all wrong: one refusal lists all five, the first's field
+    stays `.field`, and each number is quoted exactly as it came (a 20-digit seed is not 1e+20)."""
+    info = engine.inspect_checkpoint(tiny_family["nano"])
+    limits = engine.sampling_limits(info, "t2v")
+    bad = {"prompt": "x", "num_frames": 6, "steps": 500, "fps": 0, "guidance_scale": -3,
+           "seed": 99999999999999999999}
+    with pytest.raises(ValueError) as caught:
+        engine.validate_request(info, "t2v", bad)
+    exc = caught.value
+    fields = [e.field for e in exc.errors]
+    assert sorted(fields) == ["fps", "guidance_scale", "num_frames", "seed", "steps"], fields
+    assert exc.field == fields[0] and exc.errors[0] is not exc
+    by_field = {e.field: str(e) for e in exc.errors}
+    assert "got 99999999999999999999." in by_field["seed"] and "e+" not in by_field["seed"]
+    assert f"must be {D.render_range(*limits.steps)}, got 500; {D.steps_cap(100, 10)}." in by_field["steps"]
+    assert "got -3." in by_field["guidance_scale"] and "got 0." in by_field["fps"]
+    assert all(message in str(exc) for message in by_field.values())
+    # One bad field alone: the refusal lists itself, as before.
+    with pytest.raises(ValueError) as caught:
+        engine.validate_request(info, "t2v", {"prompt": "x", "steps": 500})
+    assert caught.value.field == "steps" and caught.value.errors == [caught.value]
+
+
+def test_quote_number_keeps_what_was_typed():
+    assert D.quote_number(99999999999999999999) == "99999999999999999999"
+    assert D.quote_number(3.0) == "3" and D.quote_number(0.1) == "0.1" and D.quote_number(1e300) == "1e+300"
+    assert D.render_range(0.0, 120.0, lo_open=True) == "in (0, 120]"

@@ -298,7 +298,7 @@ def test_the_line_beside_generate_gives_the_queue_position_its_wait_and_the_step
 
     waits = {2: 42.0}
     follower = JobFollower(SimpleNamespace(queue=SimpleNamespace(eta_seconds=lambda position: waits.get(position))))
-    assert "Waiting for the GPU: 2 jobs ahead · about 42 s" in follower.status_line(JobStatus(position=2))
+    assert "Queued: position 3, about 42 s" in follower.status_line(JobStatus(position=2))
     running = JobStatus(stage="denoise", step=3, total=10, eta_s=2.4)
     assert "Denoising: step 3/10 · about 2 s left" in follower.status_line(running)
 
@@ -521,10 +521,20 @@ def test_a_model_switch_keeps_what_still_holds_and_says_what_it_reset(page, mode
     note = out[page.switch_note]
     assert "Switched from nano to edge" in note and "resolution 64x64" in note and "does not offer it" in note
     assert "steps 99999" in note  # a value the new model cannot run is reset, and said so
+    assert out[page.set_aside] == {"t2i.resolution": "64x64", "t2v.steps": 99999}
     distilled = F.switch_updates(page, models["nano"], models["nano-distilled"], v, "t2i")
     assert distilled[t2i.sampling.steps]["value"] == 4 and "fixed by the distilled" in distilled[page.switch_note]
-    back = F.switch_updates(page, models["nano-distilled"], models["nano"], v, "t2i")
-    assert "back to this model's defaults" in back[page.switch_note]
+    aside = distilled[page.set_aside]
+    assert aside["t2i.steps"] == 7 and aside["t2i.guidance"] == 2.5
+    # Back on a full checkpoint, the values set aside come back, and the note says so.
+    now = {**v, page.shown_model: "nano-distilled", page.set_aside: aside, t2i.sampling.steps: 4,
+           t2i.sampling.guidance: 1.0}
+    back = F.switch_updates(page, models["nano-distilled"], models["nano"], now, "t2i")
+    assert back[t2i.sampling.steps]["value"] == 7 and back[t2i.sampling.guidance]["value"] == 2.5
+    assert "steps 4 → 7: restored" in back[page.switch_note] and "t2i.steps" not in back[page.set_aside]
+    # A switch that changes nothing says nothing.
+    same = F.switch_updates(page, models["nano"], models["super"], {**v, t2v.sampling.steps: 30}, "t2i")
+    assert same[page.switch_note] == "", same[page.switch_note]
 
 
 def test_the_variant_panel_says_each_flag_once(models):
@@ -665,3 +675,75 @@ def test_dropping_unknown_keys_from_json_that_no_longer_parses_says_why_and_chan
     assert "caption-error" in message and "Line 1, column 30" in message  # where it stopped parsing
     code = out["data"][drop.outputs.index(editor.code)]
     assert code == {"__type__": "update"}  # the user's text stays as they left it
+
+
+def test_every_refusal_of_a_run_stands_at_its_control_in_the_pages_words(page, studio, tiny_family):
+    """Five bad fields refused at once by the engine: each is shown beside its control, named by the
+    control's label (never num_frames/guidance_scale), each control marked, the seed quoted exactly."""
+    import engine
+
+    info = engine.inspect_checkpoint(tiny_family["nano"])
+    t2v = page.t2v
+    bad = {"prompt": "x", "num_frames": 6, "steps": 500, "fps": 0, "guidance_scale": -3, "seed": 99999999999999999999}
+    with pytest.raises(ValueError) as caught:
+        engine.validate_request(info, "t2v", bad)
+    out = F.error_updates(t2v, StudioError.refused(caught.value))
+    marked = {c for c, u in out.items() if isinstance(u, dict) and u.get("elem_classes") == ["field-error"]}
+    s = t2v.sampling
+    assert marked == {t2v.frames, t2v.fps, s.steps, s.guidance, s.seed}
+    sampling, canvas = out[s.message], out[t2v.canvas_message]
+    assert "Steps must be in [1, 200], got 500;" in sampling and "Seed must be in [-1," in sampling
+    assert "Guidance scale must be in [0, 30], got -3." in sampling and "99999999999999999999" in sampling
+    assert "Frames must be in" in canvas and "FPS must be in (0, 120], got 0." in canvas
+    for text in (sampling, canvas, out[t2v.result.status]):
+        assert "num_frames" not in text and "guidance_scale" not in text and "e+" not in text
+    assert out[t2v.result.status].count("must be") == 5
+
+
+def test_each_hint_says_the_range_its_refusal_says(models):
+    """The hint under a control and the engine's refusal render one limit with one function."""
+    import re
+
+    import engine
+    from engine.model import defaults as D
+
+    spec = C.sampling_controls(models["nano"], "t2v")
+    notes = C.limit_notes(spec)
+    limits = spec.limits
+    for note, rendered in ((notes.steps, D.render_range(*limits.steps)),
+                           (notes.guidance, D.render_range(*limits.guidance_scale)),
+                           (notes.flow_shift, D.render_range(*limits.flow_shift, lo_open=True)),
+                           (notes.fps, D.render_range(*limits.fps, lo_open=True)),
+                           (notes.seed, D.render_range(*limits.seed)),
+                           (notes.frames, D.render_frames(*limits.frame_range, limits.frame_step))):
+        assert rendered.lower() in note.lower(), (note, rendered)
+    assert str(D.SEED_MAX) in notes.seed and "9007199254740991" not in notes.seed
+    assert re.search(r"\[1, 200\]", notes.steps) and not hasattr(engine, "UI_SEED_MAX")
+
+
+def test_the_reasoner_status_line_follows_its_job_queued_reading_writing_done():
+    """Not "Queued for the reasoner" all through a Describe: the line says the queue position, then
+    reading, then writing with the tokens so far, then done."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from cosmos3_ui.reasoner_panel import reasoner_updates
+    from engine.reasoner import ReasonerText
+
+    events = [Queued(position=1), Started(model_name="m"), ReasonerText("a", 1), ReasonerText("b", 2),
+              Finished(result="R")]
+    h = FakeHandle()
+    h.events = lambda: iter(events)
+    service = SimpleNamespace(active=ActiveJobs(), submit=lambda *a, **k: h,
+                              queue=SimpleNamespace(eta_seconds=lambda ahead, model=None: 20.0 * ahead))
+    box = SimpleNamespace(stream="stream", status="status")
+
+    async def collect():
+        return [u async for u in reasoner_updates(service, "m", {"image": "x.png"}, "me", box, "the editor",
+                                                  lambda result: {"status": f"done {result}"})]
+
+    statuses = [u["status"] for u in asyncio.run(collect()) if "status" in u]
+    assert "Queued: position 2, about 20 s" in statuses[1]
+    assert "Reading the image" in statuses[2]
+    assert "Writing: 1 token so far" in statuses[3] and "Writing: 2 tokens so far" in statuses[4]
+    assert statuses[-1] == "done R"

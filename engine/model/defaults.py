@@ -137,6 +137,37 @@ class Limits:
     guidance_locked: bool
 
 
+def quote_number(value) -> str:
+    """A number as the user wrote it: integers exactly (a 20-digit seed is not shown as 1e+20), other
+    floats by their shortest round-trip form, as a browser shows them."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
+
+
+def render_range(lo: float, hi: float, *, lo_open: bool = False) -> str:
+    """One allowed range, for the refusal and for the control's hint alike ("in [1, 200]", "in (0, 120]"
+    where the low end is refused), so the page's hint and the engine's error can never disagree."""
+    return f"in {'(' if lo_open else '['}{quote_number(lo)}, {quote_number(hi)}]"
+
+
+def render_frames(lo: int, hi: int, step: int) -> str:
+    """The allowed frame counts, for the refusal and the hint ("49..149 in steps of 4")."""
+    return f"{lo}..{hi} in steps of {step}" if step > 1 else f"{lo}..{hi}"
+
+
+def render_interval(lo: float, hi: float) -> str:
+    """The guidance interval's bounds, for the refusal and the hint ("0 <= lo < hi <= 1000")."""
+    return f"{quote_number(lo)} <= lo < hi <= {quote_number(hi)}"
+
+
+def steps_cap(most: int, flow_shift: float) -> str:
+    """The most steps a flow shift allows, for the refusal and the hint alike."""
+    return f"at most {most} steps are allowed at this shift (flow shift {quote_number(flow_shift)})"
+
+
 def sampling_limits(info: VariantInfo, mode: str) -> Limits:
     """Every limit of `mode` on this checkpoint (see `Limits`); the defaults are `sampling_defaults`."""
     table = _limits(info)

@@ -15,7 +15,7 @@ from diffusers.video_processor import VideoProcessor
 from ..model.action import ACTION_DOMAINS, RESOLUTION_TIERS
 from ..model.defaults import VAE_SPATIAL, VAE_TEMPORAL
 from ..model.loader import LoadedModel
-from .media import load_image, load_video
+from .media import fit_image, load_image, load_video
 from .state import Conditioning, Latents, RunState
 
 
@@ -30,7 +30,7 @@ def conditioning_stage(state: RunState) -> None:
         return
     shape = (1, model.vae.config.z_dim, latent_frames(frames), height // VAE_SPATIAL, width // VAE_SPATIAL)
     if mode == "i2v":
-        image = _preprocess_conditioning_image(load_image(request["image"]), height=height, width=width)
+        image = _preprocess_conditioning_image(fitted_image(request), height=height, width=width)
         # Latent frame 0 of the causal VAE depends on pixel frame 0 alone: encode just that frame.
         clean = encode(model, image.to(device=device, dtype=torch.float32).unsqueeze(2))
         state.cond = Conditioning(shape, clean, [0], width, height)
@@ -38,13 +38,25 @@ def conditioning_stage(state: RunState) -> None:
         condition_frames = [0, 1]
         keep = max(condition_frames) * VAE_TEMPORAL + 1
         processor = VideoProcessor(vae_scale_factor=VAE_SPATIAL, resample="bilinear")
-        clip = processor.preprocess_video(load_video(request["video"], max_frames=keep), height=height, width=width)
+        frames = load_video(request["video"], max_frames=keep)
+        if request.fit != "resize":  # the reference resizes; crop and letterbox fit each frame first
+            frames = [fit_image(frame, width, height, request.fit) for frame in frames]
+        clip = processor.preprocess_video(frames, height=height, width=width)
         clip = clip[:, :, :keep].to(device=device, dtype=torch.float32)
         if clip.shape[2] < keep:
             clip = torch.cat([clip, clip[:, :, -1:].expand(-1, -1, keep - clip.shape[2], -1, -1)], dim=2)
         state.cond = Conditioning(shape, encode(model, clip), condition_frames, width, height)
     else:
         state.cond = Conditioning(shape, None, [], width, height)
+
+
+def fitted_image(request):
+    """The I2V conditioning image as the request's `fit` says: "crop" is the reference's own cover and
+    centre-crop (done by its preprocessing), letterbox and resize are fitted here first."""
+    image = load_image(request["image"])
+    if request.fit == "crop":
+        return image
+    return fit_image(image, request["width"], request["height"], request.fit)
 
 
 def encode(model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:

@@ -112,6 +112,26 @@ def load_image(source):
     return image.convert("RGB")
 
 
+def fit_image(image, width: int, height: int, fit: str):
+    """`image` (PIL) on a `width` x `height` canvas: "crop" scales it to cover the canvas and cuts the
+    overflow evenly from both sides, "letterbox" scales it to fit inside and pads the rest black,
+    "resize" stretches it to the canvas."""
+    from PIL import Image
+
+    if fit == "resize":
+        return image.resize((width, height), Image.BICUBIC)
+    pick = max if fit == "crop" else min
+    scale = pick(width / image.width, height / image.height)
+    w, h = max(1, round(image.width * scale)), max(1, round(image.height * scale))
+    scaled = image.resize((w, h), Image.BICUBIC)
+    if fit == "crop":
+        left, top = (w - width) // 2, (h - height) // 2
+        return scaled.crop((left, top, left + width, top + height))
+    canvas = Image.new("RGB", (width, height))
+    canvas.paste(scaled, ((width - w) // 2, (height - h) // 2))
+    return canvas
+
+
 @_refusals_name("video")
 def load_video(source, max_frames: int = MAX_VIDEO_FRAMES) -> list:
     """Up to `max_frames` PIL RGB frames from a list of frames, a [T, H, W, 3] array or a file path."""

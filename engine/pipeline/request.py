@@ -32,27 +32,65 @@ from ..model.defaults import (
     Limits,
     distinct_timesteps,
     max_distinct_steps,
+    quote_number,
+    render_frames,
+    render_interval,
+    render_range,
     sampling_defaults,
     sampling_limits,
+    steps_cap,
 )
 from ..model.variants import REQUEST_MODES, VariantInfo
 from . import captions
 
 REQUEST_KEYS = (
     "mode", "prompt", "negative_prompt", "width", "height", "num_frames", "fps", "steps", "guidance_scale",
-    "guidance_interval", "flow_shift", "seed", "image", "video", "sound", "action",
+    "guidance_interval", "flow_shift", "seed", "image", "video", "sound", "action", "fit",
 )
+# How a conditioning image or video is fitted to the canvas when their aspects differ. The default
+# is what the reference pipeline does: an image is scaled to cover and centre-cropped, a video resized.
+FITS = ("crop", "letterbox", "resize")
+DEFAULT_FIT = {"i2v": "crop", "v2v": "resize"}
 ACTION_KEYS = ("kind", "domain", "chunk_size", "resolution_tier", "view_point", "actions")
 
 
 class RequestError(ValueError):
     """A refused request. `field` is the request key it is about ("steps", "image", "action.domain",
     "prompt.subjects[0].age", or "" for the request as a whole); the message says what was received
-    and what is allowed."""
+    and what is allowed. `errors` lists every refusal of the request, this one first (validation
+    checks every field before it refuses, so a form shows all of its bad fields at once); a refusal
+    of one field alone lists itself."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, errors: list["RequestError"] | None = None):
         super().__init__(message)
         self.field = field
+        self.errors: list[RequestError] = list(errors) if errors else [self]
+
+    @classmethod
+    def of_all(cls, errors: list["RequestError"]) -> "RequestError":
+        """One refusal that carries every one of `errors`: the first's field, all their messages."""
+        if len(errors) == 1:
+            return errors[0]
+        return cls(errors[0].field, " ".join(str(e) for e in errors), errors)
+
+
+class _Refusals:
+    """Collects the refusals of one request, so every independent check runs before it is refused."""
+
+    def __init__(self):
+        self.errors: list[RequestError] = []
+
+    def check(self, check, *args, default=None, **kwargs):
+        """`check(*args, **kwargs)`, or `default` when it refuses (the refusal is kept)."""
+        try:
+            return check(*args, **kwargs)
+        except RequestError as exc:
+            self.errors.extend(exc.errors)
+            return default
+
+    def refuse(self) -> None:
+        if self.errors:
+            raise RequestError.of_all(self.errors)
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,6 +119,7 @@ class Request(Mapping):
     video: Any
     sound: bool
     action: Mapping | None  # read-only; rows of `actions` as tuples
+    fit: str | None = None  # i2v/v2v: how the upload meets the canvas (FITS); None where there is none
     caption: Mapping | None = field(default=None, repr=False)
     negative_caption: Mapping | None = field(default=None, repr=False)
 
@@ -138,27 +177,29 @@ def _frozen(value: Any) -> Any:
 
 def _int(params: dict, key: str, lo: int, hi: int) -> int:
     value = params[key]
+    allowed = render_range(lo, hi)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(key, f"{key} must be an integer in [{lo}, {hi}], got {value!r}.")
+        raise RequestError(key, f"{key} must be an integer {allowed}, got {value!r}.")
     if isinstance(value, float):
         if not math.isfinite(value) or value != int(value):
-            raise RequestError(key, f"{key} must be an integer in [{lo}, {hi}], got {value!r}.")
+            raise RequestError(key, f"{key} must be an integer {allowed}, got {quote_number(value)}.")
         value = int(value)
     if not lo <= value <= hi:
-        raise RequestError(key, f"{key} must be in [{lo}, {hi}], got {value}.")
+        raise RequestError(key, f"{key} must be {allowed}, got {quote_number(value)}.")
     return value
 
 
 def _float(params: dict, key: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
     value = params[key]
+    allowed = render_range(lo, hi, lo_open=lo_open)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(key, f"{key} must be a number, got {value!r}.")
+        raise RequestError(key, f"{key} must be a number {allowed}, got {value!r}.")
+    typed = quote_number(value)
     value = float(value)
     if not math.isfinite(value):
-        raise RequestError(key, f"{key} must be a finite number, got {value!r}.")
+        raise RequestError(key, f"{key} must be a finite number {allowed}, got {typed}.")
     if value < lo or value > hi or (lo_open and value == lo):
-        bracket = "(" if lo_open else "["
-        raise RequestError(key, f"{key} must be in {bracket}{lo:g}, {hi:g}], got {value:g}.")
+        raise RequestError(key, f"{key} must be {allowed}, got {typed}.")
     return value
 
 
@@ -186,36 +227,39 @@ def _validate_frames(params: dict, mode: str, limits: Limits) -> None:
     value = params["num_frames"]
     if mode == "t2i":
         if value != 1 or isinstance(value, bool):
-            raise RequestError("num_frames", f"num_frames must be 1 for text-to-image, got {value!r}.")
+            raise RequestError("num_frames", f"num_frames must be 1 for text-to-image, got {quote_number(value)}.")
         params["num_frames"] = 1
         return
     frames = _int(params, "num_frames", 1, 100_000)
     step = limits.frame_step
+    allowed = render_frames(lo, hi, step)
     if (frames - 1) % step:
         below = max(lo, frames - (frames - 1) % step)
         raise RequestError(
             "num_frames",
-            f"num_frames must be {step}k+1 (the VAE compresses time {step}x), got {frames}; "
-            f"allowed: {lo}..{hi} in steps of {step}, e.g. {below} or {min(hi, below + step)}."
+            f"num_frames must be in {allowed} ({step}k+1: the VAE compresses time {step}x), got {frames}; "
+            f"e.g. {below} or {min(hi, below + step)}."
         )
     if not lo <= frames <= hi:
-        raise RequestError("num_frames", f"num_frames must be in {lo}..{hi} (4k+1) for this model, got {frames}.")
+        raise RequestError("num_frames", f"num_frames must be in {allowed} for this model, got {frames}.")
     params["num_frames"] = frames
 
 
 def _validate_interval(value, limits: Limits) -> list[float] | None:
     if value is None:
         return None
+    allowed = render_interval(*limits.guidance_interval)
     low, high = limits.guidance_interval
     if (
         not isinstance(value, (list, tuple))
         or len(value) != 2
         or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in value)
     ):
-        raise RequestError("guidance_interval", f"guidance_interval must be null or [lo, hi] with {low:g} <= lo < hi <= {high:g}, got {value!r}.")
+        raise RequestError("guidance_interval", f"guidance_interval must be null or [lo, hi] with {allowed}, got {value!r}.")
     lo, hi = float(value[0]), float(value[1])
     if not low <= lo < hi <= high:
-        raise RequestError("guidance_interval", f"guidance_interval must satisfy {low:g} <= lo < hi <= {high:g}, got [{lo:g}, {hi:g}].")
+        raise RequestError("guidance_interval", f"guidance_interval must satisfy {allowed}, got "
+                                                f"[{quote_number(value[0])}, {quote_number(value[1])}].")
     return [lo, hi]
 
 
@@ -320,11 +364,14 @@ def validate_request(info: VariantInfo, mode: str, params: Mapping) -> Request:
     _check_mode(info, mode)
     limits = sampling_limits(info, mode)
     out = _fill(info, mode, params)
-    caption, negative_caption = _check_text(out, mode, limits)
-    _check_sampling(out, info, limits)
+    # Every field is checked before the request is refused, so a form learns all of its mistakes at once.
+    refusals = _Refusals()
+    caption, negative_caption = refusals.check(_check_text, out, mode, limits, default=(None, None))
+    _check_sampling(out, info, limits, refusals)
     if info.is_distilled:
-        _apply_distilled(out, info)
-    _check_media(out, info, mode, params, limits)
+        _apply_distilled(out, info, refusals)
+    _check_media(out, info, mode, params, limits, refusals)
+    refusals.refuse()
     return Request(**out, caption=_frozen(caption), negative_caption=_frozen(negative_caption))
 
 
@@ -352,7 +399,7 @@ def _fill(info: VariantInfo, mode: str, params: Mapping) -> dict[str, Any]:
     out: dict[str, Any] = {k: defaults[k] for k in ("width", "height", "num_frames", "fps", "steps",
                                                      "guidance_scale", "guidance_interval", "flow_shift")}
     out.update({"mode": mode, "prompt": "", "negative_prompt": "", "seed": -1, "image": None, "video": None,
-                "sound": False, "action": None})
+                "sound": False, "action": None, "fit": DEFAULT_FIT.get(mode)})
     for key, value in params.items():
         if value is not None or key in ("guidance_interval", "image", "video", "action"):
             out[key] = value
@@ -381,85 +428,121 @@ def _parse_text(key: str, text: str, mode: str) -> dict | None:
 
 def _check_text(out: dict, mode: str, limits: Limits) -> tuple[dict | None, dict | None]:
     """Step 2: prompt and negative prompt are strings of bounded length; JSON captions parse once."""
+    refusals = _Refusals()
     for key in ("prompt", "negative_prompt"):
-        text = out[key]
-        if not isinstance(text, str):
-            raise RequestError(key, f"{key} must be a string, got {type(text).__name__}.")
-        if len(text) > limits.prompt_chars:
-            raise RequestError(key, f"{key} is {len(text)} characters long; at most {limits.prompt_chars} are allowed.")
-        if "\x00" in text:
-            raise RequestError(key, f"{key} contains a NUL character.")
+        refusals.check(_check_string, out[key], key, limits)
+    if refusals.errors:
+        refusals.refuse()
     if mode != "action" and not out["prompt"].strip():
-        raise RequestError("prompt", "prompt is empty; describe the image or video (prose or a JSON caption).")
+        refusals.errors.append(RequestError("prompt", "prompt is empty; describe the image or video (prose or a JSON caption)."))
     # A caption that does not parse, or has a wrongly typed field, is refused here, before it queues.
-    return _parse_text("prompt", out["prompt"], mode), _parse_text("negative_prompt", out["negative_prompt"], mode)
+    caption = refusals.check(_parse_text, "prompt", out["prompt"], mode)
+    negative = refusals.check(_parse_text, "negative_prompt", out["negative_prompt"], mode)
+    refusals.refuse()
+    return caption, negative
 
 
-def _check_sampling(out: dict, info: VariantInfo, limits: Limits) -> None:
-    """Step 3: seed, fps, steps, guidance, shift and interval inside the limits."""
-    out["seed"] = _int(out, "seed", *limits.seed)
-    out["fps"] = _float(out, "fps", *limits.fps, lo_open=True)
-    out["steps"] = _int(out, "steps", *limits.steps)
-    out["guidance_scale"] = _float(out, "guidance_scale", *limits.guidance_scale)
-    out["flow_shift"] = _float(out, "flow_shift", *limits.flow_shift, lo_open=True)
-    interval = _validate_interval(out["guidance_interval"], limits)
+def _check_string(text, key: str, limits: Limits) -> None:
+    if not isinstance(text, str):
+        raise RequestError(key, f"{key} must be a string, got {type(text).__name__}.")
+    if len(text) > limits.prompt_chars:
+        raise RequestError(key, f"{key} is {len(text)} characters long; at most {limits.prompt_chars} are allowed.")
+    if "\x00" in text:
+        raise RequestError(key, f"{key} contains a NUL character.")
+
+
+def _check_sampling(out: dict, info: VariantInfo, limits: Limits, refusals: _Refusals) -> None:
+    """Step 3: seed, fps, steps, guidance, shift and interval inside the limits (each refusal kept)."""
+    checked = {
+        "seed": refusals.check(_int, out, "seed", *limits.seed),
+        "fps": refusals.check(_float, out, "fps", *limits.fps, lo_open=True),
+        "steps": refusals.check(_int, out, "steps", *limits.steps),
+        "guidance_scale": refusals.check(_float, out, "guidance_scale", *limits.guidance_scale),
+        "flow_shift": refusals.check(_float, out, "flow_shift", *limits.flow_shift, lo_open=True),
+    }
+    out.update({key: value for key, value in checked.items() if value is not None})
+    interval = refusals.check(_validate_interval, out["guidance_interval"], limits)
     out["guidance_interval"] = tuple(interval) if interval else None
     if not isinstance(out["sound"], bool):
-        raise RequestError("sound", f"sound must be true or false, got {out['sound']!r}.")
-    if not info.is_distilled and not distinct_timesteps(out["flow_shift"], out["steps"]):
-        raise RequestError(
+        refusals.errors.append(RequestError("sound", f"sound must be true or false, got {out['sound']!r}."))
+    if checked["flow_shift"] is None or info.is_distilled:
+        return  # the steps a shift allows are only worth saying once the shift is a number in range
+    if checked["steps"] is None:
+        # The range refused says the table's limit; the shift's own cap is said too, as the hint says it.
+        refusal = next(e for e in refusals.errors if e.field == "steps")
+        most = max_distinct_steps(out["flow_shift"])
+        if most < limits.steps[1] and isinstance(out["steps"], (int, float)) and out["steps"] > most:
+            refusal.args = (f"{str(refusal).rstrip('.')}; {steps_cap(most, out['flow_shift'])}.",)
+        return
+    if not distinct_timesteps(out["flow_shift"], out["steps"]):
+        refusals.errors.append(RequestError(
             "steps",
-            f"With flow_shift {out['flow_shift']:g}, {out['steps']} steps repeat timesteps near t = 1000 and the "
-            f"scheduler cannot run them; at most {max_distinct_steps(out['flow_shift'])} steps are allowed at this shift.",
-        )
+            f"With flow_shift {quote_number(out['flow_shift'])}, {out['steps']} steps repeat timesteps near t = 1000 "
+            f"and the scheduler cannot run them; {steps_cap(max_distinct_steps(out['flow_shift']), out['flow_shift'])}.",
+        ))
 
 
-def _apply_distilled(out: dict, info: VariantInfo) -> None:
-    """Step 4: a distilled checkpoint runs its own sigmas with guidance baked in."""
+def _apply_distilled(out: dict, info: VariantInfo, refusals: _Refusals) -> None:
+    """Step 4: a distilled checkpoint runs its own sigmas with guidance baked in (a field already
+    refused for its range is not refused twice)."""
     fixed = len(info.distilled_sigmas)
-    if out["steps"] != fixed:
-        raise RequestError(
-            "steps",
-            f"This distilled checkpoint runs exactly {fixed} steps (its fixed sigmas "
-            f"{list(info.distilled_sigmas)}); got steps={out['steps']}.",
-        )
-    if out["guidance_scale"] != 1.0:
-        raise RequestError(
-            "guidance_scale",
-            f"This distilled checkpoint has guidance baked into its weights: guidance_scale must be 1.0, "
-            f"got {out['guidance_scale']:g}.",
-        )
-    if out["flow_shift"] != 1.0:
-        raise RequestError(
-            "flow_shift", f"This distilled checkpoint uses its sigmas as given: flow_shift must be 1.0, got {out['flow_shift']:g}."
-        )
+    refused = {e.field for e in refusals.errors}
+    rules = (
+        ("steps", fixed, f"This distilled checkpoint runs exactly {fixed} steps (its fixed sigmas "
+                         f"{list(info.distilled_sigmas)}); got steps={quote_number(out['steps'])}."),
+        ("guidance_scale", 1.0, "This distilled checkpoint has guidance baked into its weights: guidance_scale must "
+                                f"be 1.0, got {quote_number(out['guidance_scale'])}."),
+        ("flow_shift", 1.0, "This distilled checkpoint uses its sigmas as given: flow_shift must be 1.0, got "
+                            f"{quote_number(out['flow_shift'])}."),
+    )
+    for key, wanted, message in rules:
+        if key not in refused and out[key] != wanted:
+            refusals.errors.append(RequestError(key, message))
     out["guidance_interval"] = None
     out["negative_prompt"] = ""
 
 
-def _check_media(out: dict, info: VariantInfo, mode: str, params: Mapping, limits: Limits) -> None:
+def _check_media(out: dict, info: VariantInfo, mode: str, params: Mapping, limits: Limits,
+                 refusals: _Refusals) -> None:
     """Step 5: the action, the canvas and frames, the conditioning inputs and sound, per mode."""
     if mode == "action":
-        action = _validate_action(info, out["action"], out)
-        if params.get("fps") is None:
-            out["fps"] = ACTION_DOMAINS[action["domain"]].typical_fps
-        out["num_frames"] = action["chunk_size"] + 1
-        if out["sound"]:
-            raise RequestError("sound", "sound is not available in action mode.")
-        out["action"] = _frozen(action)
+        refusals.check(_check_action, out, info, params)
+        refusals.check(_validate_fit, out, mode)  # the action canvas fits its input its own way
         return
     if out["action"] is not None:
-        raise RequestError("action", f"action is only used in mode 'action', not {mode!r}.")
-    _validate_canvas(out, limits)
-    _validate_frames(out, mode, limits)
+        refusals.errors.append(RequestError("action", f"action is only used in mode 'action', not {mode!r}."))
+    refusals.check(_validate_canvas, out, limits)
+    refusals.check(_validate_frames, out, mode, limits)
+    refusals.check(_validate_fit, out, mode)
     for key, needs in (("image", "i2v"), ("video", "v2v")):
         if mode == needs and out[key] is None:
             what = "image-to-video needs a conditioning image" if key == "image" else "video-to-video needs a conditioning video"
-            raise RequestError(key, f"{what} (request key {key!r}).")
+            refusals.errors.append(RequestError(key, f"{what} (request key {key!r})."))
         if mode != needs and out[key] is not None:
-            raise RequestError(key, f"{key} is only used by {needs} and action, not {mode!r}.")
-    if out["sound"]:
+            refusals.errors.append(RequestError(key, f"{key} is only used by {needs} and action, not {mode!r}."))
+    if out["sound"] is True:
         if "sound" not in info.modes:
-            raise RequestError("sound", f"This {info.family} checkpoint cannot generate sound; it supports: {list(info.modes)}.")
-        if mode == "t2i":
-            raise RequestError("sound", "sound needs a video mode (t2v, i2v or v2v), not t2i.")
+            refusals.errors.append(RequestError(
+                "sound", f"This {info.family} checkpoint cannot generate sound; it supports: {list(info.modes)}."))
+        elif mode == "t2i":
+            refusals.errors.append(RequestError("sound", "sound needs a video mode (t2v, i2v or v2v), not t2i."))
+
+
+def _validate_fit(out: dict, mode: str) -> None:
+    fit = out["fit"]
+    if mode not in DEFAULT_FIT:
+        if fit is not None:
+            raise RequestError("fit", f"fit is only used with a conditioning image or video (i2v, v2v), not {mode!r}.")
+        return
+    if fit not in FITS:
+        raise RequestError("fit", f"fit must be one of {list(FITS)}, got {fit!r}.")
+
+
+def _check_action(out: dict, info: VariantInfo, params: Mapping) -> None:
+    action = _validate_action(info, out["action"], out)
+    if params.get("fps") is None:
+        out["fps"] = ACTION_DOMAINS[action["domain"]].typical_fps
+    out["num_frames"] = action["chunk_size"] + 1
+    if out["sound"]:
+        raise RequestError("sound", "sound is not available in action mode.")
+    out["action"] = _frozen(action)
