@@ -29,18 +29,18 @@ class ResultsGallery:
                                  show_label=True, buttons=["download", "fullscreen"], elem_id="results-gallery")
         return cls(box, gallery)
 
-    def wire(self, history_state, owns, restore, restore_outputs: list) -> None:
+    def wire(self, history_state, seal, restore, restore_outputs: list) -> None:
         """Follow the History state; a tile picked restores its result (as a History pick does)."""
 
         def on_history(history):
-            return H.gallery_items(H.clean(history or [], owns))
+            return H.gallery_items(H.clean(history or [], seal))
 
         history_state.change(on_history, inputs=history_state, outputs=self.gallery, queue=False,
                              api_visibility=PRIVATE)
         self.box.expand(on_history, inputs=history_state, outputs=self.gallery, queue=False, api_visibility=PRIVATE)
 
         def on_select(history, evt: gr.SelectData):
-            entry = H.entry_at(H.clean(history or [], owns), evt.index if evt is not None else None)
+            entry = H.entry_at(H.clean(history or [], seal), evt.index if evt is not None else None)
             return restore(entry) if entry is not None else {}
 
         self.gallery.select(on_select, inputs=history_state, outputs=restore_outputs, queue=False,

@@ -216,7 +216,7 @@ class Handlers:
 
         h.gallery.select(on_select, inputs=h.state, outputs=restore_outputs, queue=False, api_visibility=PRIVATE)
         if self.page.results_gallery is not None:
-            self.page.results_gallery.wire(h.state, owns, lambda entry: F.restore(self.page, self.service, entry),
+            self.page.results_gallery.wire(h.state, seal, lambda entry: F.restore(self.page, self.service, entry),
                                            restore_outputs)
 
         def on_clear():
