@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default $COSMOS3_STUDIO_CACHE or ~/.cache/cosmos3-studio)")
     review = parser.add_argument_group("review mode (internal reviewers; never on a public demo)")
     review.add_argument("--review", action="store_true",
-                        help="add the Review, Blind, Suites, Leaderboard and Batch tabs; review data is kept in "
+                        help="add the review desk, a page of its own at /review (Blind, Review, Suites, Leaderboard, Batch, "
+                             "Compare); review data is kept in "
                              "SQLite outside the outputs folder (--review-db); needs --auth or --auth-file")
     review.add_argument("--auth", action="append", type=parse_auth, default=[], metavar="USER:PASS",
                         help="a login for the whole app; repeatable")

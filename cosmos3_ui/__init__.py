@@ -15,9 +15,9 @@ def build_studio(registry, job_queue, outputs_root, *, queue_size: int = 16, sta
                  max_upload_bytes: int | None = None) -> Studio:
     """The Studio for a registry and a running `engine.serving.queue.JobQueue`; call `.launch()` on it.
 
-    With `reviews` (a `cosmos3_ui.review.ReviewStore`) the Review, Blind, Suites, Leaderboard and Batch
-    tabs are added and every
-    finished result is registered for review; that needs `auth` (a list of (user, password)).
+    With `reviews` (a `cosmos3_ui.review.ReviewStore`) the review desk is added as a page of its own
+    (/review: Blind, Review, Suites, Leaderboard, Batch, Compare) and every finished result is registered for
+    review; that needs `auth` (a list of (user, password)).
     `max_upload_bytes`: the largest upload accepted (default `files.DEFAULT_MAX_UPLOAD_BYTES`).
     """
     service = StudioService(registry, job_queue, outputs_root)
