@@ -23,10 +23,13 @@ LOG = "docs/perf-log/2026-12-02.md"
 README_BEGIN = "<!-- speed table: rendered by docs/render_performance.py from docs/data/current.json -->"
 README_END = "<!-- end of the speed table -->"
 
-UNITS = {"_s": "s", "_ms": "ms"}
+# Checked in order: "_tokens_per_s" before "_s".
+UNITS = {"_tokens_per_s": "tokens/s", "_s": "s", "_ms": "ms", "_ratio": "x"}
 FIGURE_NAMES = {"total_s": "total", "denoise_s": "denoise", "prefill_s": "prefill", "decode_s": "decode",
                 "step_ms": "a step", "diffusers_step_ms": "diffusers' step", "step_2gpu_ms": "a step on 2 GPUs",
-                "step_1gpu_ms": "on one GPU"}
+                "step_1gpu_ms": "on one GPU", "first_total_s": "first request", "warm_total_s": "warm request",
+                "first_over_warm_ratio": "first / warm",
+                "free_tokens_per_s": "free", "constrained_tokens_per_s": "constrained"}
 # The fields that say where and how a figure was measured; a group's rows that share them are described once.
 PROVENANCE = ("measured", "command", "data", "log")
 
@@ -61,11 +64,14 @@ def unit(name: str) -> str:
 
 
 def value(entry: dict, name: str) -> str:
-    """A figure as the docs show it: seconds to 10 ms, milliseconds to 0.1 ms (whole ones as given)."""
+    """A figure as the docs show it: seconds to 10 ms, ratios to 0.01, milliseconds and tokens/s to one decimal
+    (whole ones as given)."""
     number = entry["figures"][name]
+    if unit(name) == "x":
+        return f"{number:.2f}x"
     if isinstance(number, int):
         return f"{number} {unit(name)}"
-    return f"{number:.2f} s" if unit(name) == "s" else f"{number:.1f} ms"
+    return f"{number:.2f} s" if unit(name) == "s" else f"{number:.1f} {unit(name)}"
 
 
 def published(entry: dict) -> str:
@@ -133,6 +139,26 @@ def _two_gpu_table(current: dict) -> list[str]:
         f = entry["figures"]
         rows.append(f"| {entry['workload']} | {value(entry, 'step_1gpu_ms')} | {value(entry, 'step_2gpu_ms')} | "
                     f"{f['step_2gpu_ms'] / f['step_1gpu_ms']:.2f}x |")
+    return rows
+
+
+def _first_request_table(current: dict) -> list[str]:
+    rows = ["| workload | first request | warm request | first / warm | target |", "|---|---|---|---|---|"]
+    for entry in group(current, "fresh process"):
+        target = entry["target"]
+        verdict = "met" if entry["figures"][target["figure"]] <= target["max"] else "missed"
+        rows.append(f"| {entry['workload']} | {value(entry, 'first_total_s')} | {value(entry, 'warm_total_s')} | "
+                    f"{value(entry, target['figure'])} | <= {target['max']:g}x: {verdict} |")
+    return rows
+
+
+def _reasoner_table(current: dict) -> list[str]:
+    rows = ["| reasoner | free | constrained | constrained / free |", "|---|---|---|---|"]
+    for entry in group(current, "reasoner"):
+        f = entry["figures"]
+        rows.append(f"| {entry['workload']} | {value(entry, 'free_tokens_per_s')} | "
+                    f"{value(entry, 'constrained_tokens_per_s')} | "
+                    f"{f['constrained_tokens_per_s'] / f['free_tokens_per_s']:.2f} |")
     return rows
 
 
@@ -220,10 +246,22 @@ def performance_md(current: dict, root: Path = ROOT) -> str:
             "One CFG step with each branch on its own H200 (`engine/parallel/`, CFG-parallel), against the engine's "
             "one-GPU step in the same run.", ""]
     out += _two_gpu_table(current)
+    out += ["", "### The first request of a restarted process", "",
+            "A second process over the kernel cache the first one filled (`COSMOS3_KERNEL_CACHE`, "
+            "`cosmos3_kernels/persist.py`): its first request against its warm one, bf16. These runs lacked "
+            "flash-attn-4 and QuACK, so their warm figures are not comparable with the bf16 rows above, which had "
+            "them.", ""]
+    out += _first_request_table(current)
+    out += ["", "### The reasoner: constrained decoding", "",
+            "Decode tokens/s of the reasoner's free decode against the grammar-constrained one (llguidance), "
+            "random weights at the released dimensions, the fastest of three alternated runs.", ""]
+    out += _reasoner_table(current)
     out += ["", "## How each figure is measured", "", METHOD, ""]
     for entry in group(current, "end to end"):
         out += [f"### {heading(entry)}", ""] + _provenance(root, entry) + [""]
-    for name, title in (("step against diffusers", "One step against diffusers"), ("two GPUs", "Two GPUs")):
+    for name, title in (("step against diffusers", "One step against diffusers"), ("two GPUs", "Two GPUs"),
+                        ("fresh process", "The first request of a restarted process"),
+                        ("reasoner", "The reasoner: constrained decoding")):
         out += [f"### {title}: the run", ""] + _group_provenance(root, group(current, name))
     out += ["## What each pass is worth", "",
             "Every pass is on by default where it applies (FP8 is opt-in) and has an environment switch. The worth is "

@@ -71,7 +71,7 @@ def _half_step(name: str, figure: float) -> float:
     """Half the last shown digit: figures are the data file's numbers rounded for the docs."""
     if isinstance(figure, int):
         return 0.5
-    return 0.005 if render.unit(name) == "s" else 0.05
+    return 0.005 if render.unit(name) in ("s", "x") else 0.05
 
 
 @pytest.mark.parametrize("entry", MEASURED, ids=[entry["id"] for entry in MEASURED])
