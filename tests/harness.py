@@ -60,6 +60,23 @@ def launched_studio(argv: list[str]):
 
 
 @contextlib.contextmanager
+def chromium_browser():
+    """Debian's Chromium driven by Playwright, closed on exit; the test skips where Chromium is missing."""
+    import pytest
+
+    if not chromium_available():
+        pytest.skip("Chromium is missing: run scripts/ensure_chromium.sh (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@contextlib.contextmanager
 def browser_page(browser, screenshot_dir):
     """A fresh page in its own context; its last state is screenshotted into `screenshot_dir` (a temp dir)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -70,3 +87,13 @@ def browser_page(browser, screenshot_dir):
     finally:
         page.screenshot(path=str(screenshot_dir / "last.png"), full_page=True)
         context.close()
+
+
+@contextlib.contextmanager
+def t2v_page(studio, tmp_path):
+    """A fresh browser page on the studio's Text to Video tab (skips where Chromium is missing)."""
+    with chromium_browser() as browser, browser_page(browser, tmp_path) as page:
+        page.goto(studio.url)
+        page.wait_for_selector("#model-picker")
+        page.get_by_role("tab", name="Text to Video", exact=True).click()
+        yield page

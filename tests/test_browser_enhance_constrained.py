@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("llguidance")
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-from harness import CHROMIUM, CHROMIUM_ARGS, browser_page, chromium_available, launched_studio  # noqa: E402
+from harness import launched_studio, t2v_page  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -22,27 +22,15 @@ def studio(tiny_family, tmp_path_factory):
 
 
 def test_enhance_with_random_weights_fills_the_caption_editor(studio, tmp_path):
-    if not chromium_available():
-        pytest.skip("Chromium is missing: run scripts/ensure_chromium.sh (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            with browser_page(browser, tmp_path) as page:
-                page.goto(studio.url)
-                page.wait_for_selector("#model-picker")
-                page.get_by_role("tab", name="Text to Video", exact=True).click()
-                page.locator("#t2v-idea textarea").fill("a kite on a windy beach")
-                page.locator("#t2v-enhance").click()
-                status = page.locator("#t2v-reasoner-status")
-                deadline = time.time() + 240
-                while time.time() < deadline and "Done" not in status.inner_text():
-                    assert "error" not in status.inner_text().lower(), status.inner_text()
-                    time.sleep(0.2)
-                assert "Done" in status.inner_text()
-                answer = json.loads(page.locator("#t2v-reasoner-stream textarea").input_value())
-                field = page.locator("#t2v-field-background_setting textarea")
-                assert answer["background_setting"] and field.input_value() == answer["background_setting"].strip()
-        finally:
-            browser.close()
+    with t2v_page(studio, tmp_path) as page:
+        page.locator("#t2v-idea textarea").fill("a kite on a windy beach")
+        page.locator("#t2v-enhance").click()
+        status = page.locator("#t2v-reasoner-status")
+        deadline = time.time() + 240
+        while time.time() < deadline and "Done" not in status.inner_text():
+            assert "error" not in status.inner_text().lower(), status.inner_text()
+            time.sleep(0.2)
+        assert "Done" in status.inner_text()
+        answer = json.loads(page.locator("#t2v-reasoner-stream textarea").input_value())
+        field = page.locator("#t2v-field-background_setting textarea")
+        assert answer["background_setting"] and field.input_value() == answer["background_setting"].strip()

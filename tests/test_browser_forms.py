@@ -12,7 +12,7 @@ from PIL import Image
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-from harness import CHROMIUM, CHROMIUM_ARGS, browser_page, chromium_available, launched_studio  # noqa: E402
+from harness import browser_page, chromium_available, chromium_browser, launched_studio  # noqa: E402
 from test_browser_studio import open_tab, pick_model, set_number, wait_for_text  # noqa: E402
 
 pytestmark = pytest.mark.browser
@@ -33,14 +33,8 @@ def studio(tiny_family, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium_browser() as chromium:
+        yield chromium
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ form generates; `/reason` over the scripting API with the tiny checkpoint's real
 The browser test scripts the reasoner's answer (a tiny random-weight reasoner never writes a caption);
 everything else, the queue, the events, the editor and the generation, is the real app.
 """
-import contextlib
 import json
 import re
 import time
@@ -20,7 +19,7 @@ from engine.reasoner.runtime import reasoner_for as REAL_REASONER_FOR
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-from harness import CHROMIUM, CHROMIUM_ARGS, browser_page, chromium_available, launched_studio  # noqa: E402
+from harness import launched_studio, t2v_page  # noqa: E402
 
 CAPTION = {"subjects": [{"description": "a red kite with a long tail", "action": "climbs and loops"}],
            "background_setting": "a windy beach at noon", "lighting": {"conditions": "hard midday sun"},
@@ -75,25 +74,6 @@ def studio(tiny_family, tmp_path_factory, scripted):
     with launched_studio(argv) as (studio, url):
         studio.url = url
         yield studio
-
-
-@contextlib.contextmanager
-def t2v_page(studio, tmp_path):
-    """A fresh browser page on the studio's Text to Video tab (skips where Chromium is missing)."""
-    if not chromium_available():
-        pytest.skip("Chromium is missing: run scripts/ensure_chromium.sh (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            with browser_page(browser, tmp_path) as page:
-                page.goto(studio.url)
-                page.wait_for_selector("#model-picker")
-                page.get_by_role("tab", name="Text to Video", exact=True).click()
-                yield page
-        finally:
-            browser.close()
 
 
 def test_enhance_on_t2v_fills_the_form_and_the_form_generates(studio, scripted, tmp_path):

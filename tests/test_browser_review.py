@@ -17,7 +17,7 @@ import pytest
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-from harness import CHROMIUM, CHROMIUM_ARGS, browser_page, chromium_available, launched_studio  # noqa: E402
+from harness import browser_page, chromium_available, chromium_browser, launched_studio  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
@@ -61,15 +61,8 @@ def studio(tiny_family, tmp_path_factory):
 
 @pytest.fixture
 def page(studio, tmp_path):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            with browser_page(browser, tmp_path) as page:
-                yield page
-        finally:
-            browser.close()
+    with chromium_browser() as browser, browser_page(browser, tmp_path) as page:
+        yield page
 
 
 def log_in(page, url):

@@ -13,10 +13,9 @@ from PIL import Image
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 from harness import (  # noqa: E402
-    CHROMIUM,
-    CHROMIUM_ARGS,
     browser_page,
     chromium_available,
+    chromium_browser,
     launched_studio,
     with_family_canvases,
 )
@@ -45,14 +44,8 @@ def studio(tiny_family, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium_browser() as chromium:
+        yield chromium
 
 
 @pytest.fixture
