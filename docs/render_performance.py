@@ -87,7 +87,8 @@ def target_status(entry: dict) -> str:
         return ""
     measured = entry["figures"][target["figure"]]
     verdict = "met" if measured <= target["max"] else f"missed by {100 * (measured / target['max'] - 1):.1f}%"
-    return f"{FIGURE_NAMES[target['figure']]} <= {target['max']:g} {unit(target['figure'])}: {verdict}"
+    bound = f"{target['max']:g}" + ("x" if unit(target["figure"]) == "x" else f" {unit(target['figure'])}")
+    return f"{FIGURE_NAMES[target['figure']]} <= {bound}: {verdict}"
 
 
 def heading(entry: dict) -> str:
@@ -124,41 +125,24 @@ def _end_to_end_table(current: dict) -> list[str]:
     return rows
 
 
-def _step_table(current: dict) -> list[str]:
-    rows = ["| workload | ours | diffusers | speed-up | published |", "|---|---|---|---|---|"]
-    for entry in group(current, "step against diffusers"):
+def _ratio_table(current: dict, group_name: str, columns: tuple[str, ...], base: str, other: str,
+                 with_published: bool = False) -> list[str]:
+    """One row per workload of the group: `base`, `other`, and other / base (plus the published figure)."""
+    rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for entry in group(current, group_name):
         f = entry["figures"]
-        rows.append(f"| {entry['workload']} | {value(entry, 'step_ms')} | {value(entry, 'diffusers_step_ms')} | "
-                    f"{f['diffusers_step_ms'] / f['step_ms']:.2f}x | {published(entry) if entry['published'] else ''} |")
-    return rows
-
-
-def _two_gpu_table(current: dict) -> list[str]:
-    rows = ["| workload | one GPU | two GPUs | ratio |", "|---|---|---|---|"]
-    for entry in group(current, "two GPUs"):
-        f = entry["figures"]
-        rows.append(f"| {entry['workload']} | {value(entry, 'step_1gpu_ms')} | {value(entry, 'step_2gpu_ms')} | "
-                    f"{f['step_2gpu_ms'] / f['step_1gpu_ms']:.2f}x |")
+        cells = [entry["workload"], value(entry, base), value(entry, other), f"{f[other] / f[base]:.2f}x"]
+        if with_published:
+            cells.append(published(entry) if entry["published"] else "")
+        rows.append("| " + " | ".join(cells) + " |")
     return rows
 
 
 def _first_request_table(current: dict) -> list[str]:
     rows = ["| workload | first request | warm request | first / warm | target |", "|---|---|---|---|---|"]
     for entry in group(current, "fresh process"):
-        target = entry["target"]
-        verdict = "met" if entry["figures"][target["figure"]] <= target["max"] else "missed"
         rows.append(f"| {entry['workload']} | {value(entry, 'first_total_s')} | {value(entry, 'warm_total_s')} | "
-                    f"{value(entry, target['figure'])} | <= {target['max']:g}x: {verdict} |")
-    return rows
-
-
-def _reasoner_table(current: dict) -> list[str]:
-    rows = ["| reasoner | free | constrained | constrained / free |", "|---|---|---|---|"]
-    for entry in group(current, "reasoner"):
-        f = entry["figures"]
-        rows.append(f"| {entry['workload']} | {value(entry, 'free_tokens_per_s')} | "
-                    f"{value(entry, 'constrained_tokens_per_s')} | "
-                    f"{f['constrained_tokens_per_s'] / f['free_tokens_per_s']:.2f} |")
+                    f"{value(entry, entry['target']['figure'])} | {target_status(entry)} |")
     return rows
 
 
@@ -241,11 +225,12 @@ def performance_md(current: dict, root: Path = ROOT) -> str:
             "tokens (ours reuses the text K/V cached at prefill; diffusers runs two full forwards). Measured on "
             f"{group(current, 'step against diffusers')[0]['measured']['date']}, before most of the passes below, "
             "so ours is slower here than the end-to-end steps above; not measured since.", ""]
-    out += _step_table(current)
+    out += _ratio_table(current, "step against diffusers", ("workload", "ours", "diffusers", "speed-up", "published"),
+                        "step_ms", "diffusers_step_ms", with_published=True)
     out += ["", "### Two GPUs", "",
             "One CFG step with each branch on its own H200 (`engine/parallel/`, CFG-parallel), against the engine's "
             "one-GPU step in the same run.", ""]
-    out += _two_gpu_table(current)
+    out += _ratio_table(current, "two GPUs", ("workload", "one GPU", "two GPUs", "ratio"), "step_1gpu_ms", "step_2gpu_ms")
     out += ["", "### The first request of a restarted process", "",
             "A second process over the kernel cache the first one filled (`COSMOS3_KERNEL_CACHE`, "
             "`cosmos3_kernels/persist.py`): its first request against its warm one, bf16. These runs lacked "
@@ -255,7 +240,8 @@ def performance_md(current: dict, root: Path = ROOT) -> str:
     out += ["", "### The reasoner: constrained decoding", "",
             "Decode tokens/s of the reasoner's free decode against the grammar-constrained one (llguidance), "
             "random weights at the released dimensions, the fastest of three alternated runs.", ""]
-    out += _reasoner_table(current)
+    out += _ratio_table(current, "reasoner", ("reasoner", "free", "constrained", "constrained / free"),
+                        "free_tokens_per_s", "constrained_tokens_per_s")
     out += ["", "## How each figure is measured", "", METHOD, ""]
     for entry in group(current, "end to end"):
         out += [f"### {heading(entry)}", ""] + _provenance(root, entry) + [""]
