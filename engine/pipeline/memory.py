@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..model.defaults import sampling_limits
+from .decode import decoded_frames
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +276,7 @@ def memory_stage(state) -> None:
     if model.parallel is not None or model.device is None or torch.device(model.device).type != "cuda":
         return
     cond = state.cond
-    frames = (state.latents.vision.shape[2] - 1) * 4 + 1
+    frames = decoded_frames(state.latents.vision.shape[2])
     prefixes = tuple(len(ids) for ids in state.token_ids[: 2 if any(state.plan) else 1])
     plan = (model, state.request["mode"], cond.width, cond.height, frames, prefixes)
     try:
