@@ -12,8 +12,9 @@ from PIL import Image
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-from harness import browser_page, chromium_available, chromium_browser, launched_studio  # noqa: E402
-from test_browser_studio import open_tab, pick_model, set_number, wait_for_text  # noqa: E402
+from harness import chromium_available, launched_studio  # noqa: E402
+# The studio page's helpers, and its `browser` and `page` fixtures (each serves this module's `studio`).
+from test_browser_studio import browser, open_tab, page, pick_model, set_number, wait_for_text  # noqa: E402, F401
 
 pytestmark = pytest.mark.browser
 
@@ -29,21 +30,6 @@ def studio(tiny_family, tmp_path_factory):
     with launched_studio(argv) as (studio, url):
         studio.url = url
         yield studio
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium_browser() as chromium:
-        yield chromium
-
-
-@pytest.fixture
-def page(browser, studio, tmp_path):
-    with browser_page(browser, tmp_path) as page:
-        page.goto(studio.url)
-        page.wait_for_selector("#model-picker")
-        page.wait_for_timeout(500)
-        yield page
 
 
 def number(page, elem_id: str) -> str:
