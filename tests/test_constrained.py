@@ -105,6 +105,74 @@ def test_only_printable_ascii_tokens_of_one_byte_or_more_are_allowed(loaded):
     assert bits.sum() > 100 and not bits[tokenizer.convert_tokens_to_ids("<|im_start|>")]
 
 
+class _NotReadable:
+    """`input_ids` of a step that a fed constraint must not read (on a GPU, reading it waits for the step)."""
+
+    shape = (1, 5)
+
+    def __getitem__(self, index):
+        raise AssertionError("a fed constraint read input_ids")
+
+
+def _masks(constraint, path: list[int], fed: bool, vocab: int) -> list:
+    """The allowed tokens at each step of `path`, asking as Transformers does (a step's scores, then its token)."""
+    import torch
+
+    masks = []
+    ids = torch.zeros((1, 5), dtype=torch.long)
+    for step, token in enumerate(path + [None]):
+        scores = constraint(_NotReadable() if fed and step else ids, torch.zeros((1, vocab + 3)))
+        masks.append(torch.isfinite(scores[0]))
+        if token is not None:
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if fed:
+                constraint.feed(torch.tensor([token]))
+    return masks
+
+
+def test_a_fed_constraint_gives_the_same_masks_without_reading_the_decoded_tokens(loaded):
+    """The reasoner's streamer feeds each token to the constraint, which computes the next mask while the next
+    forward runs; Transformers' `generate` alone makes it read `input_ids`. Both give the same masks, and tokens
+    past the tokenizer (a wider head) are never allowed."""
+    from engine.reasoner.constrained import SchemaConstraint
+    from engine.reasoner.runtime import reasoner_for
+
+    reasoner = reasoner_for(loaded["nano"])
+    schema = caption_schema("image", 900).schema
+    reasoner.chat(None, "Hi.", max_new_tokens=1, temperature=0.0, seed=0, schema=schema)  # builds the grammar
+    grammar = reasoner.grammar
+    path = reasoner.pre.tokenizer.encode('{"subjects":[{"description":"A red kite over a beach', add_special_tokens=False)
+    read = _masks(SchemaConstraint(grammar, schema), path, fed=False, vocab=grammar.vocab_size)
+    fed = _masks(SchemaConstraint(grammar, schema), path, fed=True, vocab=grammar.vocab_size)
+    assert len(read) == len(path) + 1
+    for step, (a, b) in enumerate(zip(read, fed)):
+        assert a.equal(b), step
+        assert not a[grammar.vocab_size:].any()
+    assert read[0].sum() < read[-1].sum()  # the masks follow the path: one opening character, then free text
+    for step, token in enumerate(path):
+        assert read[step][token]
+
+
+def test_a_fed_constraint_refuses_a_token_that_breaks_the_schema_and_more_than_one_token_a_step(loaded):
+    import torch
+
+    from engine.reasoner.constrained import SchemaConstraint
+    from engine.reasoner.runtime import reasoner_for
+
+    reasoner = reasoner_for(loaded["nano"])
+    schema = caption_schema("image", 900).schema
+    reasoner.chat(None, "Hi.", max_new_tokens=1, temperature=0.0, seed=0, schema=schema)
+    constraint = SchemaConstraint(reasoner.grammar, schema)
+    scores = torch.zeros((1, reasoner.grammar.vocab_size))
+    constraint(torch.zeros((1, 5), dtype=torch.long), scores)
+    with pytest.raises(ValueError, match="the streamer sent 2"):
+        constraint.feed(torch.tensor([1, 2]))
+    bad = reasoner.pre.tokenizer.encode("x", add_special_tokens=False)[0]  # an answer opens with "{"
+    constraint.feed(torch.tensor([bad]))
+    with pytest.raises(RuntimeError, match="broke the schema"):
+        constraint(_NotReadable(), scores)
+
+
 # -- on the tiny random-weight reasoners: the acceptance -------------------------------------------------
 
 

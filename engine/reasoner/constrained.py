@@ -71,7 +71,18 @@ def grammar_tokenizer(hf_tokenizer, eos_ids: list[int]) -> GrammarTokenizer:
 
 class SchemaConstraint:
     """A Transformers logits processor: each step, only tokens the schema's grammar allows next (and
-    the ASCII rule above) keep their logits. One per `generate` call (it follows that call's tokens)."""
+    the ASCII rule above) keep their logits. One per `generate` call (it follows that call's tokens).
+
+    Fed (`feed`, which the reasoner's streamer calls with each new token, already on the host), it never
+    reads the GPU: the host computes the mask while the GPU runs the forward it has just queued, and the mask
+    goes to the GPU packed (32 tokens a word) and is unpacked there. Not fed (Transformers' own `generate`
+    with only this processor, as the tests run it), it reads the last token from `input_ids`, which waits
+    for the forward to finish before the mask is computed: the same masks, later.
+
+    Measured on the H200 (docs/perf-log/2026-12-04-reasoner-constrained.md): the mask itself is ~0.3 ms;
+    reading the token back made it serial with the forward. Computing it on a worker thread instead was
+    slower still (Edge 31.6 against 22.5 ms a step): the thread waits for the GIL while the host launches
+    kernels."""
 
     def __init__(self, grammar: GrammarTokenizer, schema: dict):
         import llguidance
@@ -81,21 +92,53 @@ class SchemaConstraint:
         self.matcher = llguidance.LLMatcher(grammar.tokenizer, text)
         if self.matcher.is_error():
             raise ValueError(f"llguidance refused the decoding schema: {self.matcher.get_error()}")
-        self.words = np.zeros_like(grammar.ascii_words)
         self.prompt_len: int | None = None
-        self.allowed = None  # the last step's mask, kept for tests
+        self.fed = False  # whether a streamer feeds the tokens (then `input_ids` is never read)
+        self._token: int | None = None  # the token fed since the last step
+        self._unpack = None  # per device: the shifts that unpack a word into its 32 bits
+        self.words = np.empty_like(grammar.ascii_words)  # this step's mask, packed
+
+    def feed(self, token_ids) -> None:
+        """The tokens just decoded (the streamer's `put`, after the prompt)."""
+        if self.prompt_len is None:
+            return  # the prompt: the first mask depends on no token
+        *earlier, last = [int(t) for t in token_ids]
+        if earlier:
+            raise ValueError(f"one token a step is decoded under a schema; the streamer sent {len(earlier) + 1}")
+        self.fed, self._token = True, last
+
+    def _next_token(self, input_ids) -> int:
+        if not self.fed:
+            return int(input_ids[0, -1])
+        if self._token is None:
+            raise RuntimeError("the streamer fed no token since the last step")
+        token, self._token = self._token, None
+        return token
 
     def __call__(self, input_ids, scores):
         import torch
 
         if self.prompt_len is None:
             self.prompt_len = input_ids.shape[1]
-        elif not self.matcher.consume_token(int(input_ids[0, -1])):
+        elif not self.matcher.consume_token(self._next_token(input_ids)):
             raise RuntimeError(f"the decoded token broke the schema: {self.matcher.get_error()}")
         self.matcher.unsafe_compute_mask_ptr(self.words.ctypes.data, self.words.nbytes)
         np.bitwise_and(self.words, self.grammar.ascii_words, out=self.words)
-        bits = np.unpackbits(self.words.view(np.uint8), bitorder="little")[: self.grammar.vocab_size]
-        allowed = torch.zeros(scores.shape[-1], dtype=torch.bool)
-        allowed[: bits.size] = torch.from_numpy(bits.astype(bool))
-        self.allowed = allowed
-        return scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+        allowed = self._on_device(self.words, scores.device)
+        if allowed.numel() < scores.shape[-1]:  # the model's head may be wider than the tokenizer
+            allowed = torch.nn.functional.pad(allowed, (0, scores.shape[-1] - allowed.numel()))
+        return scores.masked_fill(~allowed[: scores.shape[-1]], float("-inf"))
+
+    def _on_device(self, words: np.ndarray, device):
+        """The packed words copied to `device` without waiting for it, unpacked there to one bool a token."""
+        import torch
+
+        host = torch.from_numpy(words)
+        if device.type == "cuda":
+            host = host.pin_memory()  # a pinned copy may go while the GPU is busy; a pageable one would wait
+        packed = host.to(device, non_blocking=True)
+        if self._unpack is None or self._unpack.device != packed.device:
+            self._unpack = torch.arange(32, dtype=torch.int32, device=packed.device)
+        bits = (packed[:, None] >> self._unpack) & 1  # bit t of the vocabulary: word t // 32, bit t % 32
+        return bits.reshape(-1)[: self.grammar.vocab_size].bool()
+

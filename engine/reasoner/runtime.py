@@ -64,10 +64,13 @@ def choose_policy(device_total: int | None, generator_bytes: int, reasoner_bytes
 
 
 class _TokenStream:
-    """A Transformers streamer: the first `put` is the prompt, each later one a new token."""
+    """A Transformers streamer: the first `put` is the prompt, each later one a new token, which goes
+    first to `on_token` (a schema constraint starts its next mask) and then out as text."""
 
-    def __init__(self, tokenizer, on_text: Callable[[str, int], None] | None, cancel: threading.Event | None):
+    def __init__(self, tokenizer, on_text: Callable[[str, int], None] | None, cancel: threading.Event | None,
+                 on_token: Callable[[list[int]], None] | None = None):
         self.tokenizer = tokenizer
+        self.on_token = on_token
         self.on_text = on_text
         self.cancel = cancel
         self.ids: list[int] = []
@@ -83,7 +86,10 @@ class _TokenStream:
             return
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
-        self.ids.extend(int(v) for v in value.reshape(-1).tolist())
+        new = [int(v) for v in value.reshape(-1).tolist()]
+        if self.on_token is not None:
+            self.on_token(new)
+        self.ids.extend(new)
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         # A partial multi-byte character decodes as U+FFFD: hold its text back until the rest arrives.
         delta = ""
@@ -182,13 +188,15 @@ class Reasoner:
             try:
                 inputs = build_inputs(self.pre, messages_for(system, text, image, video), image, video)
                 inputs = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in inputs.items()}
-                stream = _TokenStream(self.pre.tokenizer, on_text, cancel)
                 sampling = {"do_sample": False} if temperature == 0.0 else {"do_sample": True,
                                                                             "temperature": temperature}
-                if schema is not None:
+                constraint = None if schema is None else self._constraint(schema)
+                if constraint is not None:
                     from transformers import LogitsProcessorList
 
-                    sampling["logits_processor"] = LogitsProcessorList([self._constraint(schema)])
+                    sampling["logits_processor"] = LogitsProcessorList([constraint])
+                stream = _TokenStream(self.pre.tokenizer, on_text, cancel,
+                                      on_token=None if constraint is None else constraint.feed)
                 started = time.perf_counter()
                 devices = [self.device] if getattr(self.device, "type", str(self.device)) == "cuda" else []
                 with torch.inference_mode(), torch.random.fork_rng(devices=devices):
