@@ -264,3 +264,37 @@ def test_a_decision_reports_the_time_of_the_path_it_chose():
     for backend, ms in measured.items():
         assert dsp.Decision(backend, "measured", measured).chosen_ms == ms
     assert dsp.Decision("torch", "forced").chosen_ms is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU mirror of what auto mode times on a GPU")
+def test_every_op_times_its_registered_backends_through_their_calls(monkeypatch):
+    """What auto mode runs on the H200, run here: each op's candidates built from the registry (its calls, configs,
+    scratch outputs) and timed, the kernels under Triton's interpreter; a library's call that cannot run (flash-attn-4,
+    QuACK: no GPU) is left out, not fatal."""
+    from cosmos3_kernels import gemm, registry
+    from cosmos3_kernels.timing import Timing
+
+    monkeypatch.setattr(autotune, "time_ms", lambda fn, **kw: (fn(), Timing((1.0,)))[1])  # runs each once
+    d = dsp.KernelDispatcher("auto", interpret=True)
+    args = _qk_args()
+    q, buf, layout = args[0], args[7], args[8]
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
+    xw = (torch.randn(16, 32, dtype=torch.bfloat16), torch.randn(48, 32, dtype=torch.bfloat16))
+    monkeypatch.setattr(gemm, "mlp_in_unsupported", lambda *a: None)  # offered, as on a Hopper GPU
+    monkeypatch.setattr(pa, "flash4_configs_for", lambda q, configs: configs)  # offered, as on an SM90 GPU
+    calls = {
+        "qk_norm_rope": (args, dict(eps=1e-6, flavour="diffusers", round_norm_before_rope=False)),
+        "prefix_attention": ((q, buf, layout), dict(scale=None)),
+        "add_rms_norm": ((x, x, torch.ones(64, dtype=torch.bfloat16)), dict(eps=1e-6, flavour="diffusers")),
+        "swiglu": ((x, x), {}),
+        "relu2": ((x,), {}),
+        "mlp_in": ((*xw, "swiglu"), {}),
+    }
+    q_before = q.clone()
+    for op, (op_args, kwargs) in calls.items():
+        kernels = [b for b in registry.backends(op) if not b.reference]
+        measure = d._measure_mlp_in if op == "mlp_in" else d._measure
+        decision = measure(op, kernels, op_args, kwargs)
+        timed = {"mlp_in": {"torch"}}.get(op, {"torch", "triton"})  # flash-attn-4 and QuACK failed: left out
+        assert (set(decision.ms), decision.backend) == (timed, "torch"), op  # a tie keeps the reference
+    assert torch.equal(q, q_before)  # timed into scratch outputs, never in place
