@@ -43,7 +43,7 @@ from cosmos3_kernels import attention_fp8, attention_fp8_fa3  # noqa: F401 - the
 from cosmos3_kernels import gemm, norms, prefix_attention as attn, qk_norm_rope as qk, registry
 from cosmos3_kernels import shared_gen_attention as sga  # noqa: F401 - it registers the shared attention's backends
 from cosmos3_kernels.autotune import NOT_MEASURED, TIMINGS, Autotuner, Decision, sized
-from cosmos3_kernels.packed_kv import PackedKVLayout, kv_len_bucket
+from cosmos3_kernels.packed_kv import PackedKVLayout
 from cosmos3_kernels.persist import DecisionStore
 
 MODES = ("auto", "triton", "torch")
@@ -71,26 +71,6 @@ def _device_key(t: torch.Tensor) -> str:
     if t.device.type == "cuda":
         return f"cuda:{t.device.index if t.device.index is not None else torch.cuda.current_device()}"
     return str(t.device)
-
-
-# The shape an op's decision is kept for, after (op, device). Prefix lengths change with every prompt: the longest
-# key run is bucketed by powers of two so a new prompt re-uses the measurement of a similar one. With the lengths
-# on the device (`PackedKVLayout.lengths`, a step graph kept for any prompt length) the references are no candidate.
-SHAPE_KEYS: dict[str, Callable[..., tuple]] = {
-    "qk_norm_rope": lambda q, k, v, qw, kw, cos, sin, kv, layout, *, eps, flavour="diffusers",
-    round_norm_before_rope=False: (q.dtype, tuple(q.shape), k.shape[2], flavour, bool(round_norm_before_rope),
-                                   cos.dim() == 3 and cos.shape[0] > 1, layout.lengths is not None),
-    "prefix_attention": lambda q, kv, layout, *, scale=None: (
-        q.dtype, tuple(q.shape), kv.shape[2], layout.uniform_prefix, kv_len_bucket(layout.kv_len_limit),
-        layout.lengths is not None),
-    "add_rms_norm": lambda x, residual, weight, *, eps, flavour="diffusers": (
-        x.dtype, tuple(x.shape), residual is None, flavour),
-    "swiglu": lambda gate, up: (gate.dtype, tuple(gate.shape)),
-    "relu2": lambda x: (x.dtype, tuple(x.shape)),
-    "mlp_in": lambda x, w, activation: (x.dtype, tuple(x.shape), tuple(w.shape), activation),
-}
-# The keyword under which an op writes its result: timing writes into a scratch tensor there, never in place.
-SCRATCH = {"qk_norm_rope": "q_out", "prefix_attention": "out"}
 
 
 def lengths_on_device_refused(device: torch.device, head_dim: int, dtype: torch.dtype, mode: str) -> str | None:
@@ -221,7 +201,7 @@ class KernelDispatcher:
             return Decision(reference, f"unsupported: {reasons[kernels[0].name]}")
         if forced is not None:
             return Decision(forced, "forced", config=self.configs(usable[0], *args, **kwargs)[0])
-        key = (op, _device_key(probe), *SHAPE_KEYS[op](*args, **kwargs))
+        key = (op, _device_key(probe), *registry.shape(op).key(*args, **kwargs))
         kept = self.tuner.cached(key)
         if kept is not None:
             return kept
@@ -240,11 +220,11 @@ class KernelDispatcher:
         """Every supported backend timed (the reference too where it supports the call), each over its configs;
         the fastest kept (`Autotuner.measure`). Outputs go to a scratch tensor where the op writes one."""
         in_place = (usable[0].name, (self.configs(usable[0], *args, **kwargs) or (None,))[0])  # where nothing fits
-        outputs = {}
-        if op in SCRATCH:
+        outputs, output = {}, registry.shape(op).output
+        if output is not None:
             if not self.tuner.fits(_bytes(args[0])):
                 return Decision(in_place[0], NOT_MEASURED, config=in_place[1])
-            outputs = {SCRATCH[op]: torch.empty_like(args[0])}  # never time in place: the input must stay
+            outputs = {output: torch.empty_like(args[0])}  # never time in place: the input must stay
         reference = registry.reference(op)
         offered = ([reference] if reference.supported(*args, **kwargs) is None else []) + usable
         candidates = {
@@ -345,6 +325,7 @@ class KernelDispatcher:
         CPU the PyTorch reference (tests: the model is tiny there); on CUDA only in "auto" mode with flash-attn-4,
         the one kernel here that returns the log-sum-exp the combine needs, and only where it is measured faster
         than this shape's `prefix_attention` (the time its own decision measured for its choice)."""
+        op = "shared_gen_attention"
         if torch.compiler.is_compiling():
             return Decision(REGULAR, "compiling")
         why = registry.reference("shared_gen_attention").supported(q, kv_buffer, layout)
@@ -358,8 +339,7 @@ class KernelDispatcher:
         why = shared.supported(q, kv_buffer, layout)
         if why is not None:
             return Decision(REGULAR, f"unsupported: {why}")
-        key = ("shared_gen_attention", _device_key(q), q.dtype, tuple(q.shape), kv_buffer.shape[2],
-               kv_len_bucket(layout.kv_len_limit))
+        key = (op, _device_key(q), *registry.shape(op).key(q, kv_buffer, layout))
         kept = self.tuner.cached(key)
         if kept is not None:
             return kept

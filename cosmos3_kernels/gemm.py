@@ -166,6 +166,7 @@ def mlp_in_split(x: torch.Tensor, w: torch.Tensor, activation: str, *, swiglu=No
     return (relu2 or (lambda t: torch.relu(t).square()))(y)
 
 
+registry.describe("mlp_in", key=lambda x, w, activation: (x.dtype, tuple(x.shape), tuple(w.shape), activation))
 registry.register("mlp_in", "torch", supported=lambda x, w, activation, **kwargs: None, call=mlp_in_split,
                   reference=True)
 # Never forced: the epilogue is a library's kernel, not one of ours.

@@ -205,6 +205,10 @@ def _reference_bytes(x, *args, **kwargs) -> int:
     return 12 * x.numel()
 
 
+registry.describe("add_rms_norm", key=lambda x, residual, weight, *, eps, flavour="diffusers": (
+    x.dtype, tuple(x.shape), residual is None, flavour))
+registry.describe("swiglu", key=lambda gate, up: (gate.dtype, tuple(gate.shape)))
+registry.describe("relu2", key=lambda x: (x.dtype, tuple(x.shape)))
 registry.register("add_rms_norm", "torch", supported=_always, reference=True, need_bytes=_reference_bytes,
                   call=lambda x, residual, weight, *, eps, flavour="diffusers", config=None:
                   add_rms_norm_reference(x, residual, weight, eps, flavour))

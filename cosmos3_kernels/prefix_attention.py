@@ -24,7 +24,7 @@ import triton.language as tl
 
 from cosmos3_kernels import registry
 from cosmos3_kernels.optional import installed, warn_if_installed
-from cosmos3_kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels.packed_kv import PackedKVLayout, kv_len_bucket
 
 try:  # host-side TMA descriptors (Triton >= 3.3); the pointer path below works without them
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -500,6 +500,12 @@ def _flash4_refused(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLa
     return _inputs_refused(q, kv_buffer, layout) or flash4_unsupported(q)
 
 
+# Prefix lengths change with every prompt: the longest key run is bucketed by powers of two, so a new prompt re-uses
+# the measurement of a similar one.
+registry.describe("prefix_attention", output="out",
+                  key=lambda q, kv_buffer, layout, *, scale=None: (
+                      q.dtype, tuple(q.shape), kv_buffer.shape[2], layout.uniform_prefix,
+                      kv_len_bucket(layout.kv_len_limit), layout.lengths is not None))
 registry.register("prefix_attention", "torch", supported=_sdpa_refused, reference=True,
                   # SDPA's output and the copies of its transposed operands: about three times q.
                   need_bytes=lambda q, *args, **kwargs: 3 * q.numel() * q.element_size(),

@@ -575,6 +575,11 @@ def _run_kernel(*args, eps, flavour="diffusers", round_norm_before_rope=False, q
 
 
 # The reference norms and rotates q and k in fp32 and bf16 temporaries: ~16 bytes an element at its peak.
+registry.describe("qk_norm_rope", output="q_out",
+                  key=lambda q, k, v, q_weight, k_weight, cos, sin, kv_buffer, layout, *, eps, flavour="diffusers",
+                  round_norm_before_rope=False: (q.dtype, tuple(q.shape), k.shape[2], flavour,
+                                                 bool(round_norm_before_rope), cos.dim() == 3 and cos.shape[0] > 1,
+                                                 layout.lengths is not None))
 registry.register("qk_norm_rope", "torch", supported=_reference_refused, call=_run_reference, reference=True,
                   need_bytes=lambda q, k, *args, **kwargs: 16 * (q.numel() + k.numel()))
 registry.register("qk_norm_rope", "triton", supported=_kernel_refused, call=_run_kernel)

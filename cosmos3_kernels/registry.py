@@ -4,9 +4,11 @@ An op (e.g. "prefix_attention") has backends, each registered by the module that
 the end of that module): a name ("triton", "torch", "flash4", ...), `supported`, which takes the op's inputs and
 returns None where the backend runs them or else the reason it does not, and `call`, which runs them (with
 ``config=`` where the backend is timed over launch configs). An op's order is its backends' `rank`, then their
-registration: a tie in measured time keeps the earlier one, and an op chosen by rank takes the first supported.
-`cosmos3_kernels.autotune` measures the supported backends and keeps the fastest; `cosmos3_kernels.dispatch` is the
-gen tower's entry to it. The modeled shape: diffusers' attention-backend registry and vLLM's attention backends.
+registration: a tie in measured time keeps the earlier one, and an op chosen by rank takes the first supported. An op
+that is timed also says, once, what its decisions are kept for (`describe`: the shape key of its inputs, and the
+keyword its result is written to). `cosmos3_kernels.autotune` measures the supported backends and keeps the fastest;
+`cosmos3_kernels.dispatch` is the gen tower's entry to it. The same shape as diffusers' attention-backend registry
+and vLLM's attention backends.
 """
 from __future__ import annotations
 
@@ -37,7 +39,33 @@ class Backend:
     rank: int = 0
 
 
+@dataclass(frozen=True)
+class OpShape:
+    """What an op's measured decision is kept for, and where it writes. `key` (the op's inputs) -> the shape after
+    (op, device): dtypes, sizes, and whatever else changes which backend is fastest; `output`: the keyword its
+    result is written to, where it takes one (timing writes a scratch tensor there, never into the inputs)."""
+
+    key: Callable[..., tuple]
+    output: str | None = None
+
+
 _OPS: dict[str, list[Backend]] = {}
+_SHAPES: dict[str, OpShape] = {}
+
+
+def describe(op: str, *, key: Callable[..., tuple], output: str | None = None) -> OpShape:
+    """Say what `op`'s decisions are kept for (`OpShape`); an op that is timed needs this once."""
+    if op in _SHAPES:
+        raise ValueError(f"op {op!r} is already described")
+    _SHAPES[op] = OpShape(key, output)
+    return _SHAPES[op]
+
+
+def shape(op: str) -> OpShape:
+    if op not in _SHAPES:
+        raise ValueError(f"op {op!r} has no shape description (registry.describe); described: "
+                         f"{', '.join(sorted(_SHAPES))}")
+    return _SHAPES[op]
 
 
 def register(op: str, name: str, *, supported: Callable[..., str | None], call: Callable[..., object],

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from cosmos3_kernels import prefix_attention as pa, registry
-from cosmos3_kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels.packed_kv import PackedKVLayout, kv_len_bucket
 
 
 def check_shared_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, source: int = 0) -> None:
@@ -232,6 +232,9 @@ def _inputs_refused(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLa
     return None
 
 
+registry.describe("shared_gen_attention", output="out",
+                  key=lambda q, kv_buffer, layout, *, scale=None: (
+                      q.dtype, tuple(q.shape), kv_buffer.shape[2], kv_len_bucket(layout.kv_len_limit)))
 registry.register("shared_gen_attention", "torch", supported=_inputs_refused, reference=True,
                   call=lambda q, kv_buffer, layout, *, scale=None, out=None, config=None:
                   shared_gen_attention_reference(q, kv_buffer, layout, scale=scale, out=out))
