@@ -66,14 +66,14 @@ def encode_decision(decision: Decision) -> dict:
             "ms": dict(decision.ms), "config": config}
 
 
-def decode_decision(record: dict, config_types: Mapping[str, type] = {}) -> Decision | None:
+def decode_decision(record: dict, config_types: Mapping[str, type] | None = None) -> Decision | None:
     """`encode_decision`'s inverse; None for a record it cannot read (another format, or a config type it lacks)."""
     try:
         if record.get("format") != DECISION_FORMAT:
             return None
         config = record.get("config")
         if isinstance(config, dict):
-            config = config_types[config["type"]](**{k: v for k, v in config.items() if k != "type"})
+            config = (config_types or {})[config["type"]](**{k: v for k, v in config.items() if k != "type"})
         ms = {str(name): float(value) for name, value in record["ms"].items()}
         return Decision(str(record["backend"]), str(record["reason"]), ms, config)
     except (AttributeError, KeyError, TypeError, ValueError):
@@ -107,14 +107,14 @@ class Autotuner:
 
     def __init__(self, *, timing: str = "graph", warmup: int = 2, iters: int = 5, store: DecisionStore | None = None,
                  free_memory: Callable[[], int] | None = None, scope: str = "",
-                 config_types: Mapping[str, type] = {}) -> None:
+                 config_types: Mapping[str, type] | None = None) -> None:
         if timing not in TIMINGS:
             raise ValueError(f"timing must be one of {TIMINGS}, got {timing!r}")
         self.timing, self.warmup, self.iters = timing, warmup, iters
         self.store = store  # measured decisions kept across processes (None: this process only)
         self.free_memory = free_memory or free_device_bytes  # bytes a candidate's timing may take
         self.scope = scope
-        self.config_types = dict(config_types)
+        self.config_types = dict(config_types or {})
         self._decisions: dict[Hashable, Decision] = {}
 
     # -- the decisions kept ---------------------------------------------------------------------------
