@@ -159,7 +159,7 @@ def op_rows(iters: int, error_rows: int, shapes: dict) -> list[dict]:
             row[name] = {"ms": ms, "tflops": flops / ms / 1e9, "rel_error": error_vs_fp32(out, q, kv, layout, error_rows),
                          "rel_error_v_offset": error_vs_fp32(path(*offset), *offset, error_rows)}
         chosen = [d for key, d in dispatch.decisions().items() if key[0] == "prefix_attention" and key[3][1] == gen]
-        row["bf16 path"] = chosen[0].path.value if chosen else None
+        row["bf16 path"] = chosen[0].backend if chosen else None
         row["speedup"] = row["bf16 (dispatch)"]["ms"] / row["FP8 (cuDNN)"]["ms"]
         if "FP8 (FA3)" in row:
             row["FA3 FP8 over cuDNN FP8"] = row["FP8 (cuDNN)"]["ms"] / row["FP8 (FA3)"]["ms"]

@@ -25,6 +25,7 @@ placed (attention alone, or every kernel).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -35,25 +36,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import e2e  # noqa: E402
 from bench.models import as_loaded_model, build_transformer, build_vae  # noqa: E402
-from cosmos3_kernels import dispatch as dsp  # noqa: E402
+from cosmos3_kernels import autotune  # noqa: E402
 
-_MEASURE = dsp.KernelDispatcher._measure
+_MEASURE = autotune.Autotuner.measure
 
 
 def _measure_preferring(path: str):
-    """A `_measure` that puts attention on `path` ("flash4", "triton"), or leaves dispatch's choice ("auto",
-    "auto-eager": timed eagerly)."""
-    def measure(self, run_triton, run_torch, run_flash4=None):
+    """An `Autotuner.measure` that puts attention (the op offering flash-attn-4) on `path` ("flash4", "triton") where
+    that backend runs, or leaves dispatch's choice ("auto", "auto-eager": timed eagerly)."""
+    def measure(self, candidates, **kwargs):
         if path == "auto-eager":
             self.timing = "eager"
-        if path == "triton" and run_flash4 is not None:
-            return _MEASURE(self, run_triton, None, None)
-        decision = _MEASURE(self, run_triton, run_torch, run_flash4)
-        if path == "flash4" and decision.flash4_ms is not None:
-            return dsp.Decision(dsp.Path.FLASH4, "bench: flash-attn-4 preferred", triton_ms=decision.triton_ms,
-                                torch_ms=decision.torch_ms, flash4_ms=decision.flash4_ms,
-                                flash4_config=decision.flash4_config)
-        return decision
+        if path in ("flash4", "triton") and "flash4" in candidates:
+            alone = _MEASURE(self, {path: candidates[path]}, **kwargs)
+            if alone.backend == path:
+                return dataclasses.replace(alone, reason=f"bench: {path} preferred")
+        return _MEASURE(self, candidates, **kwargs)
     return measure
 
 
@@ -77,14 +75,14 @@ def main(argv=None) -> int:
     def run(variant: str, profile: bool = False) -> dict:
         model.dispatchers.clear()
         model.dispatchers.update(saved[variant])
-        dsp.KernelDispatcher._measure = _measure_preferring(variant)
+        autotune.Autotuner.measure = _measure_preferring(variant)
         try:
             if profile:
                 row = e2e.profile_request(model, args.workload, log=lambda _: None, top=10)
             else:
                 row = e2e.timed_generate(model, request)
         finally:
-            dsp.KernelDispatcher._measure = _MEASURE
+            autotune.Autotuner.measure = _MEASURE
             saved[variant] = dict(model.dispatchers)
         return row
 
@@ -105,7 +103,7 @@ def main(argv=None) -> int:
     e2e.annotate_clocks(results["requests"], samples)
     for variant in variants:
         mine = sorted(r["denoise_s"] for r in results["requests"] if r["variant"] == variant)
-        paths = [(d.path.value, d.flash4_config.label if d.flash4_config else None)
+        paths = [(d.backend, d.config.label if d.backend == "flash4" and d.config else None)
                  for key, d in saved[variant]["auto"].decisions().items() if key[0] == "prefix_attention"]
         profile = results["profiles"][variant]
         results.setdefault("summary", {})[variant] = {

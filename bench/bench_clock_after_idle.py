@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     e2e.annotate_clocks(results["requests"], samples)
     dispatcher = model.dispatchers.get("auto")  # which kernel each op took, and how dispatch timed them
     results["dispatch_timing"] = getattr(dispatcher, "timing", None)
-    results["kernel_paths"] = sorted({(key[0], decision.path.value) for key, decision in
+    results["kernel_paths"] = sorted({(key[0], decision.backend) for key, decision in
                                       (dispatcher.decisions().items() if dispatcher else ())})
     for row in results["requests"]:
         print(json.dumps({k: row.get(k) for k in ("round", "position", "denoise_s", "total_s", "sm_mhz_median",

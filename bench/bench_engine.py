@@ -379,18 +379,17 @@ def main_e2e(args) -> int:
         dispatcher = model.dispatchers.get("auto")
         if dispatcher is not None:
             results.setdefault("attention_paths", {})[family] = [
-                dict(gen=key[3][1], heads=key[3][2], longest_kv=key[6], device_lengths=key[7], path=d.path.value,
-                     triton_ms=d.triton_ms,
-                     torch_ms=d.torch_ms, flash4_ms=d.flash4_ms,
-                     flash4_config=None if d.flash4_config is None else d.flash4_config.label)
+                dict(gen=key[3][1], heads=key[3][2], longest_kv=key[6], device_lengths=key[7], path=d.backend,
+                     triton_ms=d.ms.get("triton"), torch_ms=d.ms.get("torch"), flash4_ms=d.ms.get("flash4"),
+                     flash4_config=d.config.label if d.backend == "flash4" and d.config else None)
                 for key, d in dispatcher.decisions().items() if key[0] == "prefix_attention"
             ]
             log({"attention_paths": results["attention_paths"][family]})
             # What each MLP input shape got: the split path (torch), or QuACK with the activation in its epilogue.
             results.setdefault("gemm_paths", {})[family] = [
-                dict(op=key[0], x=key[3], w=key[4], activation=key[5], path=d.path.value, reason=d.reason,
-                     torch_ms=d.torch_ms, quack_ms=d.quack_ms,
-                     quack_config=None if d.quack_config is None else d.quack_config.label)
+                dict(op=key[0], x=key[3], w=key[4], activation=key[5], path=d.backend, reason=d.reason,
+                     torch_ms=d.ms.get("torch"), quack_ms=d.ms.get("quack"),
+                     quack_config=d.config.label if d.backend == "quack" and d.config else None)
                 for key, d in dispatcher.decisions().items() if key[0] == "mlp_in"
             ]
             log({"gemm_paths": results["gemm_paths"][family]})

@@ -190,16 +190,16 @@ def SharedFirstLayerEverywhere():
     why = sga.shared_unsupported(probe)
     if why is not None:
         raise RuntimeError(f"the shared first layer runs on flash-attn-4 only: {why}")
-    forced = dispatch.SharingDecision(dispatch.Path.FLASH4, "forced: the gate measures its error",
-                                      flash4_config=pa.DEFAULT_FLASH4_CONFIGS[-1])
-    minimum, choose = fast_path.SHARE_MIN_GEN_TOKENS, dispatch.KernelDispatcher.choose_shared_gen_attention
+    forced = dispatch.Decision("flash4", "forced: the gate measures its error", config=pa.DEFAULT_FLASH4_CONFIGS[-1])
+    minimum, choose = fast_path.SHARE_MIN_GEN_TOKENS, dispatch.KernelDispatcher.choose
     fast_path.SHARE_MIN_GEN_TOKENS = 0
-    dispatch.KernelDispatcher.choose_shared_gen_attention = lambda self, *a, **k: forced
+    dispatch.KernelDispatcher.choose = (
+        lambda self, op, *a, **k: forced if op == "shared_gen_attention" else choose(self, op, *a, **k))
     try:
         yield
     finally:
         fast_path.SHARE_MIN_GEN_TOKENS = minimum
-        dispatch.KernelDispatcher.choose_shared_gen_attention = choose
+        dispatch.KernelDispatcher.choose = choose
 
 
 @contextlib.contextmanager
@@ -213,14 +213,13 @@ def MLPEpilogueEverywhere():
     why = gemm.mlp_in_unsupported(probe, probe, "relu_sq")
     if why is not None:
         raise RuntimeError(f"the MLP epilogue runs on QuACK only: {why}")
-    forced = dispatch.Decision(dispatch.Path.QUACK, "forced: the gate measures its error",
-                               quack_config=gemm.DEFAULT_QUACK_CONFIGS[0])
-    choose = dispatch.KernelDispatcher.choose_mlp_in
-    dispatch.KernelDispatcher.choose_mlp_in = lambda self, *a, **k: forced
+    forced = dispatch.Decision("quack", "forced: the gate measures its error", config=gemm.DEFAULT_QUACK_CONFIGS[0])
+    choose = dispatch.KernelDispatcher.choose
+    dispatch.KernelDispatcher.choose = lambda self, op, *a, **k: forced if op == "mlp_in" else choose(self, op, *a, **k)
     try:
         yield
     finally:
-        dispatch.KernelDispatcher.choose_mlp_in = choose
+        dispatch.KernelDispatcher.choose = choose
 
 
 class AttentionInputsE4M3:

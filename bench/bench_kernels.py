@@ -460,13 +460,13 @@ def bench_dispatch(env: Env, models: dict, cases, configs) -> list[dict]:
             cos, sin = _rope(b, n, cfg["d"], dt)
             buf = layout.allocate(cfg["hkv"], cfg["d"], dtype=dt, device="cuda").normal_()
             for op, dec in (
-                ("qk_norm_rope", d.choose_qk_norm_rope(q, k, k, w, w, cos, sin, buf, layout, eps=1e-6,
-                                                       flavour=cfg["flavour"], round_norm_before_rope=True)),
-                ("prefix_attention", d.choose_prefix_attention(q, buf, layout)),
+                ("qk_norm_rope", d.choose("qk_norm_rope", q, k, k, w, w, cos, sin, buf, layout, eps=1e-6,
+                                          flavour=cfg["flavour"], round_norm_before_rope=True)),
+                ("prefix_attention", d.choose("prefix_attention", q, buf, layout)),
             ):
-                out.append(dict(model=name, gen=n, prefixes=list(prefixes), op=op, path=dec.path.value,
-                                reason=dec.reason, triton_ms=dec.triton_ms, torch_ms=dec.torch_ms,
-                                flash4_ms=dec.flash4_ms,
+                out.append(dict(model=name, gen=n, prefixes=list(prefixes), op=op, path=dec.backend,
+                                reason=dec.reason, triton_ms=dec.ms.get("triton"), torch_ms=dec.ms.get("torch"),
+                                flash4_ms=dec.ms.get("flash4"),
                                 config=asdict(dec.config) if dec.config else None))
             del q, k, buf
     return out

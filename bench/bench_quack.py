@@ -257,8 +257,8 @@ def step_rows(shapes: str, rounds: int) -> list[dict]:
 
     def describe(model) -> dict:
         dispatcher = model.dispatchers.get("auto")
-        return {"mlp_in": [dict(x=key[3], w=key[4], path=d.path.value, reason=d.reason, split_ms=d.torch_ms,
-                                quack_ms=d.quack_ms)
+        return {"mlp_in": [dict(x=key[3], w=key[4], path=d.backend, reason=d.reason, split_ms=d.ms.get("torch"),
+                                quack_ms=d.ms.get("quack"))
                            for key, d in (dispatcher.decisions().items() if dispatcher else ()) if key[0] == "mlp_in"]}
 
     return step_ab_rows(shapes, rounds, {"split": tower(False), "MLP epilogue": tower(True),

@@ -107,8 +107,8 @@ def step_rows(shapes: str, rounds: int) -> list[dict]:
     def describe(model) -> dict:
         dispatch = model.dispatchers.get("auto")
         return {"dispatch": [
-            dict(key=str(k), path=None if d.path is None else d.path.value, reason=d.reason, shared_ms=d.shared_ms,
-                 regular_ms=d.regular_ms, config=None if d.flash4_config is None else d.flash4_config.label)
+            dict(key=str(k), path=d.backend, reason=d.reason, shared_ms=d.ms.get("flash4"),
+                 regular_ms=d.ms.get("regular"), config=d.config.label if d.config else None)
             for k, d in (dispatch.decisions().items() if dispatch else ()) if k[0] == "shared_gen_attention"]}
 
     return step_ab_rows(shapes, rounds, {"one call": tower(False), "shared": tower(True)}, describe=describe)

@@ -50,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cosmos3_kernels import registry
 from cosmos3_kernels.packed_kv import PackedKVLayout
 from cosmos3_kernels.prefix_attention import check_prefix_attention_inputs
 
@@ -375,3 +376,9 @@ def sdpa_fp8_graph(cudnn, handle, n_q: int, n_kv: int, hq: int, hk: int, head_di
     amax_o.set_output(True).set_data_type(f32).set_dim(one["dim"]).set_stride(one["stride"])
     tensors["o"], tensors["amax_o"] = o, amax_o  # descale_o is ours (the dequantisation reads it), not cuDNN's
     return graph, tensors
+
+
+# The op "attention_fp8" (cosmos3_kernels.registry): a runner (`CudnnFP8Attention`) for a device, chosen by rank
+# (`cosmos3_kernels.dispatch.choose_fp8_attention`); cuDNN's ranks after FA3's (attention_fp8_fa3 says why).
+registry.register("attention_fp8", "cudnn", supported=lambda device: unavailable(device), rank=1,
+                  call=lambda centred=True: CudnnFP8Attention(centred=centred))

@@ -36,6 +36,7 @@ import triton.language as tl
 
 from cosmos3_kernels.attention_fp8 import (E4M3_MAX, HEAD_DIMS, _branch_operands, check_fp8_call,
                                    prefix_attention_fp8_reference, quantize_e4m3)
+from cosmos3_kernels import registry
 from cosmos3_kernels.packed_kv import PackedKVLayout
 
 FA3_DISTRIBUTION = "fa3-fwd"
@@ -181,3 +182,14 @@ class FA3FP8Attention:
             return result
         out.copy_(result)
         return out
+
+
+# The op "attention_fp8" (cosmos3_kernels.registry): a runner for a device, chosen by rank, not timed per shape
+# (`cosmos3_kernels.dispatch.choose_fp8_attention`). FA3's ranks first, as measured on one H200 (Nano's heads, both
+# CFG branches, quantisation included; docs/perf-log/2026-12-02.md, "One FP8 attention kernel at every length"): it
+# took 3.6-12.8% less time than cuDNN's FP8 SDPA (which on Hopper also rounds its output to e4m3) in each of 15 rows,
+# three runs, 11 lengths from 4096 to 44160 gen tokens per branch (720p/189f: 70.4 against 79.6 ms; 480p/121f: 6.80
+# against 7.05), and a 480p/121f FP8 step took 639 and 630 ms against 668 and 663 (bench_engine.py --fp8-step
+# 832x480x121 --fp8-attention fa3,cudnn,fa3,cudnn). `pack_gqa`: None leaves it to FA3's heuristic.
+registry.register("attention_fp8", "fa3", supported=lambda device: unavailable(device), rank=0,
+                  call=lambda centred=True, pack_gqa=PACK_GQA: FA3FP8Attention(centred=centred, pack_gqa=pack_gqa))

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from cosmos3_kernels import registry
 from cosmos3_kernels.optional import warn_if_installed
 
 QUACK_ENV_VAR = "COSMOS3_QUACK"
@@ -149,3 +150,26 @@ def mlp_in_quack(x: torch.Tensor, w: torch.Tensor, activation: str, *,
     gemm_act(x, w.T, activation=activation, postact_out=out, store_preact=False, tuned=False,
              config=_library_config(config), **extra)
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Backends (cosmos3_kernels.registry)
+# --------------------------------------------------------------------------------------------------
+def mlp_in_split(x: torch.Tensor, w: torch.Tensor, activation: str, *, swiglu=None, relu2=None,
+                 config=None) -> torch.Tensor:
+    """The split path: cuBLAS's GEMM, rounded, then the activation's own pass, which rounds as diffusers' ops do
+    (`swiglu(gate, up)`, `relu2(y)`: the dispatcher passes its own, dispatched in turn; default the references)."""
+    y = F.linear(x, w)
+    if activation == "swiglu":
+        half = y.shape[-1] // 2
+        return (swiglu or (lambda gate, up: F.silu(gate) * up))(y[:, :half], y[:, half:])
+    return (relu2 or (lambda t: torch.relu(t).square()))(y)
+
+
+registry.describe("mlp_in", key=lambda x, w, activation: (x.dtype, tuple(x.shape), tuple(w.shape), activation))
+registry.register("mlp_in", "torch", supported=lambda x, w, activation, **kwargs: None, call=mlp_in_split,
+                  reference=True)
+# Never forced: the epilogue is a library's kernel, not one of ours.
+registry.register("mlp_in", "quack", supported=lambda x, w, activation, **kwargs: mlp_in_unsupported(x, w, activation),
+                  call=lambda x, w, activation, *, config=None, **kwargs: mlp_in_quack(x, w, activation, config=config),
+                  configs="quack", library=True, forcible=False)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from cosmos3_kernels import registry
 from cosmos3_kernels.qk_norm_rope import FLAVOURS, _round_to, rms_norm_reference
 
 
@@ -173,3 +174,52 @@ def relu2(x: torch.Tensor, *, block: int = 2048) -> torch.Tensor:
         x2, o2, n_cols, x2.stride(0), o2.stride(0), BLOCK=block, num_warps=4,
     )
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Backends (cosmos3_kernels.registry): the references widen to fp32, a few fp32 copies of the input at their peak;
+# the kernels write their outputs only.
+# --------------------------------------------------------------------------------------------------
+def _layout_refused(x: torch.Tensor, *more: torch.Tensor | None) -> str | None:
+    if x.dtype in _ACT_DTYPES and all(t is None or t.stride(-1) == 1 for t in (x, *more)):
+        return None
+    return f"dtype {x.dtype} or layout (last dim must be contiguous)"
+
+
+def _add_rms_norm_refused(x, residual, weight, *, eps, flavour="diffusers"):
+    why = _layout_refused(x, residual)
+    if why is None and flavour != "nemotron" and weight.dtype != x.dtype:
+        why = f"dtype {x.dtype} or layout (last dim must be contiguous)"
+    return why
+
+
+def _always(*args, **kwargs) -> None:
+    return None
+
+
+def _kernel_bytes(x, *args, **kwargs) -> int:
+    return 2 * x.numel() * x.element_size()
+
+
+def _reference_bytes(x, *args, **kwargs) -> int:
+    return 12 * x.numel()
+
+
+registry.describe("add_rms_norm", key=lambda x, residual, weight, *, eps, flavour="diffusers": (
+    x.dtype, tuple(x.shape), residual is None, flavour))
+registry.describe("swiglu", key=lambda gate, up: (gate.dtype, tuple(gate.shape)))
+registry.describe("relu2", key=lambda x: (x.dtype, tuple(x.shape)))
+registry.register("add_rms_norm", "torch", supported=_always, reference=True, need_bytes=_reference_bytes,
+                  call=lambda x, residual, weight, *, eps, flavour="diffusers", config=None:
+                  add_rms_norm_reference(x, residual, weight, eps, flavour))
+registry.register("add_rms_norm", "triton", supported=_add_rms_norm_refused, need_bytes=_kernel_bytes,
+                  call=lambda x, residual, weight, *, eps, flavour="diffusers", config=None:
+                  add_rms_norm(x, residual, weight, eps=eps, flavour=flavour))
+registry.register("swiglu", "torch", supported=_always, reference=True, need_bytes=_reference_bytes,
+                  call=lambda gate, up, *, config=None: swiglu_reference(gate, up))
+registry.register("swiglu", "triton", supported=lambda gate, up: _layout_refused(gate, up), need_bytes=_kernel_bytes,
+                  call=lambda gate, up, *, config=None: swiglu(gate, up))
+registry.register("relu2", "torch", supported=_always, reference=True, need_bytes=_reference_bytes,
+                  call=lambda x, *, config=None: relu2_reference(x))
+registry.register("relu2", "triton", supported=lambda x: _layout_refused(x), need_bytes=_kernel_bytes,
+                  call=lambda x, *, config=None: relu2(x))

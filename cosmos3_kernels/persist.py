@@ -42,7 +42,7 @@ KEYED_SWITCHES = ("COSMOS3_FLASH4", "COSMOS3_QUACK")
 # The libraries whose kernels dispatch times (their versions key the stored decisions).
 KEYED_PACKAGES = ("triton", "flash-attn-4", "quack-kernels", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend",
                   "torchao", "mslk-cuda", "fa3-fwd")
-STORE_VERSION = 1
+STORE_VERSION = 2  # 2: decisions are generic records (a backend name and its times), `cosmos3_kernels.autotune`
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path | None:

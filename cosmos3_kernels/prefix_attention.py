@@ -22,8 +22,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from cosmos3_kernels import registry
 from cosmos3_kernels.optional import installed, warn_if_installed
-from cosmos3_kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels.packed_kv import PackedKVLayout, kv_len_bucket
 
 try:  # host-side TMA descriptors (Triton >= 3.3); the pointer path below works without them
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -476,3 +477,43 @@ def prefix_attention_flash4(
         return o.view(batch, n_gen, hq, head_dim)
     out.copy_(o.view(batch, n_gen, hq, head_dim))
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Backends (cosmos3_kernels.registry), in the op's order: a tie in time keeps SDPA
+# --------------------------------------------------------------------------------------------------
+def _inputs_refused(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, **kwargs) -> str | None:
+    try:
+        check_prefix_attention_inputs(q, kv_buffer, layout)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _sdpa_refused(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, **kwargs) -> str | None:
+    # SDPA slices each branch by host integers, which a step graph's replay for another prompt would not change.
+    return ("slices each branch by host lengths, and the lengths are on the device (a kernel that reads them there "
+            "must run: Triton's or flash-attn-4's)" if layout.lengths is not None else None)
+
+
+def _flash4_refused(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, **kwargs) -> str | None:
+    return _inputs_refused(q, kv_buffer, layout) or flash4_unsupported(q)
+
+
+# Prefix lengths change with every prompt: the longest key run is bucketed by powers of two, so a new prompt re-uses
+# the measurement of a similar one.
+registry.describe("prefix_attention", output="out",
+                  key=lambda q, kv_buffer, layout, *, scale=None: (
+                      q.dtype, tuple(q.shape), kv_buffer.shape[2], layout.uniform_prefix,
+                      kv_len_bucket(layout.kv_len_limit), layout.lengths is not None))
+registry.register("prefix_attention", "torch", supported=_sdpa_refused, reference=True,
+                  # SDPA's output and the copies of its transposed operands: about three times q.
+                  need_bytes=lambda q, *args, **kwargs: 3 * q.numel() * q.element_size(),
+                  call=lambda q, kv_buffer, layout, *, scale=None, out=None, config=None:
+                  prefix_attention_reference(q, kv_buffer, layout, scale=scale, out=out))
+registry.register("prefix_attention", "triton", supported=_inputs_refused, configs="attention",
+                  call=lambda *args, **kwargs: prefix_attention(*args, **kwargs))
+registry.register("prefix_attention", "flash4", supported=_flash4_refused,
+                  call=lambda *args, **kwargs: prefix_attention_flash4(*args, **kwargs),
+                  configs="flash4", fit_configs=lambda configs, q, *args, **kwargs: flash4_configs_for(q, configs),
+                  library=True, forcible=False)

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cosmos3_kernels import registry
 from cosmos3_kernels.packed_kv import PackedKVLayout
 
 FLAVOURS = ("diffusers", "nemotron")
@@ -532,3 +533,53 @@ def qk_norm_rope_pack(
         REDUCE_ORDER=int(reduce_order), num_warps=num_warps,
     )
     return q_out
+
+
+# --------------------------------------------------------------------------------------------------
+# Backends (cosmos3_kernels.registry)
+# --------------------------------------------------------------------------------------------------
+def rounding_refused(head_dim: int, device: torch.device) -> str | None:
+    """None where the kernel's bit-exact rounding applies on this CUDA device, else why not: it adds the variance
+    in PyTorch's order, verified at head_dim 128, and needs this build's order to be one it reproduces."""
+    if head_dim != 128:
+        return f"bit-exact rounding is verified for head_dim 128 only, got {head_dim}"
+    if torch_reduce_order(device) is None:
+        return "this PyTorch build reduces in an order the kernel does not reproduce"
+    return None
+
+
+def _kernel_refused(q, k, v, q_weight, k_weight, cos, sin, kv_buffer, layout, *, eps, flavour="diffusers",
+                    round_norm_before_rope=False, q_out=None) -> str | None:
+    try:
+        check_qk_norm_rope_inputs(q, k, v, q_weight, k_weight, cos, sin, kv_buffer, layout, flavour)
+    except ValueError as err:
+        return str(err)
+    if round_norm_before_rope and q.device.type == "cuda" and not torch.compiler.is_compiling():
+        return rounding_refused(q.shape[-1], q.device)
+    return None
+
+
+def _reference_refused(*args, **kwargs) -> str | None:
+    layout = args[8]
+    return ("writes k and v at host offsets, and the lengths are on the device (the Triton kernel reads them there)"
+            if layout.lengths is not None else None)
+
+
+def _run_reference(*args, eps, flavour="diffusers", round_norm_before_rope=False, q_out=None, config=None):
+    return qk_norm_rope_pack_reference(*args, eps=eps, flavour=flavour, q_out=q_out)
+
+
+def _run_kernel(*args, eps, flavour="diffusers", round_norm_before_rope=False, q_out=None, config=None):
+    return qk_norm_rope_pack(*args, eps=eps, flavour=flavour, round_norm_before_rope=round_norm_before_rope,
+                             q_out=q_out)
+
+
+# The reference norms and rotates q and k in fp32 and bf16 temporaries: ~16 bytes an element at its peak.
+registry.describe("qk_norm_rope", output="q_out",
+                  key=lambda q, k, v, q_weight, k_weight, cos, sin, kv_buffer, layout, *, eps, flavour="diffusers",
+                  round_norm_before_rope=False: (q.dtype, tuple(q.shape), k.shape[2], flavour,
+                                                 bool(round_norm_before_rope), cos.dim() == 3 and cos.shape[0] > 1,
+                                                 layout.lengths is not None))
+registry.register("qk_norm_rope", "torch", supported=_reference_refused, call=_run_reference, reference=True,
+                  need_bytes=lambda q, k, *args, **kwargs: 16 * (q.numel() + k.numel()))
+registry.register("qk_norm_rope", "triton", supported=_kernel_refused, call=_run_kernel)

@@ -30,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from cosmos3_kernels import prefix_attention as pa
-from cosmos3_kernels.packed_kv import PackedKVLayout
+from cosmos3_kernels import prefix_attention as pa, registry
+from cosmos3_kernels.packed_kv import PackedKVLayout, kv_len_bucket
 
 
 def check_shared_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, source: int = 0) -> None:
@@ -218,3 +218,30 @@ def shared_gen_attention_flash4(q: torch.Tensor, kv_buffer: torch.Tensor, layout
     """The op on the GPU: flash-attn-4's parts, then the Triton combine; [B, N, Hq, D]."""
     o_parts, lse_parts = partials_flash4(q, kv_buffer, layout, source=source, scale=scale, config=config)
     return combine(o_parts, lse_parts, out)
+
+
+# --------------------------------------------------------------------------------------------------
+# Backends (cosmos3_kernels.registry). Not shared at all ("regular": the one-call `prefix_attention`) is the
+# dispatcher's third choice, timed by that op's own decision.
+# --------------------------------------------------------------------------------------------------
+def _inputs_refused(q: torch.Tensor, kv_buffer: torch.Tensor, layout: PackedKVLayout, **kwargs) -> str | None:
+    try:
+        check_shared_inputs(q, kv_buffer, layout)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+registry.describe("shared_gen_attention", output="out",
+                  key=lambda q, kv_buffer, layout, *, scale=None: (
+                      q.dtype, tuple(q.shape), kv_buffer.shape[2], kv_len_bucket(layout.kv_len_limit)))
+registry.register("shared_gen_attention", "torch", supported=_inputs_refused, reference=True,
+                  call=lambda q, kv_buffer, layout, *, scale=None, out=None, config=None:
+                  shared_gen_attention_reference(q, kv_buffer, layout, scale=scale, out=out))
+registry.register("shared_gen_attention", "flash4",
+                  supported=lambda q, kv_buffer, layout, **kwargs: _inputs_refused(q, kv_buffer, layout)
+                  or shared_unsupported(q),
+                  call=lambda q, kv_buffer, layout, *, scale=None, out=None, config=None:
+                  shared_gen_attention_flash4(q, kv_buffer, layout, scale=scale, out=out, config=config),
+                  configs="flash4", fit_configs=lambda configs, q, *args, **kwargs: pa.flash4_configs_for(q, configs),
+                  library=True, forcible=False)

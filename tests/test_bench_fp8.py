@@ -58,16 +58,17 @@ def test_mlp_epilogue_patch_forces_quack_where_it_can_run_and_refuses_where_it_c
     from bench.bench_fp8 import MLPEpilogueEverywhere
     from cosmos3_kernels import dispatch, gemm
 
-    original = dispatch.KernelDispatcher.choose_mlp_in
+    original = dispatch.KernelDispatcher.choose
     with pytest.raises(RuntimeError, match="the MLP epilogue runs on QuACK only: device cpu"):
         with MLPEpilogueEverywhere():
             pass
-    assert dispatch.KernelDispatcher.choose_mlp_in is original
+    assert dispatch.KernelDispatcher.choose is original
     monkeypatch.setattr(gemm, "mlp_in_unsupported", lambda *a: None)  # as on a Hopper GPU with QuACK
     with MLPEpilogueEverywhere():
-        decision = dispatch.KernelDispatcher().choose_mlp_in(None, None, "swiglu")
-        assert decision.path is dispatch.Path.QUACK and decision.quack_config == gemm.DEFAULT_QUACK_CONFIGS[0]
-    assert dispatch.KernelDispatcher.choose_mlp_in is original
+        decision = dispatch.KernelDispatcher().choose("mlp_in", None, None, "swiglu")
+        assert (decision.backend, decision.config) == ("quack", gemm.DEFAULT_QUACK_CONFIGS[0])
+        assert dispatch.KernelDispatcher("torch").choose("swiglu", torch.ones(2, 2), torch.ones(2, 2)).reason == "forced"
+    assert dispatch.KernelDispatcher.choose is original
 
 
 def test_tower_inputs_bench_captures_every_layer_and_measures_both_ways(monkeypatch, tmp_path):

@@ -223,29 +223,30 @@ def test_uint8_decode_equals_the_exact_decode_on_cuda(edge):
 def test_whole_step_graphs_with_flash4_attention_equal_the_eager_fast_loop(edge, monkeypatch):
     """flash-attn-4 captured inside the step graph: dispatch is made to prefer it wherever it is offered, at a
     graphed shape (640x640 T2I, both branch counts), and the replayed graphs must equal the eager loop."""
-    from cosmos3_kernels import dispatch as dsp, prefix_attention as pa
+    import dataclasses
+
+    from cosmos3_kernels import autotune, prefix_attention as pa
 
     missing = pa.flash4_unsupported(torch.empty(1, 1, 1, 128, dtype=torch.bfloat16, device="cuda"))
     if missing is not None:
         pytest.skip(f"flash-attn-4: {missing}")
-    measure = dsp.KernelDispatcher._measure
+    measure = autotune.Autotuner.measure
 
-    def prefer_flash4(self, run_triton, run_torch, run_flash4=None):
-        decision = measure(self, run_triton, run_torch, run_flash4)
-        if decision.flash4_ms is None:
-            return decision
-        return dsp.Decision(dsp.Path.FLASH4, "test: flash-attn-4 preferred", triton_ms=decision.triton_ms,
-                            torch_ms=decision.torch_ms, flash4_ms=decision.flash4_ms,
-                            flash4_config=decision.flash4_config)
+    def prefer_flash4(self, candidates, **kwargs):  # the attention's flash-attn-4 configs alone, where one runs
+        if "flash4" in candidates:
+            alone = measure(self, {"flash4": candidates["flash4"]}, **kwargs)
+            if alone.backend == "flash4":
+                return dataclasses.replace(alone, reason="test: flash-attn-4 preferred")
+        return measure(self, candidates, **kwargs)
 
-    monkeypatch.setattr(dsp.KernelDispatcher, "_measure", prefer_flash4)
+    monkeypatch.setattr(autotune.Autotuner, "measure", prefer_flash4)
     saved = {name: edge.dispatchers.pop(name) for name in ("auto", "whole_step") if name in edge.dispatchers}
     try:
         request = dict(mode="t2i", prompt="A lighthouse keeper at dusk. " * 40, negative_prompt="blurry, low quality",
                        seed=5, steps=16, width=640, height=640, guidance_interval=[400, 1000])
         eager = _generate(edge, request, whole=False)
-        paths = {d.path for key, d in edge.dispatchers["auto"].decisions().items() if key[0] == "prefix_attention"}
-        assert paths == {dsp.Path.FLASH4}, paths
+        paths = {d.backend for key, d in edge.dispatchers["auto"].decisions().items() if key[0] == "prefix_attention"}
+        assert paths == {"flash4"}, paths
         graphed = _generate(edge, request, whole=True, lengths_on_device=False)
         step = next(iter(edge.dispatchers["whole_step"].values()))
         assert step.use_graphs and step.captured_counts == {1, 2}, "both branch counts captured"
@@ -261,9 +262,9 @@ def test_whole_step_graphs_with_flash4_attention_equal_the_eager_fast_loop(edge,
         assert len(edge.dispatchers["whole_step"]) == 1
         edge.dispatchers.pop("whole_step")
         fresh = _generate(edge, second, whole=True)
-        paths = {d.path for key, d in edge.dispatchers["auto"].decisions().items()
+        paths = {d.backend for key, d in edge.dispatchers["auto"].decisions().items()
                  if key[0] == "prefix_attention" and key[-1]}
-        assert paths == {dsp.Path.FLASH4}, paths
+        assert paths == {"flash4"}, paths
         diff = np.abs(replayed.frames.astype(int) - fresh.frames.astype(int)).max()
         print(f"flash-attn-4, lengths on the device: kept step at a new length vs a fresh capture: max diff {diff}")
         assert diff == 0

@@ -2,13 +2,14 @@
 import pytest
 import torch
 
-from cosmos3_kernels import dispatch as dsp
+from cosmos3_kernels import autotune, dispatch as dsp
 from cosmos3_kernels import prefix_attention as pa
 from cosmos3_kernels import qk_norm_rope as qk
 from cosmos3_kernels.packed_kv import PackedKVLayout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+INTERPRET = DEVICE == "cpu"  # tests/conftest.py turns Triton's interpreter on there
 
 
 def _qk_args(d=16, hq=4, hkv=2, n=8, prefixes=(3, 5), dtype=torch.bfloat16):
@@ -24,41 +25,40 @@ def _qk_args(d=16, hq=4, hkv=2, n=8, prefixes=(3, 5), dtype=torch.bfloat16):
     return (q, k, v, qw, kw, ang.cos().to(dtype), ang.sin().to(dtype), buf, layout)
 
 
-def test_mode_is_validated_and_read_from_env(monkeypatch):
-    with pytest.raises(ValueError, match="mode"):
+def test_mode_and_timing_are_validated_and_never_read_from_the_environment(monkeypatch):
+    with pytest.raises(ValueError, match="mode must be one of .*got 'fast'"):
         dsp.KernelDispatcher("fast")
+    with pytest.raises(ValueError, match="timing must be one of .*'graph', 'eager'.*got 'replay'"):
+        dsp.KernelDispatcher("auto", timing="replay")
+    # The settings are the constructor's: the variables the engine reads them from change nothing here.
     monkeypatch.setenv(dsp.ENV_VAR, "torch")
-    assert dsp.KernelDispatcher.from_env().mode == "torch"
-    monkeypatch.delenv(dsp.ENV_VAR)
-    assert dsp.KernelDispatcher.from_env().mode == "auto"
+    monkeypatch.setenv(dsp.TIMING_ENV_VAR, "eager")
+    d = dsp.KernelDispatcher()
+    assert (d.mode, d.timing, d.interpret) == ("auto", "graph", False)
+    assert dsp.KernelDispatcher("torch", timing="eager").timing == "eager"
 
 
 def test_candidates_are_timed_as_graph_replays_unless_eager_is_asked_for(monkeypatch):
     from cosmos3_kernels.timing import Timing
 
     asked = []
-    monkeypatch.setattr(dsp, "time_ms", lambda fn, **kw: asked.append(kw) or Timing((1.0,)))
-    dsp.KernelDispatcher("auto")._measure({None: lambda: None}, lambda: None)
+    monkeypatch.setattr(autotune, "time_ms", lambda fn, **kw: asked.append(kw) or Timing((1.0,)))
+    both = {"torch": {None: lambda: None}, "triton": {None: lambda: None}}
+    dsp.KernelDispatcher("auto").tuner.measure(both)
     assert [kw["graphed"] for kw in asked] == [True, True]  # the PyTorch path and the kernel alike
     asked.clear()
-    dsp.KernelDispatcher("auto", timing="eager")._measure({None: lambda: None}, lambda: None)
+    dsp.KernelDispatcher("auto", timing="eager").tuner.measure(both)
     assert [(kw["graphed"], kw["inner"]) for kw in asked] == [(False, 1), (False, 1)]
-    with pytest.raises(ValueError, match="timing must be one of .*'graph', 'eager'.*got 'replay'"):
-        dsp.KernelDispatcher("auto", timing="replay")
-    monkeypatch.setenv(dsp.TIMING_ENV_VAR, "eager")
-    assert dsp.KernelDispatcher.from_env().timing == "eager"
-    monkeypatch.delenv(dsp.TIMING_ENV_VAR)
-    assert dsp.KernelDispatcher.from_env().timing == "graph"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU rule")
 def test_cpu_auto_takes_the_torch_path_and_caches_nothing():
     d = dsp.KernelDispatcher("auto")
     args = _qk_args()
-    decision = d.choose_qk_norm_rope(*args, eps=1e-6)
-    assert decision.path is dsp.Path.TORCH and "device cpu" in decision.reason
+    decision = d.choose("qk_norm_rope", *args, eps=1e-6)
+    assert decision.backend == "torch" and "device cpu" in decision.reason
     q, buf, layout = args[0], args[7], args[8]
-    assert d.choose_prefix_attention(q, buf, layout).path is dsp.Path.TORCH
+    assert d.choose("prefix_attention", q, buf, layout).backend == "torch"
     out = d.qk_norm_rope_pack(*args, eps=1e-6, round_norm_before_rope=True)
     assert torch.equal(out, qk.qk_norm_rope_pack_reference(*args, eps=1e-6))
     assert d.decisions() == {}
@@ -66,15 +66,15 @@ def test_cpu_auto_takes_the_torch_path_and_caches_nothing():
 
 def test_forced_paths():
     args = _qk_args()
-    assert dsp.KernelDispatcher("torch").choose_qk_norm_rope(*args, eps=1e-6).reason == "forced"
-    forced = dsp.KernelDispatcher("triton")
-    decision = forced.choose_qk_norm_rope(*args, eps=1e-6)
-    assert decision.path is dsp.Path.TRITON and decision.reason == "forced"
+    assert dsp.KernelDispatcher("torch").choose("qk_norm_rope", *args, eps=1e-6).reason == "forced"
+    forced = dsp.KernelDispatcher("triton", interpret=INTERPRET)
+    decision = forced.choose("qk_norm_rope", *args, eps=1e-6)
+    assert decision.backend == "triton" and decision.reason == "forced"
     # Forced Triton still respects capability: attention has no fp32 kernel.
     q32 = torch.randn(2, 8, 4, 16, device=DEVICE)
     buf32 = args[8].allocate(2, 16, dtype=torch.float32, device=DEVICE)
-    fp32 = forced.choose_prefix_attention(q32, buf32, args[8])
-    assert fp32.path is dsp.Path.TORCH and fp32.reason.startswith("unsupported")
+    fp32 = forced.choose("prefix_attention", q32, buf32, args[8])
+    assert fp32.backend == "torch" and fp32.reason.startswith("unsupported")
 
 
 def test_forced_paths_compute_the_same_op():
@@ -84,7 +84,7 @@ def test_forced_paths_compute_the_same_op():
     weight = torch.rand(64, dtype=torch.bfloat16, device=DEVICE) + 0.5
     results = {}
     for mode in ("triton", "torch"):
-        d = dsp.KernelDispatcher(mode)
+        d = dsp.KernelDispatcher(mode, interpret=INTERPRET)
         kv = buf.clone()  # each op gets the same inputs in both modes; nothing chains
         q_rot = d.qk_norm_rope_pack(*args[:7], kv, layout, eps=1e-6, flavour="nemotron")
         out = d.prefix_attention(q, buf, layout)
@@ -98,10 +98,10 @@ def test_compiling_takes_the_split_path(monkeypatch):
     """Under torch.compile tracing even a forced Triton dispatcher must use the split path."""
     args = _qk_args()
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    d = dsp.KernelDispatcher("triton")
-    decision = d.choose_qk_norm_rope(*args, eps=1e-6)
-    assert decision.path is dsp.Path.TORCH and decision.reason.startswith("compiling")
-    assert d.choose_prefix_attention(args[0], args[7], args[8]).path is dsp.Path.TORCH
+    d = dsp.KernelDispatcher("triton", interpret=INTERPRET)
+    decision = d.choose("qk_norm_rope", *args, eps=1e-6)
+    assert decision.backend == "torch" and decision.reason.startswith("compiling")
+    assert d.choose("prefix_attention", args[0], args[7], args[8]).backend == "torch"
 
 
 def test_torch_compile_runs_the_split_path(monkeypatch):
@@ -111,7 +111,7 @@ def test_torch_compile_runs_the_split_path(monkeypatch):
         raise AssertionError("the Triton wrapper ran inside torch.compile")
 
     monkeypatch.setattr(qk, "qk_norm_rope_pack", boom)
-    d = dsp.KernelDispatcher("triton")
+    d = dsp.KernelDispatcher("triton", interpret=INTERPRET)
     buf_ref = args[7].clone()
     ref = qk.qk_norm_rope_pack_reference(*args[:7], buf_ref, args[8], eps=1e-6)
 
@@ -129,29 +129,36 @@ def test_measure_keeps_the_fastest_of_torch_triton_and_flash4(monkeypatch):
     from cosmos3_kernels.timing import Timing
 
     ms = {}
-    monkeypatch.setattr(dsp, "time_ms", lambda fn, **kw: Timing((ms[fn],)))
-    d = dsp.KernelDispatcher("auto")
+    monkeypatch.setattr(autotune, "time_ms", lambda fn, **kw: Timing((ms[fn],)))
+    tuner = dsp.KernelDispatcher("auto").tuner
     run_torch, run_triton = (lambda: "torch"), (lambda: "triton")
     lib, wide = pa.Flash4Config(), pa.Flash4Config(128, 176, pack_gqa=False)
     run_lib, run_wide = (lambda: "flash4 lib"), (lambda: "flash4 128x176")
     flash4 = {lib: run_lib, wide: run_wide}
     ms.update({run_torch: 2.0, run_triton: 1.5, run_lib: 1.0, run_wide: 0.9})
-    won = d._measure({"cfg": run_triton}, run_torch, flash4)
-    assert (won.path, won.flash4_ms, won.flash4_config, won.triton_ms, won.torch_ms, won.config) == (
-        dsp.Path.FLASH4, 0.9, wide, 1.5, 2.0, "cfg")  # the fastest flash-attn-4 config, not the first
+
+    def measure(flash4_configs=None, triton=None):
+        candidates = {"torch": {None: run_torch}, "triton": triton or {"cfg": run_triton}}
+        if flash4_configs is not None:
+            candidates["flash4"] = flash4_configs
+        return tuner.measure(candidates, tolerant=frozenset({"flash4"}))
+
+    won = measure(flash4)
+    assert (won.backend, won.config, won.ms) == ("flash4", wide, {"torch": 2.0, "triton": 1.5, "flash4": 0.9})
+    assert won.chosen_ms == 0.9  # the fastest flash-attn-4 config, not the first
     ms[run_wide] = 1.2
-    assert d._measure({"cfg": run_triton}, run_torch, flash4).flash4_config == lib
+    assert measure(flash4).config == lib
     ms[run_wide] = 1.0
-    assert d._measure({"cfg": run_triton}, run_torch, flash4).flash4_config == lib  # a tie keeps the first listed
+    assert measure(flash4).config == lib  # a tie keeps the first listed
     ms.update({run_lib: 3.0, run_wide: 3.0})
-    assert d._measure({"cfg": run_triton}, run_torch, flash4).path is dsp.Path.TRITON
-    assert d._measure({"cfg": run_triton}, run_torch).flash4_ms is None  # not offered: not timed
-    assert d._measure({"cfg": run_triton}, run_torch, {}).flash4_ms is None  # no configs: not timed
+    assert (measure(flash4).backend, measure(flash4).config) == ("triton", "cfg")
+    assert "flash4" not in measure().ms  # not offered: not timed
+    assert "flash4" not in measure({}).ms  # no configs: not timed
     # The fused elementwise and QK kernels have one launch config, keyed None: it is still timed and can win.
-    single = d._measure({None: run_triton}, run_torch)
-    assert (single.path, single.triton_ms, single.config) == (dsp.Path.TRITON, 1.5, None)
+    single = measure(triton={None: run_triton})
+    assert (single.backend, single.chosen_ms, single.config) == ("triton", 1.5, None)
     ms.update({run_triton: 2.0, run_lib: 2.0})
-    assert d._measure({"cfg": run_triton}, run_torch, flash4).path is dsp.Path.TORCH  # a tie keeps PyTorch
+    assert measure(flash4).backend == "torch"  # a tie keeps PyTorch, listed first
 
 
 def test_a_flash4_config_that_fails_to_build_is_left_out_not_fatal(monkeypatch, caplog):
@@ -162,16 +169,21 @@ def test_a_flash4_config_that_fails_to_build_is_left_out_not_fatal(monkeypatch, 
 
     run_torch, run_triton, run_lib = (lambda: "torch"), (lambda: "triton"), (lambda: "flash4 lib")
     ms = {run_torch: 2.0, run_triton: 1.5, run_lib: 1.0}
-    monkeypatch.setattr(dsp, "time_ms", lambda fn, **kw: Timing((ms[fn],)) if fn in ms else fn())
-    d = dsp.KernelDispatcher("auto")
+    monkeypatch.setattr(autotune, "time_ms", lambda fn, **kw: Timing((ms[fn],)) if fn in ms else fn())
+    tuner = dsp.KernelDispatcher("auto").tuner
     wide = pa.Flash4Config(192, 128, pack_gqa=False, mma_pv_is_rs=False, sm=9)
-    won = d._measure({"cfg": run_triton}, run_torch, {wide: broken, pa.Flash4Config(): run_lib})
-    assert (won.path, won.flash4_config, won.flash4_ms) == (dsp.Path.FLASH4, pa.Flash4Config(), 1.0)
+
+    def measure(flash4_configs, triton=run_triton):
+        return tuner.measure({"torch": {None: run_torch}, "triton": {"cfg": triton}, "flash4": flash4_configs},
+                             tolerant=frozenset({"flash4"}))
+
+    won = measure({wide: broken, pa.Flash4Config(): run_lib})
+    assert (won.backend, won.config, won.chosen_ms) == ("flash4", pa.Flash4Config(), 1.0)
     assert "launch shared memory" in caplog.text
-    none = d._measure({"cfg": run_triton}, run_torch, {wide: broken})
-    assert (none.path, none.flash4_ms, none.flash4_config) == (dsp.Path.TRITON, None, None)
+    none = measure({wide: broken})
+    assert (none.backend, none.reason, "flash4" in none.ms) == ("triton", "measured", False)
     with pytest.raises(RuntimeError):  # our own Triton configs are not excused
-        d._measure({"cfg": broken}, run_torch)
+        measure({}, triton=broken)
 
 
 def test_flash4_configs_are_offered_where_they_were_measured_and_can_be_passed():
@@ -190,8 +202,7 @@ def test_a_flash4_decision_runs_flash4_with_its_config(monkeypatch):
     buf = torch.randn(2, layout.total_rows, 2, 16, dtype=torch.bfloat16)
     d = dsp.KernelDispatcher("auto")
     wide = pa.Flash4Config(128, 176, pack_gqa=False)
-    monkeypatch.setattr(d, "choose_prefix_attention",
-                        lambda *a, **k: dsp.Decision(dsp.Path.FLASH4, "measured", flash4_config=wide))
+    monkeypatch.setattr(d, "choose", lambda op, *a, **k: dsp.Decision("flash4", "measured", config=wide))
     monkeypatch.setattr(pa, "prefix_attention_flash4", lambda *a, **k: ("flash4 ran", k["config"]))
     assert d.prefix_attention(q, buf, layout) == ("flash4 ran", wide)
 
@@ -201,18 +212,18 @@ def test_a_flash4_decision_runs_flash4_with_its_config(monkeypatch):
 def test_gpu_auto_measures_once_per_shape_and_caches():
     d = dsp.KernelDispatcher("auto", warmup=1, iters=2)
     args = _qk_args(d=128, hq=32, hkv=8, n=1024, prefixes=(1615, 2866))
-    first = d.choose_qk_norm_rope(*args, eps=1e-6, round_norm_before_rope=True)
-    assert first.reason == "measured" and first.triton_ms > 0 and first.torch_ms > 0
-    assert d.choose_qk_norm_rope(*args, eps=1e-6, round_norm_before_rope=True) is first
+    first = d.choose("qk_norm_rope", *args, eps=1e-6, round_norm_before_rope=True)
+    assert first.reason == "measured" and first.ms["triton"] > 0 and first.ms["torch"] > 0
+    assert d.choose("qk_norm_rope", *args, eps=1e-6, round_norm_before_rope=True) is first
     q, buf, layout = args[0], args[7], args[8]
     buf.normal_()
-    att = d.choose_prefix_attention(q, buf, layout)
+    att = d.choose("prefix_attention", q, buf, layout)
     assert att.reason == "measured"
-    if att.path is dsp.Path.TRITON:
+    if att.backend == "triton":
         assert att.config in d.attention_configs
-    if att.flash4_ms is not None:
-        assert att.flash4_config in d.flash4_configs
-    assert (att.flash4_ms is None) == (pa.flash4_unsupported(q) is not None)
+    if att.backend == "flash4":
+        assert att.config in d.flash4_configs
+    assert ("flash4" not in att.ms) == (pa.flash4_unsupported(q) is not None)
     out = d.prefix_attention(q, buf, layout)
     ref = pa.prefix_attention_reference(q.float(), buf.float(), layout)
     assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-2
@@ -222,9 +233,9 @@ def test_gpu_auto_measures_once_per_shape_and_caches():
 @pytest.mark.gpu
 @gpu
 def test_gpu_rounding_needs_head_dim_128():
-    d = dsp.KernelDispatcher("triton")
-    decision = d.choose_qk_norm_rope(*_qk_args(d=64), eps=1e-6, round_norm_before_rope=True)
-    assert decision.path is dsp.Path.TORCH and "head_dim 128" in decision.reason
+    d = dsp.KernelDispatcher("triton", interpret=INTERPRET)
+    decision = d.choose("qk_norm_rope", *_qk_args(d=64), eps=1e-6, round_norm_before_rope=True)
+    assert decision.backend == "torch" and "head_dim 128" in decision.reason
 
 
 def test_shared_first_layer_attention_rules_off_the_gpu():
@@ -234,11 +245,11 @@ def test_shared_first_layer_attention_rules_off_the_gpu():
     q = torch.randn(2, 8, 4, 16).expand(2, 8, 4, 16).contiguous()
     buf = layout.allocate(2, 16, dtype=torch.float32, device="cpu").normal_()
     for mode in dsp.MODES:
-        decision = dsp.KernelDispatcher(mode).choose_shared_gen_attention(q, buf, layout)
-        assert decision.path is dsp.Path.TORCH and decision.reason == "cpu: the reference"
+        decision = dsp.KernelDispatcher(mode).choose("shared_gen_attention", q, buf, layout)
+        assert decision.backend == "torch" and decision.reason == "cpu: the reference"
     one = PackedKVLayout((3,), 8)
-    declined = dsp.KernelDispatcher("auto").choose_shared_gen_attention(q[:1], buf[:, : one.total_rows], one)
-    assert declined.path is None and "two or more branches" in declined.reason
+    declined = dsp.KernelDispatcher("auto").choose("shared_gen_attention", q[:1], buf[:, : one.total_rows], one)
+    assert declined.backend == dsp.REGULAR and "two or more branches" in declined.reason
     d = dsp.KernelDispatcher("torch")
     out = d.shared_gen_attention(q[:1], buf[:, : one.total_rows], one)
     torch.testing.assert_close(out, pa.prefix_attention_reference(q[:1], buf[:, : one.total_rows], one))
@@ -249,7 +260,41 @@ def test_shared_first_layer_attention_rules_off_the_gpu():
 
 def test_a_decision_reports_the_time_of_the_path_it_chose():
     # The shared first layer's measurement takes its bar from here instead of timing the one-call attention again.
-    measured = dict(triton_ms=2.0, torch_ms=3.0, flash4_ms=1.0)
-    for path, ms in ((dsp.Path.TRITON, 2.0), (dsp.Path.TORCH, 3.0), (dsp.Path.FLASH4, 1.0)):
-        assert dsp.Decision(path, "measured", **measured).chosen_ms == ms
-    assert dsp.Decision(dsp.Path.TORCH, "forced").chosen_ms is None
+    measured = {"triton": 2.0, "torch": 3.0, "flash4": 1.0}
+    for backend, ms in measured.items():
+        assert dsp.Decision(backend, "measured", measured).chosen_ms == ms
+    assert dsp.Decision("torch", "forced").chosen_ms is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU mirror of what auto mode times on a GPU")
+def test_every_op_times_its_registered_backends_through_their_calls(monkeypatch):
+    """What auto mode runs on the H200, run here: each op's candidates built from the registry (its calls, configs,
+    scratch outputs) and timed, the kernels under Triton's interpreter; a library's call that cannot run (flash-attn-4,
+    QuACK: no GPU) is left out, not fatal."""
+    from cosmos3_kernels import gemm, registry
+    from cosmos3_kernels.timing import Timing
+
+    monkeypatch.setattr(autotune, "time_ms", lambda fn, **kw: (fn(), Timing((1.0,)))[1])  # runs each once
+    d = dsp.KernelDispatcher("auto", interpret=True)
+    args = _qk_args()
+    q, buf, layout = args[0], args[7], args[8]
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
+    xw = (torch.randn(16, 32, dtype=torch.bfloat16), torch.randn(48, 32, dtype=torch.bfloat16))
+    monkeypatch.setattr(gemm, "mlp_in_unsupported", lambda *a: None)  # offered, as on a Hopper GPU
+    monkeypatch.setattr(pa, "flash4_configs_for", lambda q, configs: configs)  # offered, as on an SM90 GPU
+    calls = {
+        "qk_norm_rope": (args, dict(eps=1e-6, flavour="diffusers", round_norm_before_rope=False)),
+        "prefix_attention": ((q, buf, layout), dict(scale=None)),
+        "add_rms_norm": ((x, x, torch.ones(64, dtype=torch.bfloat16)), dict(eps=1e-6, flavour="diffusers")),
+        "swiglu": ((x, x), {}),
+        "relu2": ((x,), {}),
+        "mlp_in": ((*xw, "swiglu"), {}),
+    }
+    q_before = q.clone()
+    for op, (op_args, kwargs) in calls.items():
+        kernels = [b for b in registry.backends(op) if not b.reference]
+        measure = d._measure_mlp_in if op == "mlp_in" else d._measure
+        decision = measure(op, kernels, op_args, kwargs)
+        timed = {"mlp_in": {"torch"}}.get(op, {"torch", "triton"})  # flash-attn-4 and QuACK failed: left out
+        assert (set(decision.ms), decision.backend) == (timed, "torch"), op  # a tie keeps the reference
+    assert torch.equal(q, q_before)  # timed into scratch outputs, never in place

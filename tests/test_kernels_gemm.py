@@ -141,15 +141,19 @@ def test_measured_choice_takes_a_closer_library_config_only_when_faster():
     candidates = {fast: lambda: exact + 0.001, less_accurate: lambda: exact * 3}
     d = dsp.KernelDispatcher()
     timings = {split: 2.0, candidates[fast]: 1.5, candidates[less_accurate]: 0.1}
-    d._time = lambda fn: timings[fn]
-    decision = d._measure_closer(candidates, split, lambda: exact, rows=4)
+    d.tuner.time = lambda fn: timings[fn]
+
+    def measure():  # what dispatch's MLP-input measurement composes: the accuracy gate, then alternating rounds
+        kept, left_out = dsp.closer_candidates(candidates, split, lambda: exact, rows=4)
+        return d.tuner.measure_alternating({"torch": {None: split}, "quack": kept}, left_out=tuple(left_out))
+
+    decision = measure()
     # The fastest candidate of all (0.1 ms) is the less accurate, so it is never timed against the rest.
-    assert (decision.path, decision.quack_config, decision.quack_ms, decision.torch_ms) == (
-        dsp.Path.QUACK, fast, 1.5, 2.0)
+    assert (decision.backend, decision.config, decision.ms) == ("quack", fast, {"torch": 2.0, "quack": 1.5})
     assert decision.chosen_ms == 1.5
     assert "256x128c2x1: further from fp32" in decision.reason
     timings[candidates[fast]] = 2.0  # a tie keeps the split path
-    assert d._measure_closer(candidates, split, lambda: exact, rows=4).path is dsp.Path.TORCH
+    assert measure().backend == "torch"
 
 
 def test_candidates_are_timed_in_alternating_order_and_a_failing_one_is_left_out():
@@ -166,18 +170,18 @@ def test_candidates_are_timed_in_alternating_order_and_a_failing_one_is_left_out
         return next(ms[fn])
 
     d = dsp.KernelDispatcher()
-    d._time = fake_time
-    times = d._time_alternating({dsp.SPLIT: split, "good": good, "bad": bad}, rounds=3)
-    assert times == {dsp.SPLIT: 2.0, "good": 1.5}
+    d.tuner.time = fake_time
+    decision = d.tuner.measure_alternating({"torch": {None: split}, "quack": {"good": good, "bad": bad}}, rounds=3)
+    assert (decision.ms, decision.backend, decision.config) == ({"torch": 2.0, "quack": 1.5}, "quack", "good")
     assert order == ["split", "good", "bad", "good", "split", "split", "good"]
 
 
 def test_forced_modes_keep_the_split_mlp_input(monkeypatch):
     monkeypatch.setattr(gemm, "mlp_in_unsupported", lambda *a: None)  # as on a Hopper GPU with QuACK
     x, w = _xw()
-    assert dsp.KernelDispatcher("torch").choose_mlp_in(x, w, "swiglu").reason == "forced"
-    decision = dsp.KernelDispatcher("triton").choose_mlp_in(x, w, "swiglu")
-    assert decision.path is dsp.Path.TORCH and "no Triton kernel for a GEMM" in decision.reason
+    assert dsp.KernelDispatcher("torch").choose("mlp_in", x, w, "swiglu").reason == "forced"
+    decision = dsp.KernelDispatcher("triton").choose("mlp_in", x, w, "swiglu")
+    assert decision.backend == "torch" and "mlp_in has no triton kernel" in decision.reason
 
 
 @pytest.mark.parametrize("one_rounding", [True, False])
@@ -188,8 +192,8 @@ def test_on_the_cpu_the_mlp_input_is_the_split_path(activation, one_rounding):
     y = F.linear(x, w)
     split = (F.silu(y[:, :24]) * y[:, 24:]) if activation == "swiglu" else torch.relu(y).square()
     assert torch.equal(d.mlp_in(x, w, activation, one_rounding=one_rounding), split)
-    decision = d.choose_mlp_in(x, w, activation)
-    assert decision.path is dsp.Path.TORCH and "device cpu" in decision.reason
+    decision = d.choose("mlp_in", x, w, activation)
+    assert decision.backend == "torch" and "device cpu" in decision.reason
     with pytest.raises(ValueError, match="activation must be one of .* got 'gelu'"):
         d.mlp_in(x, w, "gelu", one_rounding=one_rounding)
 
@@ -197,8 +201,15 @@ def test_on_the_cpu_the_mlp_input_is_the_split_path(activation, one_rounding):
 def test_without_one_rounding_dispatch_never_considers_the_epilogue(monkeypatch):
     d = dsp.KernelDispatcher()
     asked = []
-    monkeypatch.setattr(dsp.KernelDispatcher, "choose_mlp_in",
-                        lambda self, *a: asked.append(a) or dsp.Decision(dsp.Path.TORCH, "stand-in"))
+    choose = dsp.KernelDispatcher.choose
+
+    def spy(self, op, *a, **k):  # the activation's own pass is dispatched too: only the MLP input is counted
+        if op != "mlp_in":
+            return choose(self, op, *a, **k)
+        asked.append(a)
+        return dsp.Decision("torch", "stand-in")
+
+    monkeypatch.setattr(dsp.KernelDispatcher, "choose", spy)
     x, w = _xw()
     d.mlp_in(x, w, "swiglu", one_rounding=False)
     assert asked == []
@@ -260,9 +271,9 @@ def test_dispatch_measures_the_mlp_epilogue_and_replays_its_choice_in_a_graph(ac
     x, w = _xw(8192, k, n, device="cuda")
     first = d.mlp_in(x, w, activation, one_rounding=True)
     (decision,) = [dec for key, dec in d.decisions().items() if key[0] == "mlp_in"]
-    print((activation, decision.path.value, decision.torch_ms, decision.quack_ms, decision.reason))
-    assert decision.reason == "measured" and decision.quack_ms is not None  # it built, and was no less accurate
-    assert decision.path is (dsp.Path.QUACK if decision.quack_ms < decision.torch_ms else dsp.Path.TORCH)
+    print((activation, decision.backend, decision.ms, decision.reason))
+    assert decision.reason == "measured" and "quack" in decision.ms  # it built, and was no less accurate
+    assert decision.backend == ("quack" if decision.ms["quack"] < decision.ms["torch"] else "torch")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -56,7 +56,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from cosmos3_kernels.dispatch import KernelDispatcher, timing_from_env
+from cosmos3_kernels.dispatch import TIMING_ENV_VAR, KernelDispatcher
 from cosmos3_kernels.graphs import capture
 from cosmos3_kernels.packed_kv import PackedKVLayout
 from cosmos3_kernels.persist import cache_dir, configure_compiler_caches, open_store
@@ -269,7 +269,10 @@ def dispatcher_for(model, mode: str) -> KernelDispatcher:
         if mode == "auto" and model.device is not None and torch.device(model.device).type == "cuda":
             configure_compiler_caches(cache_dir())  # a model built without `engine.load_model` (benchmarks)
             store = open_store(model.device)
-        cached = model.dispatchers[mode] = KernelDispatcher(mode, timing=timing_from_env(), store=store)
+        # The settings this process runs under (engine/config.py will hand them over once it exists).
+        cached = model.dispatchers[mode] = KernelDispatcher(
+            mode, timing=os.environ.get(TIMING_ENV_VAR, "graph"), interpret=os.environ.get("TRITON_INTERPRET") == "1",
+            store=store)
     return cached
 
 

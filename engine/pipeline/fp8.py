@@ -38,6 +38,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from cosmos3_kernels import registry
+from cosmos3_kernels.dispatch import choose_fp8_attention
+
 FP8_LABEL = "FP8 (faster, approximate)"
 BF16_LABEL = "bf16"
 
@@ -64,15 +67,10 @@ MSLK_DISTRIBUTION = "mslk-cuda"
 # against 3.68 at 8192), so on a host with cuDNN's and not FA3's the calls of 8192-9215 gen tokens lose about 5%.
 FP8_ATTENTION_MIN_GEN_TOKENS = 8192
 
-# The kernels the role "attn" runs on, by their module in `kernels`, fastest first: the first one this device and
-# host can run takes every FP8 attention call, unless `COSMOS3_FP8_ATTENTION` names one. The order is measured (one
-# H200, Nano's heads, both CFG branches, quantisation included; docs/perf-log/2026-12-02.md, "One FP8 attention kernel at
-# every length"): FA3's FP8 forward (unpacked, with a bf16 output) took 3.6-12.8% less time than cuDNN's FP8 SDPA
-# (which on Hopper also rounds its output to e4m3) in each of 15 rows, three runs, 11 lengths from 4096 to 44160 gen
-# tokens per branch (720p/189f: 70.4 against 79.6 ms; 480p/121f: 6.80 against 7.05), and a 480p/121f FP8 step took
-# 639 and 630 ms against 668 and 663 (bench_engine.py --fp8-step 832x480x121 --fp8-attention fa3,cudnn,fa3,cudnn).
-FP8_ATTENTION_BACKENDS = {"fa3": ("attention_fp8_fa3", "FA3FP8Attention"),
-                          "cudnn": ("attention_fp8", "CudnnFP8Attention")}
+# The kernels the role "attn" runs on: the backends of the op "attention_fp8" in `cosmos3_kernels.registry`, in their
+# measured rank (FA3's FP8 forward, then cuDNN's FP8 SDPA; `cosmos3_kernels.attention_fp8_fa3` says why): the first
+# this device and host can run takes every FP8 attention call, unless `COSMOS3_FP8_ATTENTION` names one.
+FP8_ATTENTION_BACKENDS = registry.names("attention_fp8")
 
 
 class FP8Unavailable(RuntimeError):
@@ -236,10 +234,6 @@ def _hopper_missing(device) -> str | None:
     return None
 
 
-def _attention_module(name: str):
-    return importlib.import_module("cosmos3_kernels." + FP8_ATTENTION_BACKENDS[name][0])
-
-
 def attention_backend_from_env() -> str:
     """`COSMOS3_FP8_ATTENTION`: a name from `FP8_ATTENTION_BACKENDS`, or "" (the fastest available)."""
     named = os.environ.get("COSMOS3_FP8_ATTENTION", "").strip().lower()
@@ -255,14 +249,7 @@ def attention_backend(device) -> tuple[str | None, str | None]:
     why = _hopper_missing(device)
     if why is not None:
         return None, why
-    named = attention_backend_from_env()
-    lacking = []
-    for name in [named] if named else FP8_ATTENTION_BACKENDS:
-        why = _attention_module(name).unavailable(device)
-        if why is None:
-            return name, None
-        lacking.append(why)
-    return None, " or ".join(lacking)
+    return choose_fp8_attention(device, attention_backend_from_env() or "auto")
 
 
 def attention_unavailable(device) -> str | None:
@@ -333,10 +320,8 @@ def fp8_attention(policy: FP8Policy, device, centred: bool = True):
     if not policy.attention:
         return None
     name = attention_backend(device)[0] or "cudnn"
-    runner = getattr(_attention_module(name), FP8_ATTENTION_BACKENDS[name][1])
-    if name == "fa3":
-        return runner(centred=centred, pack_gqa=fa3_pack_gqa_from_env())
-    return runner(centred=centred)
+    knobs = {"pack_gqa": fa3_pack_gqa_from_env()} if name == "fa3" else {}  # FA3's own
+    return registry.backend("attention_fp8", name).call(centred=centred, **knobs)
 
 
 def fa3_pack_gqa_from_env() -> bool | None:
