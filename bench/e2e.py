@@ -525,9 +525,10 @@ def table_markdown(results: dict) -> str:
 
 
 def _with_options(model, **changes):
+    from engine.config import build_config
     from engine.pipeline.fast_path import FastPathOptions
 
-    base = FastPathOptions.from_env(model.device)
+    base = FastPathOptions.from_config(build_config(), model.device)
     model.fast_path = FastPathOptions(**{**base.__dict__, **changes})
 
 
@@ -639,6 +640,7 @@ def fp8_step(model, width: int, height: int, frames: int, log=print, policies: t
     "fa3/pack=1" or "fa3/pack=auto" also sets COSMOS3_FA3_PACK_GQA), so listing them twice alternates them."""
     from bench.models import step_inputs
     from engine.pipeline import fp8
+    from engine.config import build_config
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.prefill import make_gen_tower
     from cosmos3_kernels.timing import time_ms
@@ -677,11 +679,12 @@ def profile_step(model, width: int, height: int, frames: int, log=print, top: in
     default fast path): torch.profiler's kernel table, the `top` kernels by total device time, grouped by
     kernel name."""
     from bench.models import step_inputs
+    from engine.config import build_config
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.prefill import make_gen_tower
 
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=tuple(prefix_lens))
-    model.fast_path = FastPathOptions.from_env(model.device)
+    model.fast_path = FastPathOptions.from_config(build_config(), model.device)
     try:
         with torch.no_grad():
             tower = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)
