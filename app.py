@@ -88,11 +88,8 @@ def env_models(text: str) -> list[tuple[str, str]]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="app.py", description="Cosmos3 Studio: a web app for Cosmos3 models.",
-        epilog="Environment variables (a flag wins over its variable): COSMOS3_MODELS=\"name=source,...\", "
-               "COSMOS3_MODEL_ROOTS (folders, separated by ':'), COSMOS3_OUTPUTS, COSMOS3_REVIEW=1, "
-               "COSMOS3_AUTH=\"user:pass,...\", COSMOS3_AUTH_FILE, COSMOS3_MAX_UPLOAD, COSMOS3_CRITERIA, COSMOS3_REVIEW_DB, COSMOS3_SAFETY=1, "
-               "COSMOS3_WARMUP (modes to warm in the background on a GPU, e.g. t2i,t2v, or off; default per model family), "
-               "GRADIO_SERVER_NAME, GRADIO_SERVER_PORT; HF_HUB_OFFLINE and HF_HOME are read by huggingface_hub.")
+        epilog="Each flag has an environment variable (COSMOS3_MODELS, COSMOS3_OUTPUTS, ...; a flag wins over its "
+               "variable); every variable the studio reads, with its default: docs/CONFIGURATION.md.")
     parser.add_argument("--model", action="append", type=parse_model, default=[], metavar="NAME=SOURCE",
                         help="serve a checkpoint (a folder or a Hugging Face repo id) under NAME; repeatable. "
                              "Without any (and without COSMOS3_MODELS), six tiny random-weight models are built "
