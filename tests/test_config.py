@@ -183,3 +183,34 @@ def test_each_field_has_a_variable_and_a_meaning():
     for name, cls in cfg.SECTIONS:
         for item in fields(cls):
             assert item.metadata["env"] and item.metadata["meaning"], f"{name}.{item.name}"
+
+
+def test_a_loaded_model_carries_its_configuration_and_the_fast_path_reads_it(tiny_family, monkeypatch):
+    """Given one, the model runs under it whatever the environment says; given none, `load_model` reads the
+    environment once, at load."""
+    import engine
+    from engine.pipeline.fast_path import FastPathOptions
+
+    monkeypatch.setenv("COSMOS3_BATCHED_CFG", "1")
+    given = cfg.build_config({"COSMOS3_BATCHED_CFG": "0", "COSMOS3_KERNEL_CACHE": "off"})
+    model = engine.load_model(tiny_family["edge"], device="cpu", config=given)
+    assert model.config is given and not FastPathOptions.for_model(model).batched_cfg
+    monkeypatch.setenv("COSMOS3_BATCHED_CFG", "0")
+    monkeypatch.setenv("COSMOS3_KERNEL_CACHE", "off")
+    model = engine.load_model(tiny_family["edge"], device="cpu")
+    monkeypatch.setenv("COSMOS3_BATCHED_CFG", "1")  # after the load: not read again
+    assert not model.config.fast_path.batched_cfg and not FastPathOptions.for_model(model).batched_cfg
+
+
+def test_the_entry_points_stop_at_a_bad_value_naming_it(tiny_family, tmp_path, monkeypatch, capsys):
+    import app
+    from engine.__main__ import main as engine_main
+
+    monkeypatch.setenv("COSMOS3_FP8_POLICY", "bogus")
+    with pytest.raises(SystemExit):
+        app.parse_args([])
+    assert "COSMOS3_FP8_POLICY='bogus'" in capsys.readouterr().err
+    argv = ["generate", "--model", str(tiny_family["edge"]), "--mode", "t2i", "--out", str(tmp_path)]
+    assert engine_main(argv) == 2
+    assert "COSMOS3_FP8_POLICY='bogus'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before anything ran

@@ -26,7 +26,8 @@ def load_model(source: str | os.PathLike, *, gpus: int | str = 1, weights: str |
     config = configured(config)  # before the first kernel compiles: a restart reads what this one wrote
     count = resolve_gpus(gpus)
     if count > 1:
-        return GroupModel(source, count, weights=weights, per_gpu_bytes=in_process.get("memory_budget_bytes"))
+        return GroupModel(source, count, weights=weights, per_gpu_bytes=in_process.get("memory_budget_bytes"),
+                          config=config)
     if config.fp8.enabled if fp8 is None else fp8:
         in_process.setdefault("fp8_loader", FP8OnlyLoader.from_config(config))
     from ..pipeline.memory import prepare_at_load
