@@ -111,8 +111,9 @@ def environment_fingerprint(device=None) -> dict:
     for name in KEYED_PACKAGES:
         out[name] = _package_version(name)
     switches = settings.current()
-    for name, on in zip(KEYED_SWITCHES, (switches.flash4, switches.quack)):
-        out[name] = None if on else "0"  # as the variable was recorded: unset (on) or 0
+    on = {"COSMOS3_FLASH4": switches.flash4, "COSMOS3_QUACK": switches.quack}
+    for name in KEYED_SWITCHES:
+        out[name] = None if on[name] else "0"  # as the variable was recorded before: unset (on) or 0
     return out
 
 

@@ -2,7 +2,7 @@
 
     config = build_config()                 # os.environ; or build_config({"COSMOS3_FAST": "0"})
     apply_process_environment(config)       # once at start-up, before torchao or flash-attn-4 is imported
-    python -m engine.config --markdown      # docs/CONFIGURATION.md (`--check`: exit 1 where it differs)
+    python3 docs/render_configuration.py    # docs/CONFIGURATION.md, from `render_markdown` (`--check`)
 
 `build_config` is the only reader of the environment; it runs at the entry points (`app.py` after its flags,
 `python -m engine`, `engine.load_model` and `JobQueue` when their caller passes none) and the result is passed
@@ -16,15 +16,10 @@ process can build it without torch.
 """
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping
-
-ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "CONFIGURATION.md"
 
 TRUE_WORDS = ("1", "true", "on", "yes")
 FALSE_WORDS = ("0", "false", "off", "no")
@@ -49,7 +44,8 @@ def setting(env: str, default: Any, meaning: str, parse: Parser | None = None, *
             secret: bool = False):
     """A field read from `env` (`parse(env, text)` where set; `default` where not), with the one-line `meaning`
     docs/CONFIGURATION.md gives it; `shown`: the default as the doc writes it (where `default` alone does not say
-    it); `secret`: never in a repr or the doc's default column."""
+    it); `secret`: kept out of the repr (a log line or a traceback never shows it). A variable set but empty is
+    parsed too: for most it means the default, for COSMOS3_WARMUP it means off."""
     metadata = {"env": env, "meaning": meaning, "parse": parse or raw_value, "shown": shown, "secret": secret}
     return field(default=default, repr=not secret, metadata=metadata)
 
@@ -59,6 +55,7 @@ def text_value(env: str, text: str) -> str:
 
 
 def raw_value(env: str, text: str) -> str:
+    """As given (the default): a path, a password or a key keeps every character, as the code read it before."""
     return text
 
 
@@ -409,7 +406,7 @@ def _cell(text: str) -> str:
 def render_markdown() -> str:
     """docs/CONFIGURATION.md: every variable, its default and meaning, by section (from the fields' metadata)."""
     lines = ["# Configuration", "",
-             "<!-- rendered by `python -m engine.config --markdown` from engine/config.py; edit the fields there -->",
+             "<!-- rendered by docs/render_configuration.py from engine/config.py; edit the fields there -->",
              "",
              "Every environment variable Cosmos3 Studio reads, read once at start-up by `engine.config.build_config` "
              "(app.py, `python -m engine`, `engine.load_model`). A command-line flag, where one exists, wins over its "
@@ -426,26 +423,3 @@ def render_markdown() -> str:
             lines.append(f"| `{meta['env']}` | {_cell(str(default))} | {_cell(meta['meaning'])} |")
         lines.append("")
     return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.config", description=__doc__.splitlines()[0])
-    parser.add_argument("--markdown", action="store_true", help="print docs/CONFIGURATION.md")
-    parser.add_argument("--check", action="store_true", help="exit 1 where docs/CONFIGURATION.md differs")
-    args = parser.parse_args(argv)
-    text = render_markdown()
-    if args.check:
-        if not DOC.exists() or DOC.read_text(encoding="utf-8") != text:
-            print(f"{DOC.relative_to(ROOT)} differs from engine/config.py: run python -m engine.config --markdown "
-                  f"> {DOC.relative_to(ROOT)}", file=sys.stderr)
-            return 1
-        return 0
-    if args.markdown:
-        sys.stdout.write(text)
-        return 0
-    print(build_config())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

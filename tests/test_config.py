@@ -69,20 +69,28 @@ def test_every_variable_the_code_names_has_one_field():
     assert sorted(named - set(variables)) == []
 
 
+def _renderer():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("render_configuration", ROOT / "docs" / "render_configuration.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_document_is_rendered_from_the_fields():
-    doc = cfg.DOC.read_text(encoding="utf-8")
-    assert doc == cfg.render_markdown(), "run: python -m engine.config --markdown > docs/CONFIGURATION.md"
+    doc = (ROOT / "docs" / "CONFIGURATION.md").read_text(encoding="utf-8")
+    assert doc == cfg.render_markdown(), "run: python3 docs/render_configuration.py"
     for section, env, item in cfg.variables():
         assert f"| `{env}` |" in doc and item.metadata["meaning"] in doc.replace("\\|", "|")
-    assert cfg.main(["--check"]) == 0
+    assert _renderer().main(["--check"]) == 0
 
 
-def test_the_check_fails_where_the_document_differs(tmp_path, monkeypatch):
+def test_the_check_fails_where_the_document_differs(tmp_path):
     stale = tmp_path / "CONFIGURATION.md"
     stale.write_text(cfg.render_markdown().replace("COSMOS3_FAST", "COSMOS3_FASTER"), encoding="utf-8")
-    monkeypatch.setattr(cfg, "DOC", stale)
-    monkeypatch.setattr(cfg, "ROOT", tmp_path)
-    assert cfg.main(["--check"]) == 1
+    assert _renderer().main(["--check"], doc=stale) == 1
+    assert _renderer().main([], doc=stale) == 0 and stale.read_text(encoding="utf-8") == cfg.render_markdown()
 
 
 def test_unset_is_each_fields_default_and_the_config_is_frozen():
@@ -214,3 +222,14 @@ def test_the_entry_points_stop_at_a_bad_value_naming_it(tiny_family, tmp_path, m
     assert engine_main(argv) == 2
     assert "COSMOS3_FP8_POLICY='bogus'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # refused before anything ran
+
+
+def test_the_allowed_values_agree_with_the_code_that_takes_them():
+    from cosmos3_kernels import dispatch
+
+    from engine.pipeline import fp8
+
+    assert cfg.KERNEL_MODES == dispatch.MODES and cfg.DISPATCH_TIMINGS == dispatch.TIMINGS
+    for spelling in cfg.FA3_PACK_GQA_SPELLINGS:
+        fp8.fa3_pack_gqa(spelling)  # each one the FP8 mode takes
+    assert cfg.build_config({"COSMOS3_FP8_ATTENTION": "FA3"}).fp8.attention in fp8.FP8_ATTENTION_BACKENDS
