@@ -268,12 +268,11 @@ def dispatcher_for(model, mode: str) -> KernelDispatcher:
     cached = model.dispatchers.get(mode)
     if cached is None:
         # Measured choices are kept on disk for the next process (cosmos3_kernels.persist), where the cache is on.
-        store = None
+        store, config = None, config_of(model)
         if mode == "auto" and model.device is not None and torch.device(model.device).type == "cuda":
-            apply_process_environment(config_of(model))  # a model built without `engine.load_model` (benchmarks)
-            store = open_store(config_of(model).kernel_cache_dir(), model.device)
-        cached = model.dispatchers[mode] = KernelDispatcher(mode, timing=config_of(model).kernels.dispatch_timing,
-                                                            store=store)
+            apply_process_environment(config)  # a model built without `engine.load_model` (benchmarks)
+            store = open_store(config.kernel_cache_dir(), model.device)
+        cached = model.dispatchers[mode] = KernelDispatcher(mode, timing=config.kernels.dispatch_timing, store=store)
     return cached
 
 
