@@ -7,7 +7,8 @@
 Models load lazily on their first job, so the app starts in seconds; on a CUDA host the first model
 also loads and warms up in the background at start (engine.serving.warmup). Every flag that a hosted app
 (a Hugging Face Space, which runs `python app.py` with no arguments) needs also has an environment
-variable; a flag wins over its variable. See docs/HOSTING.md.
+variable; a flag wins over its variable. The environment is read once, by `engine.config.build_config` (every
+variable: docs/CONFIGURATION.md). See docs/HOSTING.md.
 """
 from __future__ import annotations
 
@@ -21,21 +22,12 @@ from pathlib import Path
 
 TINY_LABEL = "tiny random weights"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_TRUE = ("1", "true", "yes", "on")
 _SIZE = re.compile(r"^\s*([0-9]+)\s*(b|kb|mb|gb)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kb": 1024, "mb": 1024 ** 2, "gb": 1024 ** 3}  # Gradio's max_file_size units
 DEFAULT_MAX_UPLOAD = "200mb"  # a V2V clip at 720p of a few seconds is tens of MB; room for more
 
 SAFETY_MISSING = ("--safety was given, but the 'cosmos_guardrail' package is not installed. Install it "
                   "(pip install -r requirements-gpu.txt, on a GPU host) or run without --safety; the checker is never skipped silently.")
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _TRUE
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("COSMOS3_STUDIO_CACHE") or Path.home() / ".cache" / "cosmos3-studio")
-
 
 def parse_model(text: str) -> tuple[str, str]:
     """NAME=SOURCE -> (name, source); argparse turns the ValueError into a usage message."""
@@ -96,11 +88,8 @@ def env_models(text: str) -> list[tuple[str, str]]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="app.py", description="Cosmos3 Studio: a web app for Cosmos3 models.",
-        epilog="Environment variables (a flag wins over its variable): COSMOS3_MODELS=\"name=source,...\", "
-               "COSMOS3_MODEL_ROOTS (folders, separated by ':'), COSMOS3_OUTPUTS, COSMOS3_REVIEW=1, "
-               "COSMOS3_AUTH=\"user:pass,...\", COSMOS3_AUTH_FILE, COSMOS3_MAX_UPLOAD, COSMOS3_CRITERIA, COSMOS3_REVIEW_DB, COSMOS3_SAFETY=1, "
-               "COSMOS3_WARMUP (modes to warm in the background on a GPU, e.g. t2i,t2v, or off; default per model family), "
-               "GRADIO_SERVER_NAME, GRADIO_SERVER_PORT; HF_HUB_OFFLINE and HF_HOME are read by huggingface_hub.")
+        epilog="Each flag has an environment variable (COSMOS3_MODELS, COSMOS3_OUTPUTS, ...; a flag wins over its "
+               "variable); every variable the studio reads, with its default: docs/CONFIGURATION.md.")
     parser.add_argument("--model", action="append", type=parse_model, default=[], metavar="NAME=SOURCE",
                         help="serve a checkpoint (a folder or a Hugging Face repo id) under NAME; repeatable. "
                              "Without any (and without COSMOS3_MODELS), six tiny random-weight models are built "
@@ -164,47 +153,51 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _apply_environment(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Fill what the flags left unset from the environment (a Space passes no arguments)."""
-    if not args.model and os.environ.get("COSMOS3_MODELS", "").strip():
+    """Fill what the flags left unset from the configuration (a Space passes no arguments); `args.config` is
+    the environment's, read once (`engine.config.build_config`)."""
+    from engine.config import ConfigError, build_config
+
+    try:
+        args.config = config = build_config()
+    except ConfigError as exc:
+        parser.error(str(exc))
+    serving, auth, host = config.serving, config.auth, config.host
+    if not args.model and serving.models:
         try:
-            args.model = env_models(os.environ["COSMOS3_MODELS"])
+            args.model = env_models(serving.models)
         except argparse.ArgumentTypeError as exc:
             parser.error(str(exc))
-    if not args.model_root and os.environ.get("COSMOS3_MODEL_ROOTS", "").strip():
-        args.model_root = [p for p in os.environ["COSMOS3_MODEL_ROOTS"].split(os.pathsep) if p.strip()]
-    on_space = os.environ.get("SYSTEM") == "spaces"
+    if not args.model_root and serving.model_roots:
+        args.model_root = [p for p in serving.model_roots.split(os.pathsep) if p.strip()]
     if args.host is None:
-        args.host = os.environ.get("GRADIO_SERVER_NAME") or ("0.0.0.0" if on_space else "127.0.0.1")
+        args.host = host.server_name or ("0.0.0.0" if host.system == "spaces" else "127.0.0.1")
     if args.port is None:
-        try:
-            args.port = int(os.environ.get("GRADIO_SERVER_PORT") or 7860)
-        except ValueError:
-            parser.error(f"GRADIO_SERVER_PORT must be a number, got {os.environ['GRADIO_SERVER_PORT']!r}")
+        args.port = 7860 if host.server_port is None else host.server_port
     if args.outputs is None:
-        args.outputs = os.environ.get("COSMOS3_OUTPUTS") or "outputs"
+        args.outputs = serving.outputs or "outputs"
     if args.max_upload is None:
         try:
-            args.max_upload = parse_size(os.environ.get("COSMOS3_MAX_UPLOAD", "").strip() or DEFAULT_MAX_UPLOAD)
+            args.max_upload = parse_size(serving.max_upload or DEFAULT_MAX_UPLOAD)
         except argparse.ArgumentTypeError as exc:
             parser.error(f"COSMOS3_MAX_UPLOAD: {exc}")
-    args.review = args.review or env_flag("COSMOS3_REVIEW")
-    args.safety = args.safety or env_flag("COSMOS3_SAFETY")
+    args.review = args.review or serving.review
+    args.safety = args.safety or serving.safety
     if args.gpus is None:
-        args.gpus = os.environ.get("COSMOS3_GPUS", "").strip() or "1"
+        args.gpus = serving.gpus or "1"
     from engine.parallel.runtime import resolve_gpus
 
     try:
         args.gpus = resolve_gpus(args.gpus)
     except ValueError as exc:
         parser.error(str(exc))
-    if not args.auth and os.environ.get("COSMOS3_AUTH", "").strip():
+    if not args.auth and auth.auth.strip():
         try:
-            args.auth = [parse_auth(item) for item in os.environ["COSMOS3_AUTH"].split(",") if item.strip()]
+            args.auth = [parse_auth(item) for item in auth.auth.split(",") if item.strip()]
         except argparse.ArgumentTypeError as exc:
             parser.error(f"COSMOS3_AUTH: {exc}")
-    args.auth_file = args.auth_file or os.environ.get("COSMOS3_AUTH_FILE") or None
-    args.criteria = args.criteria or os.environ.get("COSMOS3_CRITERIA") or None
-    args.review_db = args.review_db or os.environ.get("COSMOS3_REVIEW_DB") or None
+    args.auth_file = args.auth_file or auth.auth_file or None
+    args.criteria = args.criteria or serving.criteria or None
+    args.review_db = args.review_db or serving.review_db or None
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -219,7 +212,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--queue-size must be at least 1")
     if not 0 < args.port < 65536:
         parser.error("--port must be in 1..65535")
-    args.cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
+    args.cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else args.config.paths.studio_cache_dir()
     args.outputs = Path(args.outputs).expanduser().resolve()
     if args.auth_file:
         try:
@@ -268,14 +261,15 @@ def check_safety(args: argparse.Namespace) -> None:
         raise ValueError(SAFETY_MISSING)
 
 
-def use_zero_gpu(job_queue, registry) -> bool:
+def use_zero_gpu(args: argparse.Namespace, job_queue, registry) -> bool:
     """On a ZeroGPU Space: weights loaded at start, each job run inside `spaces.GPU` sized from it."""
     from cosmos3_ui.zerogpu import gpu_wrapper, job_duration, on_zero_gpu
 
-    if not on_zero_gpu():
+    space = {"SPACES_ZERO_GPU": args.config.host.zero_gpu}
+    if not on_zero_gpu(space):
         return False
     # The GPU call first: a queue running jobs through it plans no warm-up, which would run outside any GPU call.
-    job_queue.use_gpu_call(gpu_wrapper(job_queue.run, job_duration(registry)))
+    job_queue.use_gpu_call(gpu_wrapper(job_queue.run, job_duration(registry), space))
     job_queue.preload()
     return True
 
@@ -344,9 +338,15 @@ def create_studio(args: argparse.Namespace):
 
             from engine.parallel.load import load_model
 
-            queue_options["loader"] = partial(load_model, gpus=args.gpus)
-        job_queue = JobQueue(registry, args.outputs, max_size=args.queue_size, **queue_options)
-        use_zero_gpu(job_queue, registry)
+            queue_options["loader"] = partial(load_model, gpus=args.gpus, config=args.config)
+        else:
+            from functools import partial
+
+            from engine.model.loader import load_in_process
+
+            queue_options["loader"] = partial(load_in_process, config=args.config)
+        job_queue = JobQueue(registry, args.outputs, max_size=args.queue_size, config=args.config, **queue_options)
+        use_zero_gpu(args, job_queue, registry)
         job_queue.warm_default(registry.names()[0])  # the UI's first model, in the background; a no-op off CUDA
     from cosmos3_ui.review.store import DB_NAME, DEFAULT_CRITERIA, ReviewStore, adopt_legacy_db
 
@@ -369,7 +369,7 @@ def remote_registry(args: argparse.Namespace):
     """The models of the server that --remote fronts (docs/SERVING.md)."""
     from engine.serving.remote import RemoteRegistry
 
-    return RemoteRegistry(args.remote, os.environ.get("COSMOS3_REMOTE_KEY") or None)
+    return RemoteRegistry(args.remote, args.config.auth.remote_key or None)
 
 
 def ray_queue(args: argparse.Namespace, registry):
@@ -386,11 +386,15 @@ def http_api(args: argparse.Namespace, job_queue):
 
     closed = ("This studio needs a login (--auth), so its /v1 API needs API keys too: start it with "
               "--api-keys FILE or COSMOS3_API_KEYS.") if args.auth else None
-    return HttpApi(job_queue, KeyRing(configured_keys(args.api_keys), closed_reason=closed))
+    keys = configured_keys(args.api_keys, args.config.auth.api_keys)
+    return HttpApi(job_queue, KeyRing(keys, closed_reason=closed), config=args.config)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from engine.config import apply_process_environment
+
+    apply_process_environment(args.config)  # once, before the engine's libraries are imported
     from engine.install_check import ENGINE_IMPORTS, broken_import
 
     # A broken install ends here in one line (which package, what failed, the fix), not 40 frames into a job.

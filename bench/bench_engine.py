@@ -222,7 +222,7 @@ def main(argv=None) -> int:
                         help="print the end-to-end table of earlier --e2e or --table runs' JSON files (no GPU)")
     args = parser.parse_args(argv)
     if args.fp8:
-        os.environ["COSMOS3_FP8"] = "1"  # read by FastPathOptions.from_env for every request of the run
+        os.environ["COSMOS3_FP8"] = "1"  # read by engine.config.build_config as each model of the run loads
     if args.render:
         for path in args.render:
             print(table_markdown(json.loads(Path(path).read_text())) + "\n")

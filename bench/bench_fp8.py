@@ -345,7 +345,7 @@ def _shrink_for_smoke():
         spec.update(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                     head_dim=32, intermediate_size=128, rope_axes_dim=[8, 4, 4])
     models.WAN22_VAE.update(base_dim=8, decoder_base_dim=4)
-    fp8.check_available = lambda device, policy=None: None  # the smoke runs torchao's float8 on the CPU (torch._scaled_mm)
+    fp8.check_available = lambda device, policy=None, backend="": None  # the smoke runs torchao's float8 on the CPU (torch._scaled_mm)
 
 
 def main(argv=None) -> int:

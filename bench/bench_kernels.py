@@ -523,6 +523,9 @@ def main() -> None:
                          "gemm: each projection under cuBLAS, cuBLASLt and TunableOp)")
     ap.add_argument("--flash4-configs", default=None, help="indices into FLASH4_SWEEP to run, e.g. 0,8,10-16")
     args = ap.parse_args()
+    from engine.config import apply_process_environment, build_config
+
+    apply_process_environment(build_config())  # the kernels' settings: TRITON_INTERPRET, COSMOS3_QUACK, COSMOS3_FLASH4
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("bench_kernels needs CUDA (use --smoke for a CPU code-path check)")
     env = Env(smoke=args.smoke, iters=args.iters, warmup=args.warmup)

@@ -15,7 +15,6 @@ import os
 import sys
 import time
 from contextlib import contextmanager
-from unittest import mock
 
 import torch
 
@@ -525,9 +524,10 @@ def table_markdown(results: dict) -> str:
 
 
 def _with_options(model, **changes):
+    from engine.config import build_config
     from engine.pipeline.fast_path import FastPathOptions
 
-    base = FastPathOptions.from_env(model.device)
+    base = FastPathOptions.from_config(build_config(), model.device)
     model.fast_path = FastPathOptions(**{**base.__dict__, **changes})
 
 
@@ -635,8 +635,9 @@ def fp8_step(model, width: int, height: int, frames: int, log=print, policies: t
              prefix_lens: tuple[int, int] = (1615, 2866), attention_backends: tuple[str, ...] = ("",)) -> dict:
     """One denoising step (both CFG branches with `prefix_lens` text tokens) bf16 against FP8 under each of
     `policies` ("": the family's FP8 mode), warm, CUDA events. A policy naming the attention runs once per entry
-    of `attention_backends` in order (COSMOS3_FP8_ATTENTION for that run; "": the engine's choice; "fa3/pack=0",
-    "fa3/pack=1" or "fa3/pack=auto" also sets COSMOS3_FA3_PACK_GQA), so listing them twice alternates them."""
+    of `attention_backends` in order (`FastPathOptions.fp8_attention`, as COSMOS3_FP8_ATTENTION sets it, for that
+    run; "": the engine's choice; "fa3/pack=0", "fa3/pack=1" or "fa3/pack=auto" also sets `fa3_pack_gqa`, as
+    COSMOS3_FA3_PACK_GQA), so listing them twice alternates them."""
     from bench.models import step_inputs
     from engine.pipeline import fp8
     from engine.pipeline.fast_path import FastPathOptions
@@ -645,18 +646,18 @@ def fp8_step(model, width: int, height: int, frames: int, log=print, policies: t
 
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=tuple(prefix_lens))
     out = {"shape": f"{width}x{height} {frames}f", "prefix_lens": list(prefix_lens)}
-    runs = [("bf16", FastPathOptions(enabled=True), "")]
+    runs = [("bf16", FastPathOptions(enabled=True))]
     for policy in policies:
-        names_attention = fp8.policy_from_env(model.info.family, policy).attention
+        names_attention = fp8.policy_for(model.info.family, policy).attention
         for number, backend in enumerate(attention_backends if names_attention else ("",)):
             label = f"FP8 {policy or 'default'}" + (f" [{backend or 'engine'}]" if names_attention else "")
             label += f" #{number + 1}" if names_attention and attention_backends.count(backend) > 1 else ""
-            runs.append((label, FastPathOptions(enabled=True, fp8=True, fp8_policy=policy), backend))
-    with torch.no_grad(), mock.patch.dict(os.environ):  # the environment as it was afterwards
-        for label, options, backend in runs:
-            model.fast_path = options
             name, _, pack = backend.partition("/pack=")
-            os.environ["COSMOS3_FP8_ATTENTION"], os.environ["COSMOS3_FA3_PACK_GQA"] = name, pack
+            runs.append((label, FastPathOptions(enabled=True, fp8=True, fp8_policy=policy, fp8_attention=name,
+                                                fa3_pack_gqa=pack)))
+    with torch.no_grad():
+        for label, options in runs:
+            model.fast_path = options
             try:
                 tower = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)
                 # One warm-up call (dispatch, quantisation, cuDNN's graph builds), one timed step.
@@ -677,11 +678,12 @@ def profile_step(model, width: int, height: int, frames: int, log=print, top: in
     default fast path): torch.profiler's kernel table, the `top` kernels by total device time, grouped by
     kernel name."""
     from bench.models import step_inputs
+    from engine.config import build_config
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.prefill import make_gen_tower
 
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=tuple(prefix_lens))
-    model.fast_path = FastPathOptions.from_env(model.device)
+    model.fast_path = FastPathOptions.from_config(build_config(), model.device)
     try:
         with torch.no_grad():
             tower = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)

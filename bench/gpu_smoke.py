@@ -43,7 +43,7 @@ def main() -> int:
         for label, request in REQUESTS.items():
             if label == "sound" and "sound" not in model.info.modes:
                 continue
-            model.fast_path = None  # from the environment: on, on CUDA
+            model.fast_path = None  # from the model's configuration: on, on CUDA
             writes = request["mode"] == "t2i" or can_write_video
             fast = engine.generate(model, request, outputs_root=out / "results" if writes else None)
             model.fast_path = FastPathOptions(enabled=False)

@@ -24,13 +24,13 @@ into the CuTe DSL's internals and its epilogue GEMMs fail to build; `mlp_in_unsu
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from cosmos3_kernels import registry
+from cosmos3_kernels import settings
 from cosmos3_kernels.optional import warn_if_installed
 
 QUACK_ENV_VAR = "COSMOS3_QUACK"
@@ -62,7 +62,7 @@ DEFAULT_QUACK_CONFIGS = (QuackConfig(),)
 
 def quack_unsupported(x: torch.Tensor, w: torch.Tensor) -> str | None:
     """Why QuACK's GEMM cannot take ``x @ w^T`` (None when it can, QuACK being importable)."""
-    if os.environ.get(QUACK_ENV_VAR, "1") == "0":
+    if not settings.current().quack:
         return f"{QUACK_ENV_VAR}=0"
     if type(w) not in (torch.Tensor, torch.nn.Parameter):
         return f"weight is a {type(w).__name__} (a tensor subclass, e.g. an FP8 twin, runs through its own library)"

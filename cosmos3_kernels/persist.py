@@ -12,9 +12,9 @@ results outlive the process where they are written to disk:
   driver, the versions of every library that runs a candidate, and a hash of this package's source), read at
   start. A decision measured on another GPU, driver or library version, or by other kernel code, is never read.
 
-The folder (`cache_dir`): `COSMOS3_KERNEL_CACHE` where set ("off" keeps nothing), else `kernels/` under the
-studio's cache folder (`COSMOS3_STUDIO_CACHE`, default ~/.cache/cosmos3-studio), or on a Hugging Face Space
-(`SPACE_ID` set) under `HF_HOME`, the folder a Space's persistent storage holds.
+The folder: `engine.config.Config.kernel_cache_dir` (`COSMOS3_KERNEL_CACHE` where set, "off" keeping nothing, else
+`kernels/` under the studio's cache folder, or on a Hugging Face Space under `HF_HOME`); this package takes it as
+an argument and never reads the environment (`cosmos3_kernels.settings`).
 """
 from __future__ import annotations
 
@@ -24,12 +24,13 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Mapping, MutableMapping
+from typing import MutableMapping
+
+from cosmos3_kernels import settings
 
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "COSMOS3_KERNEL_CACHE"
-OFF_VALUES = ("off", "none", "0")
 # Each compiler's disk-cache variable and the subfolder it gets.
 COMPILER_CACHES = {
     "TRITON_CACHE_DIR": "triton",
@@ -45,25 +46,10 @@ KEYED_PACKAGES = ("triton", "flash-attn-4", "quack-kernels", "nvidia-cutlass-dsl
 STORE_VERSION = 2  # 2: decisions are generic records (a backend name and its times), `cosmos3_kernels.autotune`
 
 
-def cache_dir(environ: Mapping[str, str] | None = None) -> Path | None:
-    """The cache folder (see the module docstring); None where `COSMOS3_KERNEL_CACHE` turns it off."""
-    environ = os.environ if environ is None else environ
-    named = environ.get(CACHE_ENV, "").strip()
-    if named.lower() in OFF_VALUES:
-        return None
-    if named:
-        return Path(named).expanduser()
-    if environ.get("SPACE_ID"):
-        hf_home = environ.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
-        return Path(hf_home).expanduser() / "cosmos3-studio" / "kernels"
-    studio = environ.get("COSMOS3_STUDIO_CACHE") or str(Path.home() / ".cache" / "cosmos3-studio")
-    return Path(studio).expanduser() / "kernels"
-
-
-def configure_compiler_caches(folder: Path | None, environ: MutableMapping[str, str] | None = None) -> dict:
-    """Point each compiler's disk cache into `folder` unless its variable is already set; returns what was set.
-    Call before the first kernel compiles (the engine does at model load)."""
-    environ = os.environ if environ is None else environ
+def configure_compiler_caches(folder: Path | None, environ: MutableMapping[str, str]) -> dict:
+    """Point each compiler's disk cache into `folder` unless its variable is already set in `environ` (the
+    process's environment, which the compilers read); returns what was set. Call before the first kernel compiles
+    (`engine.config.apply_process_environment` does, at start-up)."""
     if folder is None:
         return {}
     done = {}
@@ -124,8 +110,10 @@ def environment_fingerprint(device=None) -> dict:
         out.update(gpu="cpu")
     for name in KEYED_PACKAGES:
         out[name] = _package_version(name)
+    switches = settings.current()
+    on = {"COSMOS3_FLASH4": switches.flash4, "COSMOS3_QUACK": switches.quack}
     for name in KEYED_SWITCHES:
-        out[name] = os.environ.get(name)
+        out[name] = None if on[name] else "0"  # as the variable was recorded before: unset (on) or 0
     return out
 
 
@@ -176,9 +164,9 @@ class DecisionStore:
             log.warning("could not write dispatch decisions to %s: %s", self.path, err)
 
 
-def open_store(device=None, environ: Mapping[str, str] | None = None) -> DecisionStore | None:
-    """The decision store of this environment in the cache folder, None where the cache is off."""
-    folder = cache_dir(environ)
+def open_store(folder: Path | None, device=None) -> DecisionStore | None:
+    """The decision store of this environment in the cache `folder` (`engine.config.Config.kernel_cache_dir`),
+    None where the cache is off."""
     if folder is None:
         return None
     return DecisionStore(folder / "dispatch", environment_fingerprint(device))

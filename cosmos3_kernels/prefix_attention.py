@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,6 +22,7 @@ import triton
 import triton.language as tl
 
 from cosmos3_kernels import registry
+from cosmos3_kernels import settings
 from cosmos3_kernels.optional import installed, warn_if_installed
 from cosmos3_kernels.packed_kv import PackedKVLayout, kv_len_bucket
 
@@ -225,7 +225,7 @@ def check_prefix_attention_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, layo
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return settings.current().interpret
 
 
 def _tma_ok(kv_buffer: torch.Tensor) -> bool:
@@ -351,12 +351,10 @@ def _flash4_entry() -> tuple[Callable | None, bool, str | None]:
     ``_flash_attn_fwd``, which its public ``flash_attn_varlen_func`` wraps; the version is pinned in
     requirements-gpu.txt, and if that name ever moves we fall back to the public function (library
     defaults, one output copy) rather than fail."""
-    if os.environ.get(FLASH4_ENV_VAR, "1") == "0":
+    if not settings.current().flash4:
         return None, False, f"{FLASH4_ENV_VAR}=0"
-    # Its on-disk kernel cache (read when the library is imported; keyed by its sources and versions), so a
-    # restarted server loads a compiled config in ~0.01 s instead of compiling it again in ~2 s
-    # (bench/bench_flash4_cache.py, docs/perf-log/2026-12-02.md). An explicit setting, 0 included, is kept.
-    os.environ.setdefault(FLASH4_CACHE_ENV_VAR, "1")
+    # Its on-disk kernel cache (FLASH4_CACHE_ENV_VAR, read when the library is imported) is turned on at start-up
+    # by whoever runs the kernels (`engine.config.apply_process_environment`; bench/bench_flash4_cache.py).
     try:
         from flash_attn.cute import flash_attn_varlen_func
     except Exception as err:  # ImportError, or the CuTe DSL failing to load its compiler libraries
@@ -388,7 +386,7 @@ def flash4_advice() -> str | None:
     runs on our Triton kernel, which held a whole Nano T2I request at a ~300 MHz lower clock (1.78 s against
     1.46 s, docs/perf-log/2026-12-02.md). It reads the installed distributions without importing the library, which
     costs seconds."""
-    if not torch.cuda.is_available() or os.environ.get(FLASH4_ENV_VAR, "1") == "0":
+    if not torch.cuda.is_available() or not settings.current().flash4:
         return None
     major, minor = torch.cuda.get_device_capability()
     if major < 9 or installed(FLASH4_DISTRIBUTION):

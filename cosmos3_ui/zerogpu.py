@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 # A reservation covers loading onto the GPU, the estimate's error, and decoding on a slower slice.
 DURATION_MARGIN = 1.5
@@ -19,9 +18,10 @@ DURATION_MIN_S = 30
 DURATION_MAX_S = 600
 
 
-def zero_gpu_requested(environ=None) -> bool:
-    """What the Space says: SPACES_ZERO_GPU=true (or 1) on a ZeroGPU Space."""
-    value = (environ if environ is not None else os.environ).get("SPACES_ZERO_GPU", "")
+def zero_gpu_requested(environ: Mapping[str, str]) -> bool:
+    """What the Space says: SPACES_ZERO_GPU=true (or 1) on a ZeroGPU Space (`environ`: app.py passes the value
+    `engine.config.HostConfig.zero_gpu` read)."""
+    value = environ.get("SPACES_ZERO_GPU", "")
     return value.strip().lower() in ("1", "t", "true")
 
 
@@ -29,7 +29,7 @@ def spaces_installed() -> bool:
     return importlib.util.find_spec("spaces") is not None
 
 
-def on_zero_gpu(environ=None) -> bool:
+def on_zero_gpu(environ: Mapping[str, str]) -> bool:
     return zero_gpu_requested(environ) and spaces_installed()
 
 
@@ -52,7 +52,7 @@ def job_duration(registry) -> Callable[..., int]:
     return duration
 
 
-def gpu_wrapper(fn: Callable, duration: Callable[..., int], environ=None) -> Callable:
+def gpu_wrapper(fn: Callable, duration: Callable[..., int], environ: Mapping[str, str]) -> Callable:
     """`spaces.GPU(duration=duration)(fn)` on ZeroGPU; `fn` itself anywhere else."""
     if not on_zero_gpu(environ):
         return fn

@@ -9,17 +9,11 @@ Three floors, each importing only the ones below it:
   time estimates).
 
 The light parts (tables, inspection, validation, events) import at once; the denoising stack (torch,
-diffusers) is imported on first use of a name that needs it, so a UI can start in seconds.
+diffusers) is imported on first use of a name that needs it, so a UI can start in seconds. Importing it
+changes nothing in the process's environment: the start-up settings are `engine.config.apply_process_environment`'s
+(called by app.py, `python -m engine` and `engine.load_model`).
 """
-import os
 from importlib import import_module
-
-# MSLK (optional, the FP8 mode's activation quantiser, `engine.pipeline.fp8.QUANTISERS`) is used for its Triton
-# kernel only. Its native library, which `import mslk` loads and torchao imports whenever MSLK is installed, is
-# built for one torch release; where it does not match (torch 2.11 on the H200 host with mslk-cuda 1.1.0), that
-# import fails and takes torchao's float8 with it. Python-only mode skips it; it must be set before anything
-# imports torchao, hence here.
-os.environ.setdefault("MSLK_PYTHON_ONLY", "1")
 
 from .model.action import ACTION_DOMAINS, ACTION_KINDS, RESOLUTION_TIERS, VIEW_POINTS
 from .model.defaults import FAMILY_TABLE, Limits, sampling_defaults, sampling_limits

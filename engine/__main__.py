@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    from .config import ConfigError, apply_process_environment, build_config
     from .model.loader import resolve_source
     from .parallel.load import load_model
     from .model.variants import CheckpointError, inspect_checkpoint
@@ -50,6 +51,12 @@ def main(argv=None) -> int:
         print(json.dumps({**info.summary(), "defaults": defaults}, indent=2))
         return 0
 
+    try:
+        config = build_config()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    apply_process_environment(config)  # before torch's libraries are imported
     from .pipeline.run import generate
 
     try:
@@ -68,7 +75,7 @@ def main(argv=None) -> int:
             prompt = handle.read()
     request = {**params, "mode": args.mode, "prompt": prompt}
     try:
-        model = load_model(args.model, device=args.device, gpus=args.gpus)
+        model = load_model(args.model, device=args.device, gpus=args.gpus, config=config)
         try:
             result = generate(model, request, outputs_root=args.out, model_name=args.model,
                               on_progress=lambda e: print(f"[{e.stage}] {e.step}/{e.total}", file=sys.stderr))

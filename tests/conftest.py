@@ -19,6 +19,12 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest  # noqa: E402
 
+from engine.config import apply_process_environment, build_config  # noqa: E402
+
+# What app.py and `engine.load_model` do at start-up (MSLK's native library kept unloaded before anything imports
+# torchao; the kernels' settings, the interpreter above included), done once for the session's process.
+apply_process_environment(build_config())
+
 
 @pytest.fixture(scope="session")
 def tiny_family(tmp_path_factory):

@@ -15,7 +15,7 @@ def test_defaults():
     args = app.parse_args([])
     assert (args.host, args.port, args.queue_size, args.model) == ("127.0.0.1", 7860, 16, [])
     assert args.outputs == (Path.cwd() / "outputs").resolve()
-    assert args.cache_dir == app.default_cache_dir()
+    assert args.cache_dir == args.config.paths.studio_cache_dir()
 
 
 def test_models_are_repeatable_name_source_pairs(tmp_path):

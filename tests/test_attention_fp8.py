@@ -126,7 +126,7 @@ def nano(tiny_family):
 
 @pytest.mark.parametrize("threshold,expect_calls", [(0, True), (10**9, False)])
 def test_the_fp8_mode_routes_long_attention_calls_to_fp8(nano, monkeypatch, threshold, expect_calls):
-    monkeypatch.setattr(fp8, "check_available", lambda device, policy=None: None)
+    monkeypatch.setattr(fp8, "check_available", lambda device, policy=None, backend="": None)
     monkeypatch.setattr(fp8, "FP8_ATTENTION_MIN_GEN_TOKENS", threshold)
     calls = []
 
@@ -135,7 +135,7 @@ def test_the_fp8_mode_routes_long_attention_calls_to_fp8(nano, monkeypatch, thre
         return attention_fp8.prefix_attention_fp8_reference(q, kv_buffer, layout, **kwargs)
 
     recorded.name = "recorded"
-    monkeypatch.setattr(fp8, "fp8_attention", lambda policy, device: recorded if policy.attention else None)
+    monkeypatch.setattr(fp8, "fp8_attention", lambda policy, device, **backend: recorded if policy.attention else None)
     request = dict(mode="t2v", prompt="a lighthouse at dusk", negative_prompt="blurry", seed=3, steps=2, num_frames=9)
     layers = len(nano.transformer.layers)
     try:
@@ -165,10 +165,10 @@ def test_the_fp8_attention_and_its_cudnn_graphs_outlive_a_change_of_policy(nano,
     # graph (~1 s per shape on the H200) on each switch.
     from engine.pipeline.fast_path import fused_projections
 
-    monkeypatch.setattr(fp8, "check_available", lambda device, policy=None: None)
+    monkeypatch.setattr(fp8, "check_available", lambda device, policy=None, backend="": None)
     made = []
     monkeypatch.setattr(fp8, "fp8_attention",
-                        lambda policy, device: made.append(policy.name) or object() if policy.attention else None)
+                        lambda policy, device, **backend: made.append(policy.name) or object() if policy.attention else None)
     try:
         nano.fp8_weights = None
         runners = []

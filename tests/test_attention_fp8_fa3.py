@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+from engine.config import build_config
 from engine.pipeline import fp8
 from engine.pipeline.fp8 import FP8Policy
 from cosmos3_kernels import attention_fp8, attention_fp8_fa3
@@ -64,7 +65,6 @@ def test_the_cuda_path_refuses_what_it_cannot_run():
 @pytest.fixture
 def hopper(monkeypatch):
     """A Hopper GPU as far as the FP8 mode's checks go, with each backend's own check replaceable."""
-    monkeypatch.delenv("COSMOS3_FP8_ATTENTION", raising=False)
     monkeypatch.setattr(fp8, "_hopper_missing", lambda device: None)
     state = {"fa3": None, "cudnn": None}
     monkeypatch.setattr(attention_fp8_fa3, "unavailable", lambda device: state["fa3"])
@@ -99,32 +99,37 @@ def test_the_fp8_mode_takes_the_first_backend_the_host_can_run(hopper, monkeypat
         fp8.check_available("cuda", policy)
 
 
+def named(variable: str, value: str):
+    """What `COSMOS3_FP8_ATTENTION` or `COSMOS3_FA3_PACK_GQA` set to `value` hands the FP8 mode (engine.config)."""
+    section = build_config({variable: value}).fp8
+    return section.attention if variable == "COSMOS3_FP8_ATTENTION" else section.fa3_pack_gqa
+
+
 def test_cosmos3_fp8_attention_names_one_backend(hopper, monkeypatch):
-    monkeypatch.setenv("COSMOS3_FP8_ATTENTION", "fa3")
-    assert isinstance(fp8.fp8_attention(FP8Policy.parse("row:attn"), "cuda"), attention_fp8_fa3.FA3FP8Attention)
-    monkeypatch.setenv("COSMOS3_FP8_ATTENTION", "cudnn")
-    assert fp8.attention_backend("cuda") == ("cudnn", None)  # though FA3 could run
+    backend = named("COSMOS3_FP8_ATTENTION", "fa3")
+    assert isinstance(fp8.fp8_attention(FP8Policy.parse("row:attn"), "cuda", backend=backend),
+                      attention_fp8_fa3.FA3FP8Attention)
+    backend = named("COSMOS3_FP8_ATTENTION", "cudnn")
+    assert fp8.attention_backend("cuda", backend) == ("cudnn", None)  # though FA3 could run
     hopper["cudnn"] = "nvidia-cudnn-frontend is not installed"
-    assert fp8.attention_backend("cuda") == (None, "nvidia-cudnn-frontend is not installed")  # no fallback to FA3
-    monkeypatch.setenv("COSMOS3_FP8_ATTENTION", "flash")
+    assert fp8.attention_backend("cuda", backend) == (None, "nvidia-cudnn-frontend is not installed")  # no fallback
     with pytest.raises(ValueError, match=r"COSMOS3_FP8_ATTENTION='flash': allowed one of \['fa3', 'cudnn'\]"):
-        fp8.attention_backend("cuda")
+        named("COSMOS3_FP8_ATTENTION", "flash")
 
 
 def test_fa3_runs_unpacked_unless_told_otherwise(hopper, monkeypatch):
     policy = FP8Policy.parse("row:in+attn")
-    monkeypatch.delenv("COSMOS3_FA3_PACK_GQA", raising=False)
-    assert attention_fp8_fa3.PACK_GQA is False and fp8.fp8_attention(policy, "cuda").pack_gqa is False  # measured
+    unset = build_config({}).fp8.fa3_pack_gqa
+    assert attention_fp8_fa3.PACK_GQA is False and fp8.fp8_attention(policy, "cuda", pack_gqa=unset).pack_gqa is False
     for text, expected in (("1", True), ("0", False), ("auto", None)):
-        monkeypatch.setenv("COSMOS3_FA3_PACK_GQA", text)
-        assert fp8.fp8_attention(policy, "cuda").pack_gqa is expected
-    monkeypatch.setenv("COSMOS3_FA3_PACK_GQA", "yes")
+        pack = named("COSMOS3_FA3_PACK_GQA", text)
+        assert fp8.fp8_attention(policy, "cuda", pack_gqa=pack).pack_gqa is expected
     with pytest.raises(ValueError, match=r"COSMOS3_FA3_PACK_GQA='yes': allowed '1', '0', 'auto'"):
-        fp8.fp8_attention(policy, "cuda")
+        named("COSMOS3_FA3_PACK_GQA", "yes")
 
 
 def test_each_runner_names_itself_as_cosmos3_fp8_attention_spells_it(hopper, monkeypatch):
     # A result's summary reports the runner's name; it must be the spelling that reproduces the result.
     for spelling in fp8.FP8_ATTENTION_BACKENDS:
-        monkeypatch.setenv("COSMOS3_FP8_ATTENTION", spelling)
-        assert fp8.fp8_attention(FP8Policy.parse("row:attn"), "cuda").name == spelling
+        backend = named("COSMOS3_FP8_ATTENTION", spelling)
+        assert fp8.fp8_attention(FP8Policy.parse("row:attn"), "cuda", backend=backend).name == spelling

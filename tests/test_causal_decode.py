@@ -143,6 +143,7 @@ def test_fast_plans_stay_close_in_bf16(vae_bf16, plan):
 
 
 def test_the_switch_and_the_rule_pick_the_plan(vae, monkeypatch):
+    from engine.config import build_config
     from engine.pipeline.causal_decode import VIDEO_PLAN, plan_for
     from engine.pipeline.fast_path import FastPathOptions
 
@@ -154,13 +155,13 @@ def test_the_switch_and_the_rule_pick_the_plan(vae, monkeypatch):
     assert plan_for(vae, video, "cuda", FastPathOptions(enabled=False)) is None
     assert VIDEO_PLAN.upsample == "subpixel" and VIDEO_PLAN.norm_fp32
     monkeypatch.setenv("COSMOS3_VAE_SUBPIXEL", "0")
-    nearest = FastPathOptions.from_env(torch.device("cuda"))
+    nearest = FastPathOptions.from_config(build_config(), torch.device("cuda"))
     assert plan_for(vae, video, "cuda", nearest) == DecodePlan(elementwise="triton", fold_bias=True, norm_fp32=True)
     monkeypatch.setenv("COSMOS3_VAE_NORM_FP32", "0")
-    rounded = FastPathOptions.from_env(torch.device("cuda"))
+    rounded = FastPathOptions.from_config(build_config(), torch.device("cuda"))
     assert plan_for(vae, video, "cuda", rounded) == DecodePlan(elementwise="triton", fold_bias=True)
     monkeypatch.setenv("COSMOS3_VAE_FAST_DECODE", "0")
-    off = FastPathOptions.from_env(torch.device("cuda"))
+    off = FastPathOptions.from_config(build_config(), torch.device("cuda"))
     assert not off.vae_fast_decode and plan_for(vae, video, "cuda", off) is None
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import engine
+from engine.config import build_config
 from engine.pipeline.fast_path import FastGenTower, FastPathOptions
 from engine.pipeline.outputs import frames_to_uint8
 from engine.pipeline.prefill import EagerGenTower
@@ -89,7 +90,7 @@ def test_eager_tower_is_the_default_off_the_gpu(model, monkeypatch):
     generate(model, dict(REQUEST, steps=1))
     assert isinstance(towers[0], EagerGenTower)
     monkeypatch.setenv("COSMOS3_FAST", "0")
-    assert not FastPathOptions.from_env(model.device).enabled
+    assert not FastPathOptions.from_config(build_config(), model.device).enabled
 
 
 @pytest.mark.parametrize("video_qk_fp32,frames,rounded", [
@@ -106,11 +107,11 @@ def test_rounds_qk_norm_keeps_diffusers_roundings_for_images_only(video_qk_fp32,
 @pytest.mark.parametrize("variable,field", [("COSMOS3_VIDEO_QK_FP32", "video_qk_fp32"),
                                             ("COSMOS3_MLP_EPILOGUE", "mlp_epilogue"),
                                             ("COSMOS3_RESIDUAL_EPILOGUE", "residual_epilogue")])
-def test_rounding_switches_read_the_environment(variable, field, monkeypatch):
+def test_rounding_switches_come_from_the_configuration(variable, field, monkeypatch):
     monkeypatch.setenv(variable, "0")
-    assert getattr(FastPathOptions.from_env(torch.device("cpu")), field) is False
+    assert getattr(FastPathOptions.from_config(build_config(), torch.device("cpu")), field) is False
     monkeypatch.delenv(variable)
-    assert getattr(FastPathOptions.from_env(torch.device("cpu")), field) is True
+    assert getattr(FastPathOptions.from_config(build_config(), torch.device("cpu")), field) is True
 
 
 def _exact_and_fast(model, mode: str, **options):
@@ -288,10 +289,10 @@ def test_gen_block_is_not_shared_when_positions_do_not_shift_alike(model, monkey
     skewed[1, text + 1:] += 1  # one axis shifted for all but the first gen token: no longer one shift per axis
     assert not fast_path.gen_positions_shift_alike([branches[0], type(branches[1])(1, branches[1].token_ids, skewed)])
     assert not fast_path.gen_positions_shift_alike(branches[:1])
-    default = FastPathOptions.from_env(torch.device("cpu"))
+    default = FastPathOptions.from_config(build_config(), torch.device("cpu"))
     assert default.share_first_attention
     monkeypatch.setenv("COSMOS3_SHARE_FIRST_ATTENTION", "0")
-    assert not FastPathOptions.from_env(torch.device("cpu")).share_first_attention
+    assert not FastPathOptions.from_config(build_config(), torch.device("cpu")).share_first_attention
 
 
 def test_gen_block_is_shared_only_from_a_videos_gen_length(model, monkeypatch):

@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("torchao")
 
 import engine  # noqa: E402
+from engine.config import build_config  # noqa: E402
 from engine.model.loader import component_parameter_count, fp8_weight_bytes, load_in_process  # noqa: E402
 from engine.parallel.load import FP8OnlyLoader  # noqa: E402
 from engine.pipeline import fp8  # noqa: E402
@@ -92,7 +93,7 @@ def super_pair(tiny_family, request):
     bf16, _ = _sizes(root)
     budget = int((bf16 + fp8_weight_bytes(root, 4, loader.policy)) / 2 / 0.9)  # bf16 over 90% of it, FP8 under
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fp8, "check_available", lambda device, policy=None: None)  # the loader's GPU check, bypassed on the CPU
+        patch.setattr(fp8, "check_available", lambda device, policy=None, backend="": None)  # the loader's GPU check, bypassed on the CPU
         fp8_model = load_in_process(root, device="cpu", memory_budget_bytes=budget, fp8_loader=loader)
     reference = load_in_process(root, device="cpu")
     for name, module in reference.transformer.named_children():
@@ -105,7 +106,7 @@ def test_super_fp8_only_equals_fp8_beside_bf16_and_says_fp8(super_pair, monkeypa
     """Same weights, same policy: the FP8-only model and FP8 weights quantised beside the bf16 ones give
     the same frames; every result of the FP8-only model is labelled FP8, fast path or not."""
     fp8_model, reference = super_pair
-    monkeypatch.setattr(fp8, "check_available", lambda device, policy=None: None)  # FP8 beside bf16, on the CPU
+    monkeypatch.setattr(fp8, "check_available", lambda device, policy=None, backend="": None)  # FP8 beside bf16, on the CPU
     assert fp8_model.fp8_weights.resident and fp8_model.transformer.layers[0].self_attn.to_q.weight.dtype == torch.bfloat16
     fp8_model.fast_path = FastPathOptions(**FAST)  # fp8 not even asked for: the model holds nothing else
     reference.fast_path = FastPathOptions(**FAST, fp8=True, fp8_policy=fp8_model.fp8_weights.policy.name)
@@ -139,7 +140,7 @@ def test_one_gpu_rule_with_and_without_fp8(tiny_family, monkeypatch):
     # Where bf16 fits, asking for FP8 keeps the bf16 model (FP8 weights come beside it per request).
     assert load_in_process(root, device="cpu", fp8_loader=_row_loader).fp8_weights is None
     # engine.load_model asks the FP8-only build (Super's FP8 mode) for a GPU with FP8 tensor cores.
-    mode_budget = int((bf16 + fp8_weight_bytes(root, 4, fp8.policy_from_env("super"))) / 2 / 0.9)
+    mode_budget = int((bf16 + fp8_weight_bytes(root, 4, fp8.policy_for("super"))) / 2 / 0.9)
     with pytest.raises(fp8.FP8Unavailable, match="needs a CUDA GPU"):
         engine.load_model(root, device="cpu", memory_budget_bytes=mode_budget, fp8=True)
 
@@ -156,22 +157,23 @@ def test_the_fp8_size_follows_the_policy(tiny_family):
 
 def test_the_fp8_mode_is_the_measured_policy_per_family(monkeypatch):
     monkeypatch.delenv("COSMOS3_FP8_POLICY", raising=False)
-    assert {f: fp8.policy_from_env(f).name for f in ("nano", "super", "edge")} == {
+    assert {f: fp8.policy_for(f).name for f in ("nano", "super", "edge")} == {
         "nano": "row:in+attn", "super": "row:in+attn", "edge": "row:down"}
     # Nano's attention joins its MLP input in FP8 (only from FP8_ATTENTION_MIN_GEN_TOKENS per branch, by
     # FP8Weights.attends_in_fp8). Where no FP8 attention can run, the default does not ask for it: the
     # GEMM policy stays.
-    assert fp8.policy_from_env("nano", attention_available=False).name == "row:in"
-    assert fp8.policy_from_env("edge", attention_available=False).name == "row:down"
+    assert fp8.policy_for("nano", attention_available=False).name == "row:in"
+    assert fp8.policy_for("edge", attention_available=False).name == "row:down"
     assert fp8.attention_unavailable("cpu") == "a CUDA GPU (this model runs on 'cpu')"
     # Where MSLK's quantiser can run, the default takes it (the same GEMMs, one kernel per activation instead of six).
-    assert {f: fp8.policy_from_env(f, mslk_available=True).name for f in ("nano", "super", "edge")} == {
+    assert {f: fp8.policy_for(f, mslk_available=True).name for f in ("nano", "super", "edge")} == {
         "nano": "row:in+attn/mslk", "super": "row:in+attn/mslk", "edge": "row:down/mslk"}
     assert fp8.mslk_unavailable("cpu") == "a CUDA GPU (this model runs on 'cpu')"
     monkeypatch.setenv("COSMOS3_FP8_POLICY", "tensor-exact")
-    assert fp8.policy_from_env("edge").name == "tensor-exact"
-    assert fp8.policy_from_env("edge", mslk_available=True).name == "tensor-exact"  # a named policy stays as named
-    assert FastPathOptions.from_env(torch.device("cpu")).fp8_policy == "tensor-exact"
+    named = build_config().fp8.policy
+    assert fp8.policy_for("edge", named).name == "tensor-exact"
+    assert fp8.policy_for("edge", named, mslk_available=True).name == "tensor-exact"  # a named policy stays as named
+    assert FastPathOptions.from_config(build_config(), torch.device("cpu")).fp8_policy == "tensor-exact"
 
 
 def test_the_quantiser_reaches_torchaos_activation_and_the_gemm_stays_torchs():

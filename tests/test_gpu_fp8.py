@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-import engine  # noqa: F401  (first: it keeps MSLK's native library unloaded before anything imports torchao)
+import engine  # noqa: F401  (MSLK_PYTHON_ONLY is set by tests/conftest.py's start-up call, engine.config.apply_process_environment)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

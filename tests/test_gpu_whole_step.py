@@ -63,10 +63,11 @@ def _generate(model, request, whole: bool, **options):
     """`generate` with the whole step on or off and any other fast-path switches (`FastPathOptions` fields)."""
     from dataclasses import replace
 
+    from engine.config import build_config
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.run import generate
 
-    model.fast_path = replace(FastPathOptions.from_env(model.device), whole_step=whole, **options)
+    model.fast_path = replace(FastPathOptions.from_config(build_config(), model.device), whole_step=whole, **options)
     try:
         return generate(model, request)
     finally:

@@ -327,7 +327,9 @@ def test_the_real_spaces_package(tiny_family, tmp_path):
         "run = lambda model_name, request, outputs_root: 'ran'\n"
         "assert spaces.GPU(duration=lambda *a: 30)(run) is run\n"
         "from cosmos3_ui import zerogpu\n"
-        "assert zerogpu.gpu_wrapper(run, lambda *a: 30) is run and not zerogpu.on_zero_gpu()\n"
+        "from engine.config import build_config\n"
+        "space = {'SPACES_ZERO_GPU': build_config().host.zero_gpu}\n"
+        "assert zerogpu.gpu_wrapper(run, lambda *a: 30, space) is run and not zerogpu.on_zero_gpu(space)\n"
         "print('identity')")], cwd=root, env={k: v for k, v in os.environ.items() if k != "SPACES_ZERO_GPU"},
         capture_output=True, text=True, timeout=180)
     assert off.stdout.strip() == "identity", off.stderr[-2000:]

@@ -1,12 +1,13 @@
 """Prefix attention (varlen CFG branches, GQA) against SDPA per branch in fp32."""
-import os
 import sys
 import types
+from dataclasses import replace
 
 import pytest
 import torch
 
 from cosmos3_kernels import prefix_attention as pa
+from cosmos3_kernels import settings
 from cosmos3_kernels.dispatch import DEFAULT_ATTENTION_CONFIGS
 from cosmos3_kernels.packed_kv import PackedKVLayout
 from attention_fp32 import sdpa_per_branch_fp32
@@ -134,7 +135,7 @@ def test_the_start_up_advice_names_flash4_only_where_it_would_help_and_is_missin
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (major, 0))
         monkeypatch.setattr(pa, "installed", lambda name: installed and name == "flash-attn-4")
 
-    monkeypatch.delenv(pa.FLASH4_ENV_VAR, raising=False)
+    monkeypatch.setattr(settings, "_current", replace(settings.current(), flash4=True))
     gpu(9, installed=False)
     advice = pa.flash4_advice()
     assert "flash-attn-4 is not installed" in advice and "9.0" in advice
@@ -144,10 +145,10 @@ def test_the_start_up_advice_names_flash4_only_where_it_would_help_and_is_missin
     gpu(8, installed=False)  # an Ampere GPU: flash-attn-4's kernel does not run there
     assert pa.flash4_advice() is None
     gpu(9, installed=False)
-    monkeypatch.setenv(pa.FLASH4_ENV_VAR, "0")  # left out on purpose
+    monkeypatch.setattr(settings, "_current", replace(settings.current(), flash4=False))  # left out on purpose
     assert pa.flash4_advice() is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.delenv(pa.FLASH4_ENV_VAR)
+    monkeypatch.setattr(settings, "_current", replace(settings.current(), flash4=True))
     assert pa.flash4_advice() is None
     monkeypatch.undo()
     assert pa.installed("torch") and not pa.installed("no-such-distribution-here")
@@ -172,18 +173,15 @@ def test_flash4_config_refuses_a_tile_the_kernel_cannot_take(tile, why):
 
 @pytest.mark.parametrize("preset", [None, "0", "1"])
 def test_flash4s_disk_cache_is_on_unless_set(monkeypatch, preset):
-    if preset is None:  # set first, so that the teardown restores whatever was there before
-        monkeypatch.setenv(pa.FLASH4_CACHE_ENV_VAR, "placeholder")
-        monkeypatch.delenv(pa.FLASH4_CACHE_ENV_VAR)
-    else:
-        monkeypatch.setenv(pa.FLASH4_CACHE_ENV_VAR, preset)
-    monkeypatch.setenv(pa.FLASH4_ENV_VAR, "1")
-    pa._flash4_entry.cache_clear()
-    try:
-        pa._flash4_entry()  # sets the default before it imports the library (installed or not)
-        assert os.environ[pa.FLASH4_CACHE_ENV_VAR] == (preset or "1")
-    finally:
-        pa._flash4_entry.cache_clear()
+    """Set at start-up, before anything imports the library (`engine.config.apply_process_environment`), unless
+    set already or flash-attn-4 is switched off."""
+    from engine.config import apply_process_environment, build_config
+
+    monkeypatch.setattr(settings, "_current", settings.current())  # restored after: the start-up call sets it
+    for flash4, expected in (("1", preset or "1"), ("0", preset)):
+        environ = {} if preset is None else {pa.FLASH4_CACHE_ENV_VAR: preset}
+        apply_process_environment(build_config({"COSMOS3_FLASH4": flash4, "COSMOS3_KERNEL_CACHE": "off"}), environ)
+        assert environ.get(pa.FLASH4_CACHE_ENV_VAR) == expected
 
 
 class FakeFlash4:
@@ -276,7 +274,7 @@ def test_an_installed_flash4_that_does_not_import_is_logged_once_with_its_error_
     flash-attn-4 out, with the import error as the reason), and the log says why it is slower and how to repair it.
     Absent on purpose, nothing is logged (the start-up advice covers that). `imported before`: the library's
     modules are already loaded, as after the GPU tests that ran it (the staging must still make it fail)."""
-    monkeypatch.setenv(pa.FLASH4_ENV_VAR, "1")
+    monkeypatch.setattr(settings, "_current", replace(settings.current(), flash4=True))
     if imported_before:
         package, cute = types.ModuleType("flash_attn"), types.ModuleType("flash_attn.cute")
         cute.flash_attn_varlen_func = lambda *args, **kwargs: None

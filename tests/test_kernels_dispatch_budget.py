@@ -129,12 +129,16 @@ def test_only_measured_decisions_are_stored_and_two_stores_on_one_file_keep_both
 
 
 def test_the_cache_folder_and_the_compilers_caches(tmp_path, monkeypatch):
-    assert persist.cache_dir({persist.CACHE_ENV: str(tmp_path)}) == tmp_path
-    assert persist.cache_dir({persist.CACHE_ENV: "off"}) is None
-    assert persist.cache_dir({"COSMOS3_STUDIO_CACHE": str(tmp_path)}) == tmp_path / "kernels"
+    from engine.config import build_config  # the folder is the engine's to choose; the kernels take it
+
+    def cache_dir(environ):
+        return build_config(environ).kernel_cache_dir()
+
+    assert cache_dir({persist.CACHE_ENV: str(tmp_path)}) == tmp_path
+    assert cache_dir({persist.CACHE_ENV: "off"}) is None
+    assert cache_dir({"COSMOS3_STUDIO_CACHE": str(tmp_path)}) == tmp_path / "kernels"
     # On a Space: under HF_HOME, the folder its persistent storage keeps.
-    assert persist.cache_dir({"SPACE_ID": "org/app", "HF_HOME": "/data/hf"}) == \
-        persist.Path("/data/hf/cosmos3-studio/kernels")
+    assert cache_dir({"SPACE_ID": "org/app", "HF_HOME": "/data/hf"}) == persist.Path("/data/hf/cosmos3-studio/kernels")
     environ = {"TRITON_CACHE_DIR": "/mine"}
     done = persist.configure_compiler_caches(tmp_path, environ)
     assert environ["TRITON_CACHE_DIR"] == "/mine" and "TRITON_CACHE_DIR" not in done  # a variable set is kept

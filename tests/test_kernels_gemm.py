@@ -2,13 +2,14 @@
 own pass), or QuACK's GEMM with the activation in its epilogue, only where the caller allows one rounding and it is
 no further from fp32. The CPU tests cover the rules and the references; the GPU ones run QuACK where installed."""
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from cosmos3_kernels import dispatch as dsp
-from cosmos3_kernels import gemm
+from cosmos3_kernels import gemm, settings
 from broken_install import assert_repair_warning, broken_install
 
 cuda = torch.cuda.is_available()
@@ -41,7 +42,7 @@ def test_config_label_spells_tile_kind_and_cluster():
 def test_quack_is_refused_with_the_reason(case, expected, monkeypatch):
     x, w = _xw()
     if case == "switched_off":
-        monkeypatch.setenv(gemm.QUACK_ENV_VAR, "0")
+        monkeypatch.setattr(settings, "_current", replace(settings.current(), quack=False))
     elif case == "float32":
         x, w = x.float(), w.float()
     elif case == "subclass":

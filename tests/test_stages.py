@@ -61,11 +61,11 @@ def test_the_step_reads_nothing_back_from_the_device(nano, request_, monkeypatch
 
 
 def test_fast_path_options_are_read_once_per_request(nano, monkeypatch):
-    """The switches come from the environment once per request, not at every step."""
+    """The switches come from the configuration once per request, not at every step."""
     reads = []
-    original = fast_path.FastPathOptions.from_env.__func__
-    monkeypatch.setattr(fast_path.FastPathOptions, "from_env",
-                        classmethod(lambda cls, device: reads.append(1) or original(cls, device)))
+    original = fast_path.FastPathOptions.from_config.__func__
+    monkeypatch.setattr(fast_path.FastPathOptions, "from_config",
+                        classmethod(lambda cls, config, device: reads.append(1) or original(cls, config, device)))
     nano.fast_path = None
     generate(nano, dict(mode="t2i", prompt="a red kite", steps=4, seed=1))
     assert len(reads) == 1

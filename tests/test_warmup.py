@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from engine.config import build_config
 from engine.model.variants import VariantInfo, inspect_checkpoint
 from engine.pipeline import run as pipeline_run
 from engine.serving import queue as job_queue
@@ -51,12 +52,12 @@ def test_a_released_edge_warms_36_short_runs_and_nano_12():
 ])
 def test_cosmos3_warmup_names_the_modes_or_turns_warm_up_off(value, modes):
     environ = {} if value is None else {"COSMOS3_WARMUP": value}
-    assert warmup.modes_from_env(environ) == modes
+    assert build_config(environ).warmup.modes == modes
 
 
 def test_an_unknown_mode_in_cosmos3_warmup_says_what_was_received_and_what_is_allowed(monkeypatch, tmp_path):
     with pytest.raises(ValueError) as info:
-        warmup.modes_from_env({"COSMOS3_WARMUP": "t2i,i2v"})
+        build_config({"COSMOS3_WARMUP": "t2i,i2v"})
     message = str(info.value)
     assert "COSMOS3_WARMUP='t2i,i2v'" in message and "'i2v'" in message
     assert "t2i, t2v" in message and "'off'" in message

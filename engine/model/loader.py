@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config import configured
 from .variants import CheckpointError, VariantInfo, inspect_checkpoint
 
 # Files the engine reads. Edge repos also carry Reasoner (VLM) files at the root, which we skip.
@@ -170,7 +171,8 @@ class LoadedModel:
     dropped_scheduler_keys: list[str] = field(default_factory=list)
     dropped_weight_keys: list[str] = field(default_factory=list)
     native_flow_schedule: bool = False
-    # Fast-path switches (None: from the environment) and the kernel dispatchers' measured choices,
+    config: Any = None  # engine.config.Config it was loaded under (load_in_process: the environment's where not given)
+    # Fast-path switches (None: from `config`) and the kernel dispatchers' measured choices,
     # kept per model so they persist across requests.
     fast_path: Any = None
     dispatchers: dict = field(default_factory=dict)
@@ -295,11 +297,12 @@ def _fp8_only_fits(info, root: Path, device, need: int, budget: int | None, weig
 
 def load_in_process(source: str | os.PathLike, *, device: str | None = None, safety: bool = False,
                     memory_budget_bytes: int | None = None, transformer_loader=None, weight_shards: int = 1,
-                    fp8_loader=None):
+                    fp8_loader=None, config=None):
     """Load a Cosmos3 checkpoint's components into this process, on one device. See the module docstring.
     `engine.load_model` (engine.parallel.load) calls it for one GPU and each rank of a group for its own;
     `transformer_loader`/`weight_shards`: a rank's shard. `fp8_loader` (engine.parallel.load.FP8OnlyLoader): FP8
     asked for; it builds the transformer FP8-only where bf16 does not fit and FP8 does (engine.pipeline.fp8)."""
+    config = configured(config)  # what the model runs under (None: the environment's), set before torch loads
     import torch
     import diffusers
     from transformers import AutoTokenizer
@@ -371,8 +374,7 @@ def load_in_process(source: str | os.PathLike, *, device: str | None = None, saf
         scheduler_class=scheduler_class, scheduler_config=scheduler_config, sound_tokenizer=sound_tokenizer,
         safety_checker=safety_checker, device=device, dtype=dtype, dropped_scheduler_keys=dropped,
         dropped_weight_keys=dropped_weights, native_flow_schedule=bool(index.get("use_native_flow_schedule", False)),
-        fp8_weights=fp8_weights,
-    )
+        fp8_weights=fp8_weights, config=config)
 
 
 # What `cosmos_guardrail.CosmosSafetyChecker()` (0.3.2) fetches from the hub when it is built: the blocklist

@@ -94,7 +94,7 @@ def _picklable(exc: BaseException) -> BaseException:
 
 
 def _worker_main(rank: int, world: int, port: int, root: str, backend: str, weights: str,
-                 inbox, outbox, cancel_event) -> None:
+                 inbox, outbox, cancel_event, config=None) -> None:
     """One rank: join the group, load the model, then run every job put into `inbox` until None."""
     import torch
     import torch.distributed as dist
@@ -116,9 +116,9 @@ def _worker_main(rank: int, world: int, port: int, root: str, backend: str, weig
         if weights == "sharded":
             from .sharding import load_sharded
 
-            model = load_sharded(root, context)
+            model = load_sharded(root, context, config)
         else:
-            model = load_in_process(root, device=str(device))
+            model = load_in_process(root, device=str(device), config=config)
         model.parallel = context
     except Exception as exc:  # noqa: BLE001 - reported to the app, which fails the load with it
         outbox.put(("load_failed", rank, None, _picklable(exc)))
@@ -152,9 +152,10 @@ class GroupModel:
     is_group = True
 
     def __init__(self, source, gpus: int, *, weights: str | None = None, per_gpu_bytes: int | None = None,
-                 start_timeout_s: float = 1800.0):
+                 start_timeout_s: float = 1800.0, config=None):
         """`weights`: "replicated" or "sharded"; None chooses from the fit (`choose_weights`, against
-        `per_gpu_bytes`, else the first GPU's free memory)."""
+        `per_gpu_bytes`, else the first GPU's free memory). `config` (`engine.config.Config`): what every rank
+        runs under (None: each rank's environment's, inherited from this process)."""
         import torch
 
         self.root = resolve_source(source)
@@ -168,6 +169,7 @@ class GroupModel:
         if self.backend == "nccl" and torch.cuda.device_count() < gpus:
             raise ValueError(f"gpus={gpus}, but only {torch.cuda.device_count()} CUDA GPUs are visible.")
         self.safety_checker = None
+        self.config = config
         self.restarts = 0
         self.start_timeout_s = start_timeout_s
         self._context = _process_context()
@@ -199,7 +201,7 @@ class GroupModel:
         self._processes = [
             self._context.Process(target=_worker_main, name=f"cosmos3-rank{rank}", daemon=True,
                                   args=(rank, self.gpus, port, str(self.root), self.backend, self.weights,
-                                        self._inboxes[rank], self._outbox, self._cancel))
+                                        self._inboxes[rank], self._outbox, self._cancel, self.config))
             for rank in range(self.gpus)
         ]
         with _main_script_hidden():

@@ -97,7 +97,7 @@ def random_filler(rank: int, device: torch.device, std: float = 0.02):
     return fill
 
 
-def load_sharded(root, context):
+def load_sharded(root, context, config=None):
     """`engine.load_model` for one rank of a group whose transformer is sharded."""
     from ..model.loader import load_in_process
 
@@ -106,4 +106,4 @@ def load_sharded(root, context):
         return build_sharded_transformer(config, context, dtype, checkpoint_filler(folder))
 
     return load_in_process(root, device=str(context.device), transformer_loader=transformer_loader,
-                      weight_shards=context.world)
+                      weight_shards=context.world, config=config)

@@ -38,7 +38,8 @@
   that fits, instead of a capture per new length; attention then runs our Triton kernel or flash-attn-4,
   never SDPA, which slices by host integers.
 
-Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.EagerGenTower`). Switches:
+Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.EagerGenTower`). Switches
+(`engine.config.FastPathConfig`, read once by `engine.config.build_config`; docs/CONFIGURATION.md):
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_VIDEO_QK_FP32=0`, `COSMOS3_FUSED_PROJECTIONS=0`,
 `COSMOS3_VAE_CHANNELS_LAST=0`, `COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`,
@@ -50,18 +51,18 @@ approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`: FP8 GEMMs, and FP8 attentio
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 import torch
 
-from cosmos3_kernels.dispatch import TIMING_ENV_VAR, KernelDispatcher
+from cosmos3_kernels.dispatch import KernelDispatcher
 from cosmos3_kernels.graphs import capture
 from cosmos3_kernels.packed_kv import PackedKVLayout
-from cosmos3_kernels.persist import cache_dir, configure_compiler_caches, open_store
+from cosmos3_kernels.persist import open_store
 
-from .fp8 import fp8_from_env, tower_weights
+from ..config import Config, apply_process_environment, config_of
+from .fp8 import tower_weights
 from .transformer import KVCache
 
 T = TypeVar("T")
@@ -83,10 +84,6 @@ SHARE_MIN_GEN_TOKENS = 8192
 POSITION_SHIFT_TOLERANCE = 1e-3
 
 
-def _env_on(name: str) -> bool:
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
-
-
 @dataclass(frozen=True)
 class FastPathOptions:
     enabled: bool
@@ -106,34 +103,40 @@ class FastPathOptions:
     mlp_epilogue: bool = True  # a video's MLP activation in its input GEMM's epilogue (`fuses_mlp_activation`)
     residual_epilogue: bool = True  # a video's residual add in its output GEMMs' epilogue (`fuses_residual_add`)
     fp8: bool = False  # approximate: off unless asked for (engine.pipeline.fp8)
-    fp8_policy: str = ""  # which GEMMs and how (engine.pipeline.fp8.FP8Policy); "": COSMOS3_FP8_POLICY or the default
+    fp8_policy: str = ""  # which GEMMs and how (engine.pipeline.fp8.FP8Policy); "": the family's default
+    fp8_attention: str = ""  # the FP8 attention kernel (engine.pipeline.fp8.FP8_ATTENTION_BACKENDS); "": the fastest
+    fa3_pack_gqa: str = ""  # FA3's GQA packing (engine.pipeline.fp8.fa3_pack_gqa); "": the measured default
 
     @classmethod
-    def from_env(cls, device: torch.device) -> "FastPathOptions":
+    def from_config(cls, config: Config, device: torch.device) -> "FastPathOptions":
+        """The switches `config` (`engine.config.build_config`) asks for, on `device` (off the GPU: off)."""
+        fast, fp8 = config.fast_path, config.fp8
         return cls(
-            enabled=device.type == "cuda" and _env_on("COSMOS3_FAST"),
-            batched_cfg=_env_on("COSMOS3_BATCHED_CFG"),
-            cuda_graphs=device.type == "cuda" and _env_on("COSMOS3_CUDA_GRAPHS"),
-            kernels=os.environ.get("COSMOS3_KERNELS", "auto"),
-            fused_projections=_env_on("COSMOS3_FUSED_PROJECTIONS"),
-            video_qk_fp32=_env_on("COSMOS3_VIDEO_QK_FP32"),
-            vae_channels_last=_env_on("COSMOS3_VAE_CHANNELS_LAST"),
-            whole_step=_env_on("COSMOS3_WHOLE_STEP"),
-            uint8_frames=_env_on("COSMOS3_UINT8_FRAMES"),
-            vae_fast_decode=_env_on("COSMOS3_VAE_FAST_DECODE"),
-            vae_subpixel=_env_on("COSMOS3_VAE_SUBPIXEL"),
-            vae_norm_fp32=_env_on("COSMOS3_VAE_NORM_FP32"),
-            lengths_on_device=_env_on("COSMOS3_LENGTHS_ON_DEVICE"),
-            share_first_attention=_env_on("COSMOS3_SHARE_FIRST_ATTENTION"),
-            mlp_epilogue=_env_on("COSMOS3_MLP_EPILOGUE"),
-            residual_epilogue=_env_on("COSMOS3_RESIDUAL_EPILOGUE"),
-            fp8=fp8_from_env(),
-            fp8_policy=os.environ.get("COSMOS3_FP8_POLICY", "").strip(),
+            enabled=device.type == "cuda" and fast.fast,
+            batched_cfg=fast.batched_cfg,
+            cuda_graphs=device.type == "cuda" and fast.cuda_graphs,
+            kernels=config.kernels.mode,
+            fused_projections=fast.fused_projections,
+            video_qk_fp32=fast.video_qk_fp32,
+            vae_channels_last=fast.vae_channels_last,
+            whole_step=fast.whole_step,
+            uint8_frames=fast.uint8_frames,
+            vae_fast_decode=fast.vae_fast_decode,
+            vae_subpixel=fast.vae_subpixel,
+            vae_norm_fp32=fast.vae_norm_fp32,
+            lengths_on_device=fast.lengths_on_device,
+            share_first_attention=fast.share_first_attention,
+            mlp_epilogue=fast.mlp_epilogue,
+            residual_epilogue=fast.residual_epilogue,
+            fp8=fp8.enabled,
+            fp8_policy=fp8.policy,
+            fp8_attention=fp8.attention,
+            fa3_pack_gqa=fp8.fa3_pack_gqa,
         )
 
     @classmethod
     def for_model(cls, model) -> "FastPathOptions":
-        return model.fast_path if model.fast_path is not None else cls.from_env(model.device)
+        return model.fast_path if model.fast_path is not None else cls.from_config(config_of(model), model.device)
 
 
 def rounds_qk_norm(options: FastPathOptions, latent_frames: int | None) -> bool:
@@ -265,14 +268,12 @@ def dispatcher_for(model, mode: str) -> KernelDispatcher:
     cached = model.dispatchers.get(mode)
     if cached is None:
         # Measured choices are kept on disk for the next process (cosmos3_kernels.persist), where the cache is on.
-        store = None
+        store, config = None, config_of(model)
         if mode == "auto" and model.device is not None and torch.device(model.device).type == "cuda":
-            configure_compiler_caches(cache_dir())  # a model built without `engine.load_model` (benchmarks)
-            store = open_store(model.device)
-        # The settings this process runs under (engine/config.py will hand them over once it exists).
+            apply_process_environment(config)  # a model built without `engine.load_model` (benchmarks)
+            store = open_store(config.kernel_cache_dir(), model.device)
         cached = model.dispatchers[mode] = KernelDispatcher(
-            mode, timing=os.environ.get(TIMING_ENV_VAR, "graph"), interpret=os.environ.get("TRITON_INTERPRET") == "1",
-            store=store)
+            mode, timing=config.kernels.dispatch_timing, interpret=config.host.triton_interpret, store=store)
     return cached
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -151,12 +150,12 @@ class FP8Policy:
 # (all GEMMs in FP8: 4.61x / 5.13x); with it, the attention in FP8 ("row:in+attn", v centred): 2.94x / 2.84x
 # with cuDNN's FP8 SDPA forced at the gate's sizes (before v was centred: 3.24x / 3.80x), 2.95x / 2.81x with FA3's
 # FP8 forward and MSLK's quantiser; the attention runs from FP8_ATTENTION_MIN_GEN_TOKENS per branch (videos) only.
-# Where no FP8 attention can run, the default drops its "attn" role (`policy_from_env`). Edge: only the
+# Where no FP8 attention can run, the default drops its "attn" role (`policy_for`). Edge: only the
 # down projection passes (2.89x; its `in`: 3.17x; in+attn 3.21x); with torchao's quantiser it is slower than bf16
 # (313 ms against 255), with MSLK's level (258 against 262, one timed step each; by our reading the
 # quantisation of its 9216-wide input was the cost); its FP8 attention alone passes (1.18x) but timed 222.9
 # against 230.3 ms in one gate run and 247.9 against 233.9 in another (one timed step each), too close to call,
-# so Edge keeps row:down. Where MSLK is installed every default takes its quantiser ("/mslk", `policy_from_env`):
+# so Edge keeps row:down. Where MSLK is installed every default takes its quantiser ("/mslk", `policy_for`):
 # the gate moved by at most 0.03x.
 # Super shares Nano's architecture (SwiGLU) and takes its policy, attention included (an fp32 Super forward fits no
 # GPU, so its gate cannot be measured); built FP8-only, its GEMM weights are fixed at load. The attention in FP8
@@ -166,20 +165,14 @@ DEFAULT_POLICIES = {"nano": "row:in+attn", "super": "row:in+attn", "edge": "row:
 DEFAULT_POLICY = "row:in"  # any other family (custom checkpoints)
 
 
-def fp8_from_env() -> bool:
-    """`COSMOS3_FP8`: FP8 is off unless it says 1, true, on or yes (the one parse of the switch)."""
-    return os.environ.get("COSMOS3_FP8", "0").strip().lower() in ("1", "true", "on", "yes")
-
-
-def policy_from_env(family: str | None = None, spelling: str = "", attention_available: bool = True,
-                    mslk_available: bool = False) -> FP8Policy:
-    """`spelling` when given (`FastPathOptions.fp8_policy`), else `COSMOS3_FP8_POLICY` when set, else the
-    family's measured default: without its "attn" role where the FP8 attention is not `attention_available`,
-    with MSLK's quantiser where it is `mslk_available` (a default never asks for what the host lacks; a
-    policy named explicitly is checked, and refused, by `check_available`)."""
-    named = spelling or os.environ.get("COSMOS3_FP8_POLICY", "").strip()
-    if named:
-        return FP8Policy.parse(named)
+def policy_for(family: str | None = None, spelling: str = "", attention_available: bool = True,
+               mslk_available: bool = False) -> FP8Policy:
+    """`spelling` when given (`FastPathOptions.fp8_policy`, from `COSMOS3_FP8_POLICY`), else the family's measured
+    default: without its "attn" role where the FP8 attention is not `attention_available`, with MSLK's quantiser
+    where it is `mslk_available` (a default never asks for what the host lacks; a policy named explicitly is
+    checked, and refused, by `check_available`)."""
+    if spelling.strip():
+        return FP8Policy.parse(spelling.strip())
     default = FP8Policy.parse(DEFAULT_POLICIES.get(family, DEFAULT_POLICY))
     if default.attention and not attention_available:
         default = replace(default, attention=False)
@@ -188,15 +181,15 @@ def policy_from_env(family: str | None = None, spelling: str = "", attention_ava
     return default
 
 
-def host_policy(family: str | None, device, spelling: str = "") -> FP8Policy:
-    """`policy_from_env` for what this device and host can run."""
-    return policy_from_env(family, spelling, attention_available=attention_unavailable(device) is None,
-                           mslk_available=mslk_unavailable(device) is None)
+def host_policy(family: str | None, device, spelling: str = "", backend: str = "") -> FP8Policy:
+    """`policy_for` what this device and host can run (`backend`: the FP8 attention kernel named, "" any)."""
+    return policy_for(family, spelling, attention_available=attention_unavailable(device, backend) is None,
+                      mslk_available=mslk_unavailable(device) is None)
 
 
-def check_available(device, policy: FP8Policy | None = None) -> None:
+def check_available(device, policy: FP8Policy | None = None, backend: str = "") -> None:
     """Raise `FP8Unavailable` unless this device and environment can run torchao's float8 GEMMs, and, where
-    `policy` names attention, an FP8 attention kernel (`attention_backend`)."""
+    `policy` names attention, an FP8 attention kernel (`attention_backend`, `backend` where named)."""
     device = torch.device(device)
     if device.type != "cuda":
         raise FP8Unavailable(f"FP8 needs a CUDA GPU with FP8 tensor cores (compute capability >= 8.9); "
@@ -211,7 +204,7 @@ def check_available(device, policy: FP8Policy | None = None) -> None:
         raise FP8Unavailable("FP8 needs the package torchao (requirements.txt); "
                              f"it is not installed: {error}") from error
     if policy is not None and policy.attention:
-        why = attention_unavailable(device)
+        why = attention_unavailable(device, backend)
         if why is not None:
             raise FP8Unavailable(f"FP8 policy {policy.name!r} runs attention in FP8, which needs {why}. "
                                  "Leave 'attn' out of the policy (COSMOS3_FP8_POLICY).")
@@ -234,27 +227,19 @@ def _hopper_missing(device) -> str | None:
     return None
 
 
-def attention_backend_from_env() -> str:
-    """`COSMOS3_FP8_ATTENTION`: a name from `FP8_ATTENTION_BACKENDS`, or "" (the fastest available)."""
-    named = os.environ.get("COSMOS3_FP8_ATTENTION", "").strip().lower()
-    if named and named not in FP8_ATTENTION_BACKENDS:
-        raise ValueError(f"COSMOS3_FP8_ATTENTION={named!r}: allowed one of {list(FP8_ATTENTION_BACKENDS)}, or unset "
-                         "(the fastest this host can run)")
-    return named
-
-
-def attention_backend(device) -> tuple[str | None, str | None]:
-    """(the fastest FP8 attention kernel `device` and this host can run, None), only COSMOS3_FP8_ATTENTION's when
-    set; or (None, what the device or host lacks for any)."""
+def attention_backend(device, named: str = "") -> tuple[str | None, str | None]:
+    """(the fastest FP8 attention kernel `device` and this host can run, None), only `named`'s where given (a name
+    from `FP8_ATTENTION_BACKENDS`: `COSMOS3_FP8_ATTENTION`, checked by `engine.config`); or (None, what the device
+    or host lacks for any)."""
     why = _hopper_missing(device)
     if why is not None:
         return None, why
-    return choose_fp8_attention(device, attention_backend_from_env() or "auto")
+    return choose_fp8_attention(device, named or "auto")
 
 
-def attention_unavailable(device) -> str | None:
-    """What this device or host lacks for the FP8 attention (None: nothing)."""
-    return attention_backend(device)[1]
+def attention_unavailable(device, named: str = "") -> str | None:
+    """What this device or host lacks for the FP8 attention (`named`'s where given; None: nothing)."""
+    return attention_backend(device, named)[1]
 
 
 @functools.cache
@@ -313,28 +298,28 @@ class FP8Weights:
                 and layout.lengths is None and self.policy.attention_of_layer(index, count))
 
 
-def fp8_attention(policy: FP8Policy, device, centred: bool = True):
+def fp8_attention(policy: FP8Policy, device, centred: bool = True, backend: str = "", pack_gqa: str = ""):
     """The FP8 attention a policy's weights carry (one per loaded model), or None where the policy leaves it out:
-    `attention_backend`'s kernel; cuDNN's where none can run, whose call then says why (`check_available`
-    refuses such a policy before it gets here)."""
+    `attention_backend`'s kernel (`backend`'s where named); cuDNN's where none can run, whose call then says why
+    (`check_available` refuses such a policy before it gets here). `pack_gqa`: `fa3_pack_gqa`'s spelling."""
     if not policy.attention:
         return None
-    name = attention_backend(device)[0] or "cudnn"
-    knobs = {"pack_gqa": fa3_pack_gqa_from_env()} if name == "fa3" else {}  # FA3's own
+    name = attention_backend(device, backend)[0] or "cudnn"
+    knobs = {"pack_gqa": fa3_pack_gqa(pack_gqa)} if name == "fa3" else {}  # FA3's own
     return registry.backend("attention_fp8", name).call(centred=centred, **knobs)
 
 
-def fa3_pack_gqa_from_env() -> bool | None:
-    """`COSMOS3_FA3_PACK_GQA` (for benchmarks): 1 or 0 turns FA3's packing of the query heads per K/V head on or
-    off, auto leaves it to FA3's heuristic; unset, the measured default (`cosmos3_kernels.attention_fp8_fa3.PACK_GQA`)."""
+def fa3_pack_gqa(spelling: str = "") -> bool | None:
+    """`COSMOS3_FA3_PACK_GQA` (for benchmarks; `engine.config` checks the spelling): 1 or 0 turns FA3's packing of
+    the query heads per K/V head on or off, auto leaves it to FA3's heuristic; "", the measured default
+    (`cosmos3_kernels.attention_fp8_fa3.PACK_GQA`)."""
     from cosmos3_kernels.attention_fp8_fa3 import PACK_GQA
 
-    text = os.environ.get("COSMOS3_FA3_PACK_GQA", "").strip().lower()
     choices = {"": PACK_GQA, "1": True, "0": False, "auto": None}
-    if text not in choices:
-        raise ValueError(f"COSMOS3_FA3_PACK_GQA={text!r}: allowed '1', '0', 'auto' (FA3's own heuristic), or unset "
+    if spelling not in choices:
+        raise ValueError(f"FA3 pack_gqa {spelling!r}: allowed '1', '0', 'auto' (FA3's own heuristic), or '' "
                          f"(the measured default, {PACK_GQA})")
-    return choices[text]
+    return choices[spelling]
 
 
 def _layer_weights(layer, qkv: torch.Tensor, gate_up, gemms: frozenset, quantize) -> tuple:
@@ -350,19 +335,20 @@ def _layer_weights(layer, qkv: torch.Tensor, gate_up, gemms: frozenset, quantize
     return pick("qkv", qkv), pick("in", gate_up), per_layer
 
 
-def fp8_weights(model, fused, policy: FP8Policy) -> FP8Weights:
+def fp8_weights(model, fused, policy: FP8Policy, backend: str = "", pack_gqa: str = "") -> FP8Weights:
     """Quantise once per loaded model and policy and keep the result on it; the bf16 weights are
     untouched, so a request without FP8 (or the exact path) still runs bf16. `fused`: the model's fused
-    projections (`engine.pipeline.fast_path.fused_projections`), quantised as they are."""
+    projections (`engine.pipeline.fast_path.fused_projections`), quantised as they are. `backend`, `pack_gqa`:
+    the FP8 attention's (`fp8_attention`)."""
     held = model.fp8_weights
     if held is not None and (held.resident or held.policy == policy):
         return held
-    check_available(model.device, policy)
+    check_available(model.device, policy, backend)
     # The FP8 attention's state (cuDNN's graphs, about 1 s to build per shape) outlives a change of policy (a server
     # whose requests name policies of their own, COSMOS3_FP8_POLICY aside).
     attention = held.attention if held is not None else None
     if attention is None:
-        attention = fp8_attention(policy, model.device)
+        attention = fp8_attention(policy, model.device, backend=backend, pack_gqa=pack_gqa)
     model.fp8_weights = None  # a previous policy's tensors go before the new ones are made
     layers = model.transformer.layers
     weights = FP8Weights(policy, [], [], attention=attention)
@@ -386,7 +372,8 @@ def tower_weights(model, options, fused) -> FP8Weights | None:
         return held
     if not options.fp8:
         return None
-    return fp8_weights(model, fused(), host_policy(model.info.family, model.device, options.fp8_policy))
+    policy = host_policy(model.info.family, model.device, options.fp8_policy, options.fp8_attention)
+    return fp8_weights(model, fused(), policy, options.fp8_attention, options.fa3_pack_gqa)
 
 
 def _result_weights(model, tower) -> FP8Weights | None:
@@ -468,12 +455,14 @@ def use_expandable_segments() -> None:
     torch.cuda.memory._set_allocator_settings("expandable_segments:True")
 
 
-def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy, *, quantize=None):
+def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy, *, quantize=None, backend: str = "",
+                          pack_gqa: str = ""):
     """A Cosmos3 transformer whose gen tower holds only the policy's FP8 weights, never whole in bf16:
     built on the meta device, then the non-layer modules and one layer at a time allocated on `device`,
     filled by `fill(name, param)` (a checkpoint's tensors or random ones) and, layer by layer, quantised
     (`quantize(weight)`, default `quantize_weight` under `policy`). Peak memory: the model so far plus one
-    layer in bf16. Returns (transformer, FP8Weights); put the weights on the loaded model as its `fp8_weights`."""
+    layer in bf16. Returns (transformer, FP8Weights); put the weights on the loaded model as its `fp8_weights`.
+    `backend`, `pack_gqa`: the FP8 attention's (`fp8_attention`)."""
     from accelerate import init_empty_weights
     from diffusers import Cosmos3OmniTransformer
 
@@ -489,7 +478,8 @@ def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy, *, quan
     for name, module in transformer.named_children():
         if name != "layers":
             _materialise(module, device, fill, name + ".")
-    weights = FP8Weights(policy, [], [], resident=True, attention=fp8_attention(policy, device))
+    weights = FP8Weights(policy, [], [], resident=True,
+                         attention=fp8_attention(policy, device, backend=backend, pack_gqa=pack_gqa))
     count = len(transformer.layers)
     for index, layer in enumerate(transformer.layers):
         qkv, gate_up, per_layer = _build_layer(layer, index, count, policy, device, fill, quantize)

@@ -52,7 +52,7 @@ def prefill_cache(model: LoadedModel, branches: list[Branch], layout: GenLayout,
 def make_gen_tower(model: LoadedModel, cache: KVCache, branches: list[Branch], options: FastPathOptions | None = None,
                    layout: GenLayout | None = None):
     """The exact eager tower, or the fast path where it applies (CUDA, unless switched off).
-    `options`: the request's fast-path switches (read from the model or the environment when not given);
+    `options`: the request's fast-path switches (from the model or its configuration when not given);
     `layout`: the request's gen layout, whose frame count decides where the fast path rounds once
     (`fast_path.rounds_qk_norm`, `fast_path.fuses_mlp_activation`, `fast_path.fuses_residual_add`; without it,
     diffusers' roundings)."""

@@ -7,7 +7,7 @@ and the order of `generate` is the order of the work:
     conditioning -> prompt -> noise -> layout -> schedule -> prefill -> denoise -> decode -> outputs
 
 Everything that is fixed for the whole request is decided once here and read by the loop: the fast-path
-switches (`options`, read from the environment once, not every step), which rows are noisy and
+switches (`options`, from the configuration once per request, not every step), which rows are noisy and
 whether any are (`GenLayout`, so the loop never asks the device), the padded clean latents.
 """
 from __future__ import annotations

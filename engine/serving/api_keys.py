@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -129,11 +128,12 @@ def keys_from_env(text: str) -> list[ApiKey]:
     return [parse_key_line(item.strip(), "COSMOS3_API_KEYS") for item in text.split(",") if item.strip()]
 
 
-def configured_keys(path: str | None) -> list[ApiKey]:
-    """The keys a server runs with: the file if given, else the environment variable, else none (open)."""
+def configured_keys(path: str | None, listed: str = "") -> list[ApiKey]:
+    """The keys a server runs with: the file if given, else `listed` (`COSMOS3_API_KEYS`, from
+    `engine.config.AuthConfig.api_keys`), else none (open)."""
     if path:
         return read_keys_file(path)
-    return keys_from_env(os.environ.get("COSMOS3_API_KEYS", ""))
+    return keys_from_env(listed)
 
 
 def _check_unique(keys: list[ApiKey]) -> None:

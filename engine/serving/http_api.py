@@ -26,7 +26,6 @@ import asyncio
 import base64
 import functools
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -37,6 +36,7 @@ from fastapi import APIRouter, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse
 
+from ..config import Config, build_config
 from .registry import ModelRegistry
 from .api_jobs import TERMINAL_STATES, ApiJob, JobBook, new_job_id
 from .api_keys import ApiKey, KeyRing, LimitExceeded, Unauthorized
@@ -116,7 +116,9 @@ class HttpApi:
     """The routes, the jobs they created, and the keys allowed to call them."""
 
     def __init__(self, job_queue, keys: KeyRing | None = None, *, uploads_dir: str | Path | None = None,
-                 sync_timeout_s: float = 3600.0, prefix: str = "/v1"):
+                 sync_timeout_s: float = 3600.0, prefix: str = "/v1", config: Config | None = None):
+        """`config` (None: built here from the environment): the host's folders no answer may name."""
+        self.host = (build_config() if config is None else config).host
         self.queue = job_queue
         self.registry: ModelRegistry = job_queue.registry
         self.keys = keys or KeyRing([])
@@ -132,7 +134,7 @@ class HttpApi:
         """Folders no answer may name: outputs, uploads, temp and caches (Gradio's and the hub's live
         there or in the home folder), the working folder, and each local model's source."""
         folders = [self.outputs_root, self.uploads, Path(tempfile.gettempdir()), Path.home(), Path.cwd()]
-        folders += [Path(os.environ[name]) for name in ("GRADIO_TEMP_DIR", "HF_HOME") if os.environ.get(name)]
+        folders += [Path(folder) for folder in (self.host.temp_dir, self.host.hf_home) if folder]
         entry = getattr(self.registry, "entry", None)
         for name in self.registry.names() if entry is not None else []:
             source = Path(entry(name).source).expanduser()

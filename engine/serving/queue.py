@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ..config import Config, build_config
 from ..model.loader import CheckpointError, LoadedModel, component_parameter_count, load_in_process, resolve_source
 from ..pipeline.outputs import OutputError, new_request_id
 from ..pipeline.request import Request, RequestError, validate_request
@@ -190,9 +191,10 @@ def _default_memory_budget() -> int:
 class JobQueue:
     def __init__(self, registry: ModelRegistry, outputs_root: str | Path, *, max_size: int = 16,
                  memory_budget_bytes: int | None = None, loader: Callable[..., LoadedModel] = load_in_process,
-                 safety_checker=None):
+                 safety_checker=None, config: Config | None = None):
         """`safety_checker` (e.g. `engine.model.loader.make_safety_checker()`): one guardrail shared by every
-        model this queue loads, applied to each prompt and each generated video."""
+        model this queue loads, applied to each prompt and each generated video. `config` (None: built here from
+        the environment, `engine.config.build_config`): the warm-up it asks for."""
         if max_size < 1:
             raise ValueError(f"max_size must be at least 1, got {max_size}.")
         # The denoising stack (torch, diffusers) is imported here, on the thread that builds the queue,
@@ -213,7 +215,7 @@ class JobQueue:
         self._durations: dict[str, float] = {}
         self._closed = False
         # Read once, here: a COSMOS3_WARMUP naming an unknown mode fails the start, not a user's job.
-        self._warm_modes = warmup.modes_from_env()
+        self._warm_modes = (build_config() if config is None else config).warmup.modes
         self._backlog = warmup.WarmBacklog()
         self._warm_cancel: threading.Event | None = None  # set: the warm request in flight stops
         self._worker = threading.Thread(target=self._work, name="cosmos3-gpu-worker", daemon=True)

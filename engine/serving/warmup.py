@@ -25,12 +25,11 @@ after it. So nobody waits for a warm-up; `JobQueue.state()["warming"]` shows how
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable
 
 from ..model.defaults import sampling_defaults
 
@@ -45,10 +44,6 @@ _SENTENCE = ("A weathered lighthouse keeper climbs the spiral stairs at dusk, la
 # size keeps one step for both, which later prompts up to that room replay.
 WARM_PROMPTS = (_SENTENCE, _SENTENCE * 25)
 
-# The modes a warm-up can run: each needs only a prompt and a size (i2v, v2v and action need inputs).
-WARMABLE_MODES = ("t2i", "t2v")
-ENV = "COSMOS3_WARMUP"
-OFF_VALUES = ("off", "none", "0", "")
 
 # What to warm when COSMOS3_WARMUP is unset. The rule: warm a mode whose first request (of the process,
 # or at a size not used before) takes more than 1.5x a warm one. Measured on an H200 (docs/perf-log/2026-12-02.md):
@@ -69,31 +64,8 @@ DEFAULT_MODES: dict[str, tuple[str, ...]] = {
 }
 
 
-def modes_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, ...] | None:
-    """What `COSMOS3_WARMUP` asks for: None when unset (each family's `DEFAULT_MODES` apply), () when
-    off ("off", "none", "0" or empty), else the modes it names, in order. Raises ValueError naming the
-    variable, what it holds and what is allowed for anything else."""
-    environ = os.environ if environ is None else environ
-    if ENV not in environ:
-        return None
-    value = environ[ENV]
-    if value.strip().lower() in OFF_VALUES:
-        return ()
-    modes = []
-    for item in value.split(","):
-        mode = item.strip().lower()
-        if mode and mode not in WARMABLE_MODES:
-            raise ValueError(
-                f"{ENV}={value!r} names the mode {item.strip()!r}, which cannot be warmed up; allowed: a comma-"
-                f"separated list of {', '.join(WARMABLE_MODES)}, or one of {', '.join(repr(v) for v in OFF_VALUES)} "
-                "to turn warm-up off, or unset for each family's default.")
-        if mode and mode not in modes:
-            modes.append(mode)
-    return tuple(modes)
-
-
 def modes_for(family: str, asked: tuple[str, ...] | None) -> tuple[str, ...]:
-    """The modes to warm for a model of `family`: what `COSMOS3_WARMUP` asked (`modes_from_env`), else the
+    """The modes to warm for a model of `family`: what `COSMOS3_WARMUP` asked (`engine.config.WarmupConfig.modes`), else the
     family's default."""
     return asked if asked is not None else DEFAULT_MODES.get(family, ())
 
