@@ -37,7 +37,7 @@ def main() -> int:
 
     from bench.models import as_loaded_model, build_transformer, build_vae
     from engine.model.tiny import build_tokenizer, write_family
-    from engine.serving.events import Finished, Started
+    from engine.events import Finished, Started
     from engine.serving.queue import JobQueue
     from engine.serving.registry import ModelEntry, ModelRegistry
 

@@ -8,7 +8,7 @@ import torch
 
 import engine
 from engine.pipeline import denoise, prefill  # the stages whose calls the tests below intercept
-from engine.serving.events import Cancelled, Failed, Finished, Progress, Queued, Started
+from engine.events import Cancelled, Failed, Finished, Progress, Queued, Started
 from engine.pipeline.run import JobCancelled, generate
 from engine.serving.queue import JobFailed, JobQueue, QueueFull
 from engine.serving.registry import ModelEntry, ModelRegistry

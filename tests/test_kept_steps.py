@@ -130,7 +130,7 @@ def test_out_of_memory_gives_back_every_models_kept_steps_and_runs_the_request_o
 def test_a_retry_tells_the_progress_listener_why_it_starts_again(monkeypatch):
     pytest.importorskip("gradio")  # the UI package; a GPU box that runs the whole suite may lack it
     from cosmos3_ui.service import JobStatus
-    from engine.serving.events import Progress
+    from engine.events import Progress
 
     calls = _failing_once(monkeypatch)
     seen = []

@@ -98,7 +98,7 @@ def test_both_denoising_loops_pace_every_step(nano, monkeypatch, whole):
 def test_a_preview_never_runs_ahead_of_the_progress_reported_before_it(nano, monkeypatch, whole):
     """Before pacing, the eager loop reported step k-1 before it sent the preview of step k; pacing must
     keep that (the preview waits for the device anyway, so the step before it is finished)."""
-    from engine.serving.events import Preview
+    from engine.events import Preview
 
     log = []
     event = type("Event", (FakeEvent,), {"log": log})

@@ -19,7 +19,7 @@ import engine
 from engine.model.loader import component_parameter_count
 from engine.parallel.plan import check_group_size, choose_plan, kv_head_range, token_split
 from engine.parallel.runtime import GroupWorkerDied
-from engine.serving.events import JobCancelled, Progress
+from engine.events import JobCancelled, Progress
 
 TOL = 1e-5
 
@@ -150,7 +150,7 @@ def test_plan_arithmetic():
 def test_the_queue_serves_a_group_and_models_report_it(tiny_family, references):
     """What `app.py --gpus 2` wires: the registry reports the group, the queue loads models on it."""
     from engine.parallel.load import load_model
-    from engine.serving.events import Finished
+    from engine.events import Finished
     from engine.serving.queue import JobQueue
     from engine.serving.registry import ModelEntry, ModelRegistry
 

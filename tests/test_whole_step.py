@@ -11,7 +11,7 @@ from PIL import Image
 
 import engine
 from engine.pipeline import whole_step
-from engine.serving.events import JobCancelled
+from engine.events import JobCancelled
 from engine.pipeline.fast_path import FastPathOptions
 from engine.pipeline.run import generate
 

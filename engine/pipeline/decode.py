@@ -32,7 +32,7 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 from diffusers.video_processor import VideoProcessor
 
 from ..model.defaults import VAE_SPATIAL, VAE_TEMPORAL
-from ..serving.events import SafetyRefusal
+from ..events import SafetyRefusal
 from .causal_decode import DecodePlan, decoded_chunks, plan_for
 from .fast_path import vae_channels_last
 from .state import RunState

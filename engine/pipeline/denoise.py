@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..model.loader import LoadedModel
-from ..serving.events import JobCancelled
+from ..events import JobCancelled
 from . import pacing, whole_step
 from .preview import Previewer
 from .state import GenLayout, Latents, RunState, Schedulers

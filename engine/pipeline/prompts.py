@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..model.action import action_caption
 from ..model.variants import VariantInfo
-from ..serving.events import SafetyRefusal
+from ..events import SafetyRefusal
 from . import captions
 from .request import Request
 

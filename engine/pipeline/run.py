@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..model.loader import LoadedModel
-from ..serving.events import JobCancelled, Progress
+from ..events import JobCancelled, Progress
 from . import whole_step
 from .conditioning import conditioning_stage, noise_stage
 from .decode import decode_stage

@@ -40,7 +40,7 @@ import torch
 
 from cosmos3_kernels.dispatch import lengths_on_device_refused
 
-from ..serving.events import JobCancelled
+from ..events import JobCancelled
 from .fast_path import GRAPH_MAX_GEN_TOKENS, FastGenTower, FastPathOptions, capture_graph
 from .pacing import StepPacer
 from .scheduler_tables import SamplerState, sampler_for, sampler_supported
