@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.e2e import TABLE_SECTIONS, table_markdown  # noqa: E402
 from bench.models import as_loaded_model, build_transformer, build_vae, gen_step_flops, step_inputs  # noqa: E402
 from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
-from engine.pipeline.prefill import EagerGenTower, make_gen_tower  # noqa: E402
+from engine.pipeline.tower import EagerGenTower, make_gen_tower  # noqa: E402
 from cosmos3_kernels.timing import time_ms  # noqa: E402
 
 MATMUL_CEILING_TFLOPS = 790.0

@@ -37,7 +37,7 @@ from bench.e2e import generate_marked, run_header, stages, sync  # noqa: E402
 from bench.models import as_loaded_model, build_transformer, step_inputs, transformer_config  # noqa: E402
 from engine.pipeline import fp8  # noqa: E402
 from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
-from engine.pipeline.prefill import make_gen_tower  # noqa: E402
+from engine.pipeline.tower import make_gen_tower  # noqa: E402
 from cosmos3_kernels.timing import time_ms  # noqa: E402
 
 GATE = 3.0

@@ -249,7 +249,7 @@ def step_rows(shapes: str, rounds: int) -> list[dict]:
     """`step` (module docstring): the MLP's activation as its own pass and the residual add in the fused add +
     RMSNorm (the baseline), then the activation in QuACK's epilogue, then also the residual add in cuBLAS's."""
     from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.prefill import make_gen_tower
+    from engine.pipeline.tower import make_gen_tower
 
     def tower(mlp: bool, residual: bool = False):
         options = FastPathOptions(enabled=True, mlp_epilogue=mlp, residual_epilogue=residual)

@@ -375,7 +375,7 @@ def kernel_rows(prof) -> list[dict]:
     return _by_name(_profiled_stages(prof)[1])
 
 
-STAGES_PROFILED = ("prefill_stage", "denoise_stage", "decode_stage")
+STAGES_PROFILED = ("prefill_stage", "tower_stage", "denoise_stage", "decode_stage")
 
 
 class _StageRanges:
@@ -640,7 +640,7 @@ def fp8_step(model, width: int, height: int, frames: int, log=print, policies: t
     from bench.models import step_inputs
     from engine.pipeline import fp8
     from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.prefill import make_gen_tower
+    from engine.pipeline.tower import make_gen_tower
     from cosmos3_kernels.timing import time_ms
 
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=tuple(prefix_lens))
@@ -678,7 +678,7 @@ def profile_step(model, width: int, height: int, frames: int, log=print, top: in
     kernel name."""
     from bench.models import step_inputs
     from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.prefill import make_gen_tower
+    from engine.pipeline.tower import make_gen_tower
 
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=tuple(prefix_lens))
     model.fast_path = FastPathOptions.from_env(model.device)

@@ -60,7 +60,7 @@ def test_fp8_mode_velocity_within_three_times_bf16_error(family, shapes, force_a
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline import fp8 as fp8_pass
     from engine.pipeline.fp8 import host_policy
-    from engine.pipeline.prefill import make_gen_tower
+    from engine.pipeline.tower import make_gen_tower
 
     if force_attention:  # FA3's where installed, else cuDNN's (`FP8_ATTENTION_BACKENDS`)
         monkeypatch.setattr(fp8_pass, "FP8_ATTENTION_MIN_GEN_TOKENS", 0)

@@ -38,7 +38,7 @@
   that fits, instead of a capture per new length; attention then runs our Triton kernel or flash-attn-4,
   never SDPA, which slices by host integers.
 
-Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.EagerGenTower`). Switches:
+Off the GPU the engine runs the exact eager tower (`engine.pipeline.tower.EagerGenTower`). Switches:
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_VIDEO_QK_FP32=0`, `COSMOS3_FUSED_PROJECTIONS=0`,
 `COSMOS3_VAE_CHANNELS_LAST=0`, `COSMOS3_WHOLE_STEP=0`, `COSMOS3_UINT8_FRAMES=0`, `COSMOS3_VAE_FAST_DECODE=0`,
@@ -51,6 +51,7 @@ approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`: FP8 GEMMs, and FP8 attentio
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
@@ -274,7 +275,11 @@ def dispatcher_for(model, mode: str) -> KernelDispatcher:
 
 
 class FastGenTower:
-    """Gen tower over the packed cache with batched CFG, dispatched kernels and optional CUDA graphs."""
+    """Gen tower over the packed cache with batched CFG, dispatched kernels and optional CUDA graphs
+    (`engine.pipeline.state.GenTower`). `passes` names the passes it applies and `ops` counts the optional ops its
+    eager runs took, for the run's trace (`engine.pipeline.trace.RunTrace`)."""
+
+    kind = "fast"
 
     def __init__(self, model, cache: KVCache, branches, options: FastPathOptions, *, round_qk_norm: bool,
                  fuse_mlp_activation: bool = False, fuse_residual_add: bool = False):
@@ -305,6 +310,16 @@ class FastGenTower:
         self.use_graphs = (options.cuda_graphs and device.type == "cuda"
                            and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS)
         self._graphs: dict[tuple[int, int], tuple] = {}
+        self.passes = self._passes(cache)
+        self.ops: Counter = Counter()
+
+    def _passes(self, cache: KVCache) -> tuple[str, ...]:
+        applied = {"batched_cfg": self.options.batched_cfg, "fused_projections": self.fused is not None and self.fp8 is None,
+                   "fp8": self.fp8 is not None, "video_qk_fp32": not self.round_qk_norm,
+                   "mlp_epilogue": self.fuse_mlp_activation, "residual_epilogue": self.fuse_residual_add,
+                   "share_first_attention": self.shares_gen_block, "cuda_graphs": self.use_graphs,
+                   "lengths_on_device": cache.layout.lengths is not None}
+        return tuple(name for name, on in applied.items() if on)
 
     # -- the tower, eager ----------------------------------------------------------------------
 
@@ -354,8 +369,10 @@ class FastGenTower:
             )
             if self.fp8 is not None and self.fp8.attends_in_fp8(index, len(layers), layout):
                 out = self.fp8.attention(q, buffers[index], layout)
+                self.ops["fp8_attention"] += 1
             elif index == 0 and self._shares_first_attention(layout, count):
                 out = d.shared_gen_attention(q, buffers[index], layout)
+                self.ops["shared_gen_attention"] += 1
             else:
                 out = d.prefix_attention(q, buffers[index], layout)
             post = layer.post_attention_layernorm_moe_gen
@@ -381,6 +398,7 @@ class FastGenTower:
         d = self.dispatch
         if self.fuse_residual_add and self.fp8 is None and module.bias is None:
             hidden = self._add_product(hidden, x, module.weight)
+            self.ops["residual_add_in_gemm"] += 1
             return d.add_rms_norm(hidden, None, norm.weight, eps=norm.eps, flavour=self.flavour)
         out = self._linear(index, name, module, x)
         return d.add_rms_norm(out, hidden, norm.weight, eps=norm.eps, flavour=self.flavour)

@@ -44,6 +44,7 @@ from ..events import JobCancelled
 from .fast_path import GRAPH_MAX_GEN_TOKENS, FastGenTower, FastPathOptions, capture_graph
 from .pacing import StepPacer
 from .scheduler_tables import SamplerState, sampler_for, sampler_supported
+from .trace import RunTrace
 from .transformer import time_embeds
 
 # Steps kept per loaded model. Each holds its K/V buffers and its graphs' memory pool (Edge T2I 640x640:
@@ -205,17 +206,19 @@ class WholeStep:
         self._graphs[count], _ = capture_graph(lambda: self._step(count), pool=self._pool)
         self._pool_bytes = pool_bytes(self._pool)
 
-    def run(self, count: int) -> None:
+    def run(self, count: int) -> str:
         """One step: a replay, after capturing at the first step of each branch count. The capture's
         eager warm-up run (state restored after it) is where dispatch measures and kernels compile, so
-        no step is spent eagerly on the user's time."""
+        no step is spent eagerly on the user's time. Returns what ran: "eager", "replay" or "record" (a
+        capture, then its replay), for the run's trace."""
         if not self.use_graphs:
             self._step(count)
-        elif count in self._graphs:
+            return "eager"
+        if count in self._graphs:
             self._graphs[count].replay()
-        else:
-            self._capture(count)
-            self.run(count)
+            return "replay"
+        self._capture(count)
+        return "record" if self.run(count) == "replay" else "eager"
 
     # -- a later request of the same shape ---------------------------------------------------
 
@@ -338,13 +341,17 @@ def prepare(state) -> WholeStep | None:
         step.adopt(tower, sampler, latents.vision, latents.vision_mask, clean)
     step.timesteps = timesteps
     step.key = key
+    state.trace.whole_step = "reused" if reused else "built"
+    state.trace.passes.append("whole_step")
     step.scale.fill_(float(request["guidance_scale"]))
     return step
 
 
 def denoise(step: WholeStep, plan: list[bool], report: Callable[[int, int], None],
-            cancel: threading.Event | None) -> torch.Tensor:
-    """The loop over replays; returns the final sample. Progress is reported as steps complete."""
+            cancel: threading.Event | None, trace: RunTrace | None = None) -> torch.Tensor:
+    """The loop over replays; returns the final sample. Progress is reported as steps complete; `trace` (the
+    run's) counts the graphs recorded and replayed and the host's waits."""
+    trace = trace if trace is not None else RunTrace()
     total = step.sampler.steps
     pacer = StepPacer.for_tensor(step.sample, report, total)  # one step queued ahead, and progress honest
     for i in range(total):
@@ -352,9 +359,13 @@ def denoise(step: WholeStep, plan: list[bool], report: Callable[[int, int], None
             raise JobCancelled()
         step.sampler.load_row(i)
         step.t.copy_(step.timesteps[i])
-        step.run(2 if plan[i] else 1)
+        ran = step.run(2 if plan[i] else 1)
+        trace.graph_records += ran == "record"
+        trace.graph_replays += ran in ("record", "replay")
+        trace.tower_steps.append(2 if plan[i] else 1)
         pacer.launched(i)
     pacer.finish()
+    trace.host_syncs += pacer.syncs
     if step.use_graphs and step.model.dispatchers.get("whole_step", {}).get(step.key) is step:
         trim_kept_steps(kept_steps_budget(step.sample.device))
     return step.sample.clone()
