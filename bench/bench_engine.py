@@ -376,7 +376,7 @@ def main_e2e(args) -> int:
         # The key is dispatch's: (op, device, dtype, q shape [B, N, Hq, D], kv heads, uniform prefix, bucket,
         # lengths on the device);
         # "longest_kv" is that bucket, the longest branch's key rows rounded up to a power of two.
-        dispatcher = model.dispatchers.get("auto")
+        dispatcher = model.runtime.dispatchers.get("auto")
         if dispatcher is not None:
             results.setdefault("attention_paths", {})[family] = [
                 dict(gen=key[3][1], heads=key[3][2], longest_kv=key[6], device_lengths=key[7], path=d.path.value,

@@ -96,7 +96,7 @@ def _measure(model, options, inputs, refs, timed, iters) -> tuple[dict, float]:
         tower = make_gen_tower(model, timed.cache, timed.branches, layout=timed.layout)
         return errors, time_ms(lambda: timed.engine_step(tower), warmup=1, iters=iters).median_ms
     finally:
-        model.fast_path, model.fp8_weights = None, None
+        model.fast_path, model.runtime.fp8_weights = None, None
         gc.collect()
 
 
@@ -285,7 +285,7 @@ def build_super(device, policy, family="super", log=print):
     vae = models.build_vae(device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
     model = as_loaded_model(transformer, family, vae=vae, tokenizer=build_tokenizer())
     model.dtype = transformer.embed_tokens.weight.dtype
-    model.fp8_weights = weights
+    model.runtime.fp8_weights = weights
     if torch.cuda.is_available():
         facts["loaded_gib"] = torch.cuda.memory_allocated() / 2**30
         facts["gpu_total_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30

@@ -256,7 +256,7 @@ def step_rows(shapes: str, rounds: int) -> list[dict]:
         return lambda model, inputs: make_gen_tower(model, inputs.cache, inputs.branches, options, inputs.layout)
 
     def describe(model) -> dict:
-        dispatcher = model.dispatchers.get("auto")
+        dispatcher = model.runtime.dispatchers.get("auto")
         return {"mlp_in": [dict(x=key[3], w=key[4], path=d.path.value, reason=d.reason, split_ms=d.torch_ms,
                                 quack_ms=d.quack_ms)
                            for key, d in (dispatcher.decisions().items() if dispatcher else ()) if key[0] == "mlp_in"]}

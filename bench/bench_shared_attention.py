@@ -105,7 +105,7 @@ def step_rows(shapes: str, rounds: int) -> list[dict]:
                                                     inputs.layout)
 
     def describe(model) -> dict:
-        dispatch = model.dispatchers.get("auto")
+        dispatch = model.runtime.dispatchers.get("auto")
         return {"dispatch": [
             dict(key=str(k), path=None if d.path is None else d.path.value, reason=d.reason, shared_ms=d.shared_ms,
                  regular_ms=d.regular_ms, config=None if d.flash4_config is None else d.flash4_config.label)

@@ -79,7 +79,7 @@ def main() -> int:
         def generate(model, request, *a, **k):  # the queue imports `generate` from its module on each job
             if request["prompt"] != USER_PROMPT:
                 return plain_generate(model, request, *a, **k)
-            dispatch = model.dispatchers.get("auto")
+            dispatch = model.runtime.dispatchers.get("auto")
             before = set(dispatch.decisions()) if dispatch is not None else set()
             profiler = cProfile.Profile()
             profiler.enable()
@@ -91,7 +91,7 @@ def main() -> int:
                 stats = pstats.Stats(profiler, stream=text)
                 stats.sort_stats("cumulative").print_stats(40)
                 stats.sort_stats("tottime").print_stats(20)
-                dispatch = model.dispatchers.get("auto")
+                dispatch = model.runtime.dispatchers.get("auto")
                 added = [str(key) for key in dispatch.decisions() if key not in before] if dispatch is not None else []
                 profiles.append({"dispatch_decisions_added": added,
                                  "profile": "\n".join(l[:220] for l in text.getvalue().splitlines() if l.strip())})

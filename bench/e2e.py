@@ -581,7 +581,7 @@ def warm_up_effect(model, name: str, log=print, **size) -> dict:
     began = time.perf_counter()
     sizes = warm_up(model, modes=(request["mode"],))
     out = {"warm_up_s": time.perf_counter() - began, "sizes": sizes}
-    kept = model.dispatchers.get("whole_step", {})
+    kept = model.runtime.kept_steps
     out["kept_steps"] = len(kept)
     out["kept_steps_gib"] = sum(step.bytes for step in kept.values()) / 2**30
     out["first after warm-up"] = timed_generate(model, request)
@@ -665,7 +665,7 @@ def fp8_step(model, width: int, height: int, frames: int, log=print, policies: t
             except Exception as error:  # noqa: BLE001 - one policy's failure must not lose the others
                 out[label + " failed"] = f"{type(error).__name__}: {error}"[:300]
             finally:
-                model.fast_path, model.fp8_weights = None, None
+                model.fast_path, model.runtime.fp8_weights = None, None
             log({label: out.get(label + " ms/step", out.get(label + " failed"))})
     log(out)
     return out

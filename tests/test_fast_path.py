@@ -55,11 +55,11 @@ def test_fast_tower_matches_the_exact_engine(model, kernels, batched, fused, mon
     assert fast.frames.dtype == np.uint8 and exact.frames.dtype == np.float32
     assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1
     conv = next(p for p in model.vae.parameters() if p.dim() == 5)
-    assert model.vae_channels_last and conv.is_contiguous(memory_format=torch.channels_last_3d)
+    assert model.runtime.vae_channels_last and conv.is_contiguous(memory_format=torch.channels_last_3d)
     if fused:
         # The pass made each projection's weight a view of one fused tensor: one copy of the weights.
         attn = model.transformer.layers[0].self_attn
-        fused_qkv = model.fused.qkv[0]
+        fused_qkv = model.runtime.fused.qkv[0]
         assert attn.add_k_proj.weight.data_ptr() == fused_qkv[attn.add_q_proj.weight.shape[0]:].data_ptr()
         # And the exact engine still gives the same frames through the views.
         assert np.array_equal(generate(model, REQUEST).frames, exact.frames)

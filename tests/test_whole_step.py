@@ -64,26 +64,26 @@ def test_distilled_i2v_with_reanchoring_is_bitwise_the_eager_loop(models, tmp_pa
     kept = []  # the step itself, to see that it re-anchors (built again here: it is not kept on the CPU)
     monkeypatch.setattr(whole_step, "cacheable", lambda tower: kept.append(1) is None)
     _run(model, request, whole=True)
-    step = next(iter(model.dispatchers["whole_step"].values()))
+    step = next(iter(model.runtime.kept_steps.values()))
     assert kept and step.sampler.kind == "distilled" and step.clean is not None
-    model.dispatchers.pop("whole_step", None)
+    model.runtime.kept_steps.clear()
     assert np.array_equal(fast.frames, eager.frames)
 
 
 def test_a_second_request_of_the_same_shape_reuses_the_step_and_its_buffers(models, monkeypatch):
     """What a kept graph relies on: the static buffers take the new request's prefill and tables."""
     model = models["nano"]
-    model.dispatchers.pop("whole_step", None)
+    model.runtime.kept_steps.clear()
     monkeypatch.setattr(whole_step, "cacheable", lambda tower: True)
     first = dict(CASES["nano t2i, guidance interval"][1])
     second = dict(first, seed=77, guidance_scale=3.0, prompt="a lighthouse at dawn")  # same token count
     assert _run(model, first, whole=True).trace.whole_step == "built"
-    kept = next(iter(model.dispatchers["whole_step"].values()))
+    kept = next(iter(model.runtime.kept_steps.values()))
     reused = _run(model, second, whole=True)
     assert reused.trace.whole_step == "reused"
-    assert len(model.dispatchers["whole_step"]) == 1 and next(iter(model.dispatchers["whole_step"].values())) is kept
+    assert len(model.runtime.kept_steps) == 1 and next(iter(model.runtime.kept_steps.values())) is kept
     assert np.array_equal(reused.frames, _run(model, second, whole=False).frames)
-    model.dispatchers.pop("whole_step", None)
+    model.runtime.kept_steps.clear()
 
 
 def test_cancel_between_steps(models):

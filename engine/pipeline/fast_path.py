@@ -231,8 +231,9 @@ def _fuse(linears) -> torch.Tensor:
 
 
 def fused_projections(model) -> FusedProjections:
-    """Fuse the gen tower's projections once per loaded model (biases are absent in Cosmos3)."""
-    if model.fused is None:
+    """Fuse the gen tower's projections once per loaded model (biases are absent in Cosmos3); kept on its runtime."""
+    runtime = model.runtime
+    if runtime.fused is None:
         qkv, gate_up = [], []
         for layer in model.transformer.layers:
             attn, mlp = layer.self_attn, layer.mlp_moe_gen
@@ -240,8 +241,8 @@ def fused_projections(model) -> FusedProjections:
                 raise ValueError("fused projections expect bias-free gen projections")
             qkv.append(_fuse([attn.add_q_proj, attn.add_k_proj, attn.add_v_proj]))
             gate_up.append(_fuse([mlp.gate_proj, mlp.up_proj]) if mlp.hidden_act == "silu" else None)
-        model.fused = FusedProjections(qkv, gate_up)
-    return model.fused
+        runtime.fused = FusedProjections(qkv, gate_up)
+    return runtime.fused
 
 
 def vae_channels_last(model, options: FastPathOptions) -> bool:
@@ -253,24 +254,24 @@ def vae_channels_last(model, options: FastPathOptions) -> bool:
     """
     if not (options.enabled and options.vae_channels_last):
         return False
-    if not model.vae_channels_last:
+    if not model.runtime.vae_channels_last:
         for param in model.vae.parameters():
             if param.dim() == 5:
                 param.data = param.data.contiguous(memory_format=torch.channels_last_3d)
-        model.vae_channels_last = True
+        model.runtime.vae_channels_last = True
     return True
 
 
 def dispatcher_for(model, mode: str) -> KernelDispatcher:
     """One dispatcher per loaded model and mode, so measured choices persist across requests."""
-    cached = model.dispatchers.get(mode)
+    cached = model.runtime.dispatchers.get(mode)
     if cached is None:
         # Measured choices are kept on disk for the next process (cosmos3_kernels.persist), where the cache is on.
         store = None
         if mode == "auto" and model.device is not None and torch.device(model.device).type == "cuda":
             configure_compiler_caches(cache_dir())  # a model built without `engine.load_model` (benchmarks)
             store = open_store(model.device)
-        cached = model.dispatchers[mode] = KernelDispatcher(mode, timing=timing_from_env(), store=store)
+        cached = model.runtime.dispatchers[mode] = KernelDispatcher(mode, timing=timing_from_env(), store=store)
     return cached
 
 

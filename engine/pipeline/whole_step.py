@@ -20,7 +20,8 @@ those, so one capture per size serves any prompt up to that length. Without the 
 (`COSMOS3_LENGTHS_ON_DEVICE=0`, or where the kernels cannot read them there) a different text length
 recaptures; docs/perf-log/2026-12-02.md has both costs. A model keeps up to `MAX_CACHED_STEPS` steps within
 `KEPT_STEPS_MEMORY_SHARE` of the GPU's memory, least recently used out first, and gives them all back when a
-request runs out of memory (`engine.pipeline.run.generate`).
+request runs out of memory (`engine.pipeline.run.generate`); they live on the model's runtime
+(`engine.model.runtime.ModelRuntime.kept_steps`).
 
 Bit for bit: each op is the one the eager loop runs, in the same order, so the graph's result equals
 the eager fast path's (tests/test_whole_step.py on the CPU, tests/test_gpu_whole_step.py on the H200).
@@ -32,7 +33,6 @@ from __future__ import annotations
 import itertools
 import threading
 import warnings
-import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -41,6 +41,7 @@ import torch
 from cosmos3_kernels.dispatch import lengths_on_device_refused
 
 from ..events import JobCancelled
+from ..model.runtime import forget_kept_step_holders, hold_kept_steps, holding_kept_steps
 from .fast_path import GRAPH_MAX_GEN_TOKENS, FastGenTower, FastPathOptions, capture_graph
 from .pacing import StepPacer
 from .scheduler_tables import SamplerState, sampler_for, sampler_supported
@@ -258,16 +259,15 @@ def cacheable(tower: FastGenTower) -> bool:
     return tower.use_graphs and keeps(tower.cache.layout.gen_len, tower.cache.layout.num_branches)
 
 
-# Every model that holds kept steps (in `model.dispatchers["whole_step"]`, so they go with the model), for
-# the process-wide memory budget and the out-of-memory release; and a use counter for least-recently-used
-# order across models.
-_HOLDERS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()  # id -> model
+# A use counter for least-recently-used order across models (the kept steps themselves live on each model's
+# runtime, engine.model.runtime.ModelRuntime.kept_steps).
 _USES = itertools.count()
 
 
 def _lookup(model, key: StepKey, build: Callable[[], WholeStep]) -> tuple[WholeStep, bool]:
-    cache = model.dispatchers.setdefault("whole_step", {})
-    _HOLDERS[id(model)] = model
+    runtime = model.runtime
+    cache = runtime.kept_steps
+    hold_kept_steps(runtime)
     reused = key in cache
     if reused:
         step = cache.pop(key)  # put back last: most recently used
@@ -281,9 +281,9 @@ def _lookup(model, key: StepKey, build: Callable[[], WholeStep]) -> tuple[WholeS
 
 
 def _kept() -> list[tuple[dict, object, "WholeStep"]]:
-    """(the holding model's cache, key, step) for every kept step of every model, least recently used first."""
-    kept = [(model.dispatchers["whole_step"], key, step) for model in list(_HOLDERS.values())
-            for key, step in model.dispatchers.get("whole_step", {}).items()]
+    """(the holding runtime's kept steps, key, step) for every kept step of every model, least recently used first."""
+    kept = [(runtime.kept_steps, key, step) for runtime in holding_kept_steps()
+            for key, step in runtime.kept_steps.items()]
     return sorted(kept, key=lambda entry: entry[2].last_use)
 
 
@@ -311,9 +311,10 @@ def release_kept_steps() -> int:
     """Drop every kept step of every loaded model (their buffers and graph pools go back to the allocator once
     nothing else holds them); returns how many there were."""
     count = 0
-    for model in list(_HOLDERS.values()):
-        count += len(model.dispatchers.pop("whole_step", {}))
-    _HOLDERS.clear()
+    for runtime in holding_kept_steps():
+        count += len(runtime.kept_steps)
+        runtime.kept_steps.clear()
+    forget_kept_step_holders()
     return count
 
 
@@ -324,7 +325,7 @@ def prepare(state) -> WholeStep | None:
     tower, schedulers, cond = state.tower, state.schedulers, state.cond
     if not applies(model, latents, tower, schedulers):
         return None
-    sampler = sampler_for(schedulers.vision, latents.vision.unsqueeze(0), state.generator)
+    sampler = sampler_for(schedulers.vision, latents.vision.unsqueeze(0), state.generator, model.runtime.unipc_tables)
     if sampler is None:
         return None
     anchored = sampler.kind == "distilled" and bool(cond.condition_frames) and cond.clean is not None
@@ -366,6 +367,6 @@ def denoise(step: WholeStep, plan: list[bool], report: Callable[[int, int], None
         pacer.launched(i)
     pacer.finish()
     trace.host_syncs += pacer.syncs
-    if step.use_graphs and step.model.dispatchers.get("whole_step", {}).get(step.key) is step:
+    if step.use_graphs and step.model.runtime.kept_steps.get(step.key) is step:
         trim_kept_steps(kept_steps_budget(step.sample.device))
     return step.sample.clone()
