@@ -270,7 +270,9 @@ def plan_request(model, mode: str, width: int, height: int, frames: int, prefixe
 
 def memory_stage(state) -> None:
     """Before the prefill: plan the request, refuse it where it cannot fit, and put the text tower where the plan
-    says (on the GPU for the prefill; `after_prefill` drops it again where the request needs the room)."""
+    says (on the GPU for the prefill; `after_prefill` drops it again where the request needs the room). Reads
+    `model`, `request`, `cond`, `latents`, `token_ids`, `plan`; writes `text_tower_leaves` (and the model's
+    `text_tower`, made on first need). `state`: the request's `engine.pipeline.state.RunState`."""
     model = state.model
     state.text_tower_leaves = False
     if model.parallel is not None or model.device is None or torch.device(model.device).type != "cuda":
@@ -298,8 +300,9 @@ def memory_stage(state) -> None:
 
 
 def after_prefill(state) -> None:
-    """The text tower's GPU copy goes where the plan needs its room for the denoising loop."""
-    if getattr(state, "text_tower_leaves", False):
+    """The text tower's GPU copy goes where the plan needs its room for the denoising loop. Reads
+    `text_tower_leaves`, `model`; writes nothing of the state."""
+    if state.text_tower_leaves:
         state.model.text_tower.release()
 
 
