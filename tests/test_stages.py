@@ -87,3 +87,21 @@ def test_the_towers_dtype_and_device_are_read_once_per_cache_not_per_layer(nano,
     assert reads == {"dtype": 1, "device": 1}
     assert len(cache.buffers) == len(nano.transformer.layers)
     assert all(b.dtype == nano.transformer.dtype and b.device == nano.transformer.device for b in cache.buffers)
+
+
+def test_the_trace_names_each_ops_kernels_as_dispatch_chose_them():
+    """`RunTrace.kernels`: every path dispatch holds per op (over its shapes), read from its public decisions; a
+    tower without a dispatcher (eager, a GPU group's) has none. On the GPU these are measured choices."""
+    from types import SimpleNamespace
+
+    from cosmos3_kernels.dispatch import Decision, Path, SharingDecision
+    from engine.pipeline.trace import kernel_choices
+
+    decisions = {("prefix_attention", 1024, 2): Decision(Path.FLASH4, "measured"),
+                 ("prefix_attention", 400, 1): Decision(Path.TRITON, "measured"),
+                 ("qk_norm_rope", 1024): Decision(Path.TRITON, "measured"),
+                 ("shared_gen_attention", 8192): SharingDecision(None, "measured: slower")}
+    tower = SimpleNamespace(dispatch=SimpleNamespace(decisions=lambda: decisions))
+    assert kernel_choices(tower) == {"prefix_attention": ["flash4", "triton"], "qk_norm_rope": ["triton"],
+                                     "shared_gen_attention": ["not shared"]}
+    assert kernel_choices(SimpleNamespace()) == {}

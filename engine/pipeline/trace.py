@@ -34,6 +34,6 @@ def kernel_choices(tower) -> dict[str, list[str]]:
     chosen: dict[str, set[str]] = {}
     for key, decision in dispatch.decisions().items():
         op = key[0] if isinstance(key, tuple) else str(key)
-        path = getattr(decision, "path", None)
-        chosen.setdefault(op, set()).add(getattr(path, "value", str(path)))
+        path = decision.path  # None: a sharing decision that does not share ("not shared")
+        chosen.setdefault(op, set()).add("not shared" if path is None else path.value)
     return {op: sorted(paths) for op, paths in sorted(chosen.items())}
