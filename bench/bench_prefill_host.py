@@ -8,7 +8,8 @@ Full-size random weights (bench/models.py) and the table's 1.6k-token caption (b
 request first (T2V at --size, 832x480/121f unless given, for Nano too: it keeps the run short), so kernels are compiled
 and dispatch has measured; then `--passes` timed passes (3) of the stages `engine.pipeline.run` runs before denoising, with
 the prefill stage also timed in its parts (`prefill_cache`: the text tower and the K/V buffers; the rest: the
-branches' positions) and the tower stage (the gen tower: fused projections, FP8 weights, dispatch), then a fourth under cProfile (top functions by cumulative and by own time).
+branches' positions) and the tower stage (the gen tower: fused projections, FP8 weights, dispatch), then a fourth
+under cProfile (top functions by cumulative and by own time).
 
 `--threads-ab` alternates the passes between PyTorch's default intra-op thread count and one thread. Why: the
 branches' positions (diffusers' M-RoPE builders) are CPU tensor ops on ~40k values, above PyTorch's grain for a

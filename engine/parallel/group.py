@@ -2,13 +2,13 @@
 
 Every rank runs the same stages on the same request in lockstep (`engine.pipeline.run.generate`); the
 loaded model's `parallel` field holds a `GroupContext`, which gives two stages what they need (the pipeline's
-`engine.pipeline.tower.TowerGroup`, so the pipeline never imports this floor):
+`engine.pipeline.state.TowerGroup`, so the pipeline never imports this floor):
 - prefill (`GroupContext.prefill`): every rank runs the text tower for every branch of the request (the
   same module calls on every rank, which sharded weights need), and keeps only the head share of the
   branch it serves;
-- the tower stage (`GroupContext.gen_tower`, a `GroupGenTower`): called, like the one-GPU towers, with the whole step's gen tokens
-  and returning every branch's whole output, so the denoising loop, the guidance and the scheduler
-  run unchanged and identically on every rank. Inside, the rank runs its branch on its token shard
+- the tower stage (`GroupContext.gen_tower`, a `GroupGenTower`): called, like the one-GPU towers, with the
+  whole step's gen tokens and returning every branch's whole output, so the denoising loop, the guidance and
+  the scheduler run unchanged and identically on every rank. Inside, the rank runs its branch on its token shard
   (Ulysses around attention) and one all-gather collects the shards of both branches.
 Decoding and saving happen on rank 0 only.
 """
@@ -167,8 +167,8 @@ class GroupGenTower:
     kind = "group"
     passes: tuple[str, ...] = ()
 
-    def __init__(self, model, prefix: GroupPrefix, options: FastPathOptions, *, round_qk_norm: bool, fuse_mlp_activation: bool = False,
-                 fuse_residual_add: bool = False):
+    def __init__(self, model, prefix: GroupPrefix, options: FastPathOptions, *, round_qk_norm: bool,
+                 fuse_mlp_activation: bool = False, fuse_residual_add: bool = False):
         self.model, self.prefix = model, prefix
         self.options = options  # the request's fast-path switches (engine.pipeline.fast_path), read once
         self.round_qk_norm = round_qk_norm  # engine.pipeline.fast_path.rounds_qk_norm, for a rank's fast tower

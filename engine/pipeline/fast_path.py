@@ -315,8 +315,8 @@ class FastGenTower:
         self.ops: Counter = Counter()
 
     def _passes(self, cache: KVCache) -> tuple[str, ...]:
-        applied = {"batched_cfg": self.options.batched_cfg, "fused_projections": self.fused is not None and self.fp8 is None,
-                   "fp8": self.fp8 is not None, "video_qk_fp32": not self.round_qk_norm,
+        applied = {"batched_cfg": self.options.batched_cfg,
+                   "fused_projections": self.fused is not None and self.fp8 is None, "fp8": self.fp8 is not None, "video_qk_fp32": not self.round_qk_norm,
                    "mlp_epilogue": self.fuse_mlp_activation, "residual_epilogue": self.fuse_residual_add,
                    "share_first_attention": self.shares_gen_block, "cuda_graphs": self.use_graphs,
                    "lengths_on_device": cache.layout.lengths is not None}

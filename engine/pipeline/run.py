@@ -6,9 +6,9 @@
 Each stage is a function in the module of its name (`engine.pipeline.conditioning`, `.prompts`,
 `.layout`, `.denoise`, `.memory`, `.prefill`, `.tower`, `.decode`, `.outputs`) that takes the request's
 `engine.pipeline.state.RunState`, reads what it needs and sets what it makes (each one's docstring says
-which fields). What the run did is its public trace (`GenerationResult.trace`, `engine.pipeline.trace`). The numerics follow
-diffusers' Cosmos3OmniPipeline (0.42.1) step for step, with four deliberate differences, each tested
-both ways:
+which fields). What the run did is its public trace (`GenerationResult.trace`, `engine.pipeline.trace`).
+The numerics follow diffusers' Cosmos3OmniPipeline (0.42.1) step for step, with four deliberate differences,
+each tested both ways:
 - the text tower runs once per request and branch (`engine.pipeline.transformer.prefill`), not every step;
 - JSON captions get metadata injected instead of sentence templates (`engine.pipeline.prompts`);
 - an optional guidance interval runs CFG only for timesteps inside it (T2I default [400, 1000]);
@@ -175,7 +175,7 @@ def _generate(model: LoadedModel, request: Request, seed: int, on_progress, canc
     prefill_stage(state)
     tower_stage(state)
     after_prefill(state)
-    clock.lap("prefill")
+    clock.lap("prefill")  # the tower stage's time too: the timings keep the keys estimates and benchmarks read
     state.preview = previewer(model, len(state.plan), on_progress, previews)
     denoise_stage(state)
     clock.lap("denoise")

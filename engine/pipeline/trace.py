@@ -18,7 +18,7 @@ class RunTrace:
     passes: list[str] = field(default_factory=list)  # the fast-path passes the tower applies (FastGenTower.passes)
     tower_steps: list[int] = field(default_factory=list)  # eager loop: each step's branch count through the tower
     velocities: int = 0  # eager loop: velocities computed (one per branch and step)
-    ops: Counter = field(default_factory=Counter)  # fast tower: how often each optional op ran (e.g. "residual_add_in_gemm")
+    ops: Counter = field(default_factory=Counter)  # fast tower: how often each optional op ran ("residual_add_in_gemm")
     host_syncs: int = 0  # waits of the host on the device inside the denoising loop (engine.pipeline.pacing)
     whole_step: str | None = None  # "built" | "reused" (a kept step), None where the eager loop ran
     graph_records: int = 0  # whole-step CUDA graphs captured in this run
