@@ -13,7 +13,8 @@ from engine.pipeline.outputs import frames_to_uint8
 from engine.pipeline import run
 from engine.pipeline.request import validate_request
 from engine.pipeline.run import generate
-from engine.pipeline.state import RunState
+from engine.pipeline.state import GenTower, RunState
+from engine.pipeline.tower import EagerGenTower
 
 
 @pytest.fixture(scope="module", params=["nano", "edge"])
@@ -79,6 +80,8 @@ def test_eager_tower_is_the_default_off_the_gpu(model, monkeypatch):
     model.fast_path = None
     result = generate(model, dict(REQUEST, steps=1))
     assert result.trace.tower == "eager" and result.trace.whole_step is None and not result.trace.passes
+    state = _through_the_tower_stage(model, dict(REQUEST, steps=1), FastPathOptions.for_model(model))
+    assert isinstance(state.tower, EagerGenTower) and isinstance(state.tower, GenTower)
     monkeypatch.setenv("COSMOS3_FAST", "0")
     assert not FastPathOptions.from_env(model.device).enabled
 
@@ -211,7 +214,7 @@ def test_the_residual_add_in_the_gemm_leaves_the_callers_tokens_alone(model, mon
     # step's static buffer), so it must be copied first; the tower with the add in the GEMM must also agree with
     # the tower without it to fp32 rounding.
     args, tower = _one_step_video_tower(model)
-    assert tower.fuse_residual_add
+    assert tower.fuse_residual_add and isinstance(tower, GenTower)
     model_, cache, branches = args[:3]
     split = FastGenTower(model_, cache, branches, FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch"),
                          round_qk_norm=tower.round_qk_norm)

@@ -189,7 +189,7 @@ def test_a_rank_that_serves_a_whole_branch_runs_the_one_gpu_fast_tower_on_that_b
     from engine.pipeline import run
     from engine.pipeline.fast_path import FastGenTower, FastPathOptions
     from engine.pipeline.request import validate_request
-    from engine.pipeline.state import RunState
+    from engine.pipeline.state import GenTower, RunState
 
     model = engine.load_model(tiny_family["nano"], device="cpu")
     options = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
@@ -205,6 +205,7 @@ def test_a_rank_that_serves_a_whole_branch_runs_the_one_gpu_fast_tower_on_that_b
     part = prefix.for_layout(choose_plan(1, [False]).layout(1), context)
     rank_tower = GroupGenTower(model, prefix, options, round_qk_norm=state.tower.round_qk_norm)._fast_tower(part)
     assert isinstance(rank_tower, FastGenTower) and part.branch.token_ids == state.branches[0].token_ids
+    assert isinstance(GroupGenTower(model, prefix, options, round_qk_norm=True), GenTower)  # the loop's protocol
     tokens = torch.randn(state.layout.gen_len, model.transformer.config.hidden_size,
                          generator=torch.Generator().manual_seed(0))
     assert torch.equal(rank_tower(part.exchange.shard(tokens), 1)[0], state.tower(tokens, 1)[0])

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -107,6 +107,7 @@ class Schedulers:
     distilled: bool = False
 
 
+@runtime_checkable
 class GenTower(Protocol):
     """What the denoising loop calls once a step: the eager tower, the fast one, a GPU group's
     (`engine.pipeline.tower`). `kind`, `passes` and `ops` (how often each optional op ran) are for the run's trace."""
