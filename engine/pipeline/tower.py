@@ -24,7 +24,7 @@ from .transformer import KVCache, gen_forward
 def tower_stage(state: RunState) -> None:
     """Reads `model`, `cache`, `branches`, `options`, `layout`; writes `tower` and the trace's tower kind and
     passes. Building the fast tower is where the model's runtime gains its fused projections, FP8 weights and
-    kernel dispatcher on a first request (`engine.pipeline.runtime.ModelRuntime`)."""
+    kernel dispatcher on a first request (`engine.model.runtime.ModelRuntime`)."""
     state.tower = make_gen_tower(state.model, state.cache, state.branches, state.options, state.layout)
     state.trace.tower = state.tower.kind
     state.trace.passes = list(state.tower.passes)

@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RunTrace:
-    tower: str = ""  # "eager" | "fast" | "group" (engine.pipeline.tower.GenTower.kind)
-    passes: list[str] = field(default_factory=list)  # the fast-path passes the tower applies (FastGenTower.passes)
-    tower_steps: list[int] = field(default_factory=list)  # eager loop: each step's branch count through the tower
+    """One run's record, filled in by the stages as they run (the run state's `trace`)."""
+
+    tower: str = ""  # "eager" | "fast" | "group" (engine.pipeline.state.GenTower.kind)
+    # The fast-path passes applied: the tower's (FastGenTower.passes), then "whole_step", the decode's
+    passes: list[str] = field(default_factory=list)
+    tower_steps: list[int] = field(default_factory=list)  # each step's branch count through the tower (either loop)
     velocities: int = 0  # eager loop: velocities computed (one per branch and step)
     ops: Counter = field(default_factory=Counter)  # fast tower: how often each optional op ran ("residual_add_in_gemm")
     host_syncs: int = 0  # waits of the host on the device inside the denoising loop (engine.pipeline.pacing)
