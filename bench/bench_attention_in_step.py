@@ -68,13 +68,16 @@ def main(argv=None) -> int:
     model = as_loaded_model(build_transformer(family), family, vae=build_vae(), tokenizer=build_tokenizer())
     request = dict(request, prompt=e2e.long_prompt(model), seed=1)
     variants = args.variants.split(",")
-    saved = {v: {} for v in variants}  # each variant's dispatchers and kept steps
+    saved = {v: ({}, {}) for v in variants}  # each variant's dispatchers and kept steps
     results = {"header": e2e.run_header(torch.cuda.get_device_name()), "workload": args.workload,
                "requests": [], "profiles": {}}
 
     def run(variant: str, profile: bool = False) -> dict:
-        model.dispatchers.clear()
-        model.dispatchers.update(saved[variant])
+        runtime = model.runtime
+        runtime.dispatchers.clear()
+        runtime.kept_steps.clear()
+        runtime.dispatchers.update(saved[variant][0])
+        runtime.kept_steps.update(saved[variant][1])
         autotune.Autotuner.measure = _measure_preferring(variant)
         try:
             if profile:
@@ -83,7 +86,7 @@ def main(argv=None) -> int:
                 row = e2e.timed_generate(model, request)
         finally:
             autotune.Autotuner.measure = _MEASURE
-            saved[variant] = dict(model.dispatchers)
+            saved[variant] = (dict(runtime.dispatchers), dict(runtime.kept_steps))
         return row
 
     clocks = e2e.ClockSampler()

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     finally:
         samples = clocks.close()
     e2e.annotate_clocks(results["requests"], samples)
-    dispatcher = model.dispatchers.get("auto")  # which kernel each op took, and how dispatch timed them
+    dispatcher = model.runtime.dispatchers.get("auto")  # which kernel each op took, and how dispatch timed them
     results["dispatch_timing"] = getattr(dispatcher, "timing", None)
     results["kernel_paths"] = sorted({(key[0], decision.backend) for key, decision in
                                       (dispatcher.decisions().items() if dispatcher else ())})

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.e2e import TABLE_SECTIONS, table_markdown  # noqa: E402
 from bench.models import as_loaded_model, build_transformer, build_vae, gen_step_flops, step_inputs  # noqa: E402
 from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
-from engine.pipeline.prefill import EagerGenTower, make_gen_tower  # noqa: E402
+from engine.pipeline.tower import EagerGenTower, make_gen_tower  # noqa: E402
 from cosmos3_kernels.timing import time_ms  # noqa: E402
 
 MATMUL_CEILING_TFLOPS = 790.0
@@ -376,7 +376,7 @@ def main_e2e(args) -> int:
         # The key is dispatch's: (op, device, dtype, q shape [B, N, Hq, D], kv heads, uniform prefix, bucket,
         # lengths on the device);
         # "longest_kv" is that bucket, the longest branch's key rows rounded up to a power of two.
-        dispatcher = model.dispatchers.get("auto")
+        dispatcher = model.runtime.dispatchers.get("auto")
         if dispatcher is not None:
             results.setdefault("attention_paths", {})[family] = [
                 dict(gen=key[3][1], heads=key[3][2], longest_kv=key[6], device_lengths=key[7], path=d.backend,

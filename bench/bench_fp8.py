@@ -37,7 +37,7 @@ from bench.e2e import generate_marked, run_header, stages, sync  # noqa: E402
 from bench.models import as_loaded_model, build_transformer, step_inputs, transformer_config  # noqa: E402
 from engine.pipeline import fp8  # noqa: E402
 from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
-from engine.pipeline.prefill import make_gen_tower  # noqa: E402
+from engine.pipeline.tower import make_gen_tower  # noqa: E402
 from cosmos3_kernels.timing import time_ms  # noqa: E402
 
 GATE = 3.0
@@ -96,7 +96,7 @@ def _measure(model, options, inputs, refs, timed, iters) -> tuple[dict, float]:
         tower = make_gen_tower(model, timed.cache, timed.branches, layout=timed.layout)
         return errors, time_ms(lambda: timed.engine_step(tower), warmup=1, iters=iters).median_ms
     finally:
-        model.fast_path, model.fp8_weights = None, None
+        model.fast_path, model.runtime.fp8_weights = None, None
         gc.collect()
 
 
@@ -284,7 +284,7 @@ def build_super(device, policy, family="super", log=print):
     vae = models.build_vae(device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
     model = as_loaded_model(transformer, family, vae=vae, tokenizer=build_tokenizer())
     model.dtype = transformer.embed_tokens.weight.dtype
-    model.fp8_weights = weights
+    model.runtime.fp8_weights = weights
     if torch.cuda.is_available():
         facts["loaded_gib"] = torch.cuda.memory_allocated() / 2**30
         facts["gpu_total_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30

@@ -136,7 +136,7 @@ def _solo(inputs):
     """A single-branch step (guidance 1.0, distilled, or outside the guidance interval)."""
     from engine.pipeline.denoise import gen_tokens, velocity
     from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.prefill import make_gen_tower
+    from engine.pipeline.tower import make_gen_tower
 
     options = FastPathOptions.for_model(inputs.model)
     tower = make_gen_tower(inputs.model, inputs.cache, inputs.branches, options, inputs.layout)

@@ -7,8 +7,9 @@ then one pass under cProfile (issue 17: the prefill stage's wall time is mostly 
 Full-size random weights (bench/models.py) and the table's 1.6k-token caption (bench.e2e.long_prompt). One whole
 request first (T2V at --size, 832x480/121f unless given, for Nano too: it keeps the run short), so kernels are compiled
 and dispatch has measured; then `--passes` timed passes (3) of the stages `engine.pipeline.run` runs before denoising, with
-the prefill stage also timed in its parts (`prefill_cache`: the text tower and the K/V buffers; `make_gen_tower`;
-the rest: the branches' positions), then a fourth under cProfile (top functions by cumulative and by own time).
+the prefill stage also timed in its parts (`prefill_cache`: the text tower and the K/V buffers; the rest: the
+branches' positions) and the tower stage (the gen tower: fused projections, FP8 weights, dispatch), then a fourth
+under cProfile (top functions by cumulative and by own time).
 
 `--threads-ab` alternates the passes between PyTorch's default intra-op thread count and one thread. Why: the
 branches' positions (diffusers' M-RoPE builders) are CPU tensor ops on ~40k values, above PyTorch's grain for a
@@ -36,7 +37,7 @@ WORKLOADS = {"edge": "edge-t2v-480p", "nano": "nano-t2v-720p"}
 
 def stages_once(model, request, profile: cProfile.Profile | None = None) -> dict:
     """The pre-denoise stages of one request, ms each; the prefill stage also in its parts (its text tower and K/V
-    buffers, `prefill_cache`; its gen tower, `make_gen_tower`; the rest, the branches' positions)."""
+    buffers, `prefill_cache`; the rest, the branches' positions), and the tower stage."""
     from bench.e2e import sync
     from engine.pipeline import prefill as prefill_module
     from engine.pipeline import run
@@ -58,19 +59,20 @@ def stages_once(model, request, profile: cProfile.Profile | None = None) -> dict
     for label, stage in (("conditioning", run.conditioning_stage), ("prompt", run.prompt_stage),
                          ("noise", run.noise_stage), ("layout", run.layout_stage), ("schedule", run.schedule_stage)):
         timed(label, lambda: stage(state))
-    parts = {name: getattr(prefill_module, name) for name in ("prefill_cache", "make_gen_tower")}
+    parts = {"prefill_cache": prefill_module.prefill_cache}
     for name, part in parts.items():  # the stage's own calls, timed where it makes them
         setattr(prefill_module, name, lambda *a, _name=name, _part=part, **k: timed(_name, lambda: _part(*a, **k)))
     try:
         if profile is not None:
             profile.enable()
         timed("prefill", lambda: run.prefill_stage(state))
+        timed("tower", lambda: run.tower_stage(state))
     finally:
         if profile is not None:
             profile.disable()
         for name, part in parts.items():
             setattr(prefill_module, name, part)
-    ms["prefill other (positions)"] = round(ms["prefill"] - ms["prefill_cache"] - ms["make_gen_tower"], 2)
+    ms["prefill other (positions)"] = round(ms["prefill"] - ms["prefill_cache"], 2)
     return ms
 
 

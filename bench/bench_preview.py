@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_engine import WORKLOADS, timed  # noqa: E402
 from bench.models import as_loaded_model, build_transformer, build_vae, step_inputs  # noqa: E402
 from engine.model.defaults import FAMILY_TABLE  # noqa: E402
-from engine.pipeline.prefill import make_gen_tower  # noqa: E402
+from engine.pipeline.tower import make_gen_tower  # noqa: E402
 from engine.pipeline.preview import preview_image, preview_steps  # noqa: E402
 
 

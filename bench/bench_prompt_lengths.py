@@ -104,9 +104,9 @@ def main() -> int:
         texts = build_prompt_texts(model.info, request)
         lengths = [len(tokenize(model.tokenizer, t, is_image=mode == "t2i", use_system_prompt=texts.use_system_prompt))
                    for t in (texts.prompt_text, texts.negative_prompt_text)]
-        dispatch = model.dispatchers.get("auto")
+        dispatch = model.runtime.dispatchers.get("auto")
         decisions_before = set(dispatch.decisions()) if dispatch is not None else set()
-        steps_before = list(model.dispatchers.get("whole_step", {}))
+        steps_before = list(model.runtime.kept_steps)
         profiler = cProfile.Profile() if profiled else None
         sync()
         t0 = time.perf_counter()
@@ -117,9 +117,9 @@ def main() -> int:
         if profiler is not None:
             profiler.disable()
         wall = time.perf_counter() - t0
-        dispatch = model.dispatchers.get("auto")
+        dispatch = model.runtime.dispatchers.get("auto")
         added = [k for k in dispatch.decisions() if k not in decisions_before] if dispatch is not None else []
-        steps_after = list(model.dispatchers.get("whole_step", {}))
+        steps_after = list(model.runtime.kept_steps)
         row = {
             "label": label, "mode": mode, "sentences": sentences, "token_lens": lengths, "wall_s": round(wall, 3),
             "stage_s": result.timings,

@@ -249,14 +249,14 @@ def step_rows(shapes: str, rounds: int) -> list[dict]:
     """`step` (module docstring): the MLP's activation as its own pass and the residual add in the fused add +
     RMSNorm (the baseline), then the activation in QuACK's epilogue, then also the residual add in cuBLAS's."""
     from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.prefill import make_gen_tower
+    from engine.pipeline.tower import make_gen_tower
 
     def tower(mlp: bool, residual: bool = False):
         options = FastPathOptions(enabled=True, mlp_epilogue=mlp, residual_epilogue=residual)
         return lambda model, inputs: make_gen_tower(model, inputs.cache, inputs.branches, options, inputs.layout)
 
     def describe(model) -> dict:
-        dispatcher = model.dispatchers.get("auto")
+        dispatcher = model.runtime.dispatchers.get("auto")
         return {"mlp_in": [dict(x=key[3], w=key[4], path=d.backend, reason=d.reason, split_ms=d.ms.get("torch"),
                                 quack_ms=d.ms.get("quack"))
                            for key, d in (dispatcher.decisions().items() if dispatcher else ()) if key[0] == "mlp_in"]}

@@ -97,7 +97,7 @@ def first_layer_rows(rounds: int, inner: int, error_rows: int) -> list[dict]:
 def step_rows(shapes: str, rounds: int) -> list[dict]:
     """`step` (module docstring): one row per family and shape, the pass off first (the baseline)."""
     from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.prefill import make_gen_tower
+    from engine.pipeline.tower import make_gen_tower
 
     def tower(share: bool):
         return lambda model, inputs: make_gen_tower(model, inputs.cache, inputs.branches,
@@ -105,7 +105,7 @@ def step_rows(shapes: str, rounds: int) -> list[dict]:
                                                     inputs.layout)
 
     def describe(model) -> dict:
-        dispatch = model.dispatchers.get("auto")
+        dispatch = model.runtime.dispatchers.get("auto")
         return {"dispatch": [
             dict(key=str(k), path=d.backend, reason=d.reason, shared_ms=d.ms.get("flash4"),
                  regular_ms=d.ms.get("regular"), config=d.config.label if d.config else None)

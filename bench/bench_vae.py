@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.model.runtime import ModelRuntime  # noqa: E402
 from bench.models import build_vae  # noqa: E402
 from engine.pipeline.causal_decode import DecodePlan, decoded_chunks, latent_steps  # noqa: E402
 from engine.pipeline.decode import decode_uint8, diffusers_chunks  # noqa: E402
@@ -342,7 +343,7 @@ def engine_stage(args) -> list[dict]:
     from engine.pipeline.state import Latents, RunState
 
     vae = build_vae(args.device, **(TINY if args.tiny else {}))
-    model = SimpleNamespace(vae=vae, parallel=None, safety_checker=None, vae_channels_last=False)
+    model = SimpleNamespace(vae=vae, parallel=None, safety_checker=None, runtime=ModelRuntime())
     rows = []
     for label in args.cases:
         frames, height, width = STAGE_CASES[label]

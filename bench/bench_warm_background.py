@@ -37,7 +37,7 @@ def main() -> int:
 
     from bench.models import as_loaded_model, build_transformer, build_vae
     from engine.model.tiny import build_tokenizer, write_family
-    from engine.serving.events import Finished, Started
+    from engine.events import Finished, Started
     from engine.serving.queue import JobQueue
     from engine.serving.registry import ModelEntry, ModelRegistry
 
@@ -79,7 +79,7 @@ def main() -> int:
         def generate(model, request, *a, **k):  # the queue imports `generate` from its module on each job
             if request["prompt"] != USER_PROMPT:
                 return plain_generate(model, request, *a, **k)
-            dispatch = model.dispatchers.get("auto")
+            dispatch = model.runtime.dispatchers.get("auto")
             before = set(dispatch.decisions()) if dispatch is not None else set()
             profiler = cProfile.Profile()
             profiler.enable()
@@ -91,7 +91,7 @@ def main() -> int:
                 stats = pstats.Stats(profiler, stream=text)
                 stats.sort_stats("cumulative").print_stats(40)
                 stats.sort_stats("tottime").print_stats(20)
-                dispatch = model.dispatchers.get("auto")
+                dispatch = model.runtime.dispatchers.get("auto")
                 added = [str(key) for key in dispatch.decisions() if key not in before] if dispatch is not None else []
                 profiles.append({"dispatch_decisions_added": added,
                                  "profile": "\n".join(l[:220] for l in text.getvalue().splitlines() if l.strip())})

@@ -374,7 +374,7 @@ def kernel_rows(prof) -> list[dict]:
     return _by_name(_profiled_stages(prof)[1])
 
 
-STAGES_PROFILED = ("prefill_stage", "denoise_stage", "decode_stage")
+STAGES_PROFILED = ("prefill_stage", "tower_stage", "denoise_stage", "decode_stage")
 
 
 class _StageRanges:
@@ -581,7 +581,7 @@ def warm_up_effect(model, name: str, log=print, **size) -> dict:
     began = time.perf_counter()
     sizes = warm_up(model, modes=(request["mode"],))
     out = {"warm_up_s": time.perf_counter() - began, "sizes": sizes}
-    kept = model.dispatchers.get("whole_step", {})
+    kept = model.runtime.kept_steps
     out["kept_steps"] = len(kept)
     out["kept_steps_gib"] = sum(step.bytes for step in kept.values()) / 2**30
     out["first after warm-up"] = timed_generate(model, request)
@@ -641,7 +641,7 @@ def fp8_step(model, width: int, height: int, frames: int, log=print, policies: t
     from bench.models import step_inputs
     from engine.pipeline import fp8
     from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.prefill import make_gen_tower
+    from engine.pipeline.tower import make_gen_tower
     from cosmos3_kernels.timing import time_ms
 
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=tuple(prefix_lens))
@@ -666,7 +666,7 @@ def fp8_step(model, width: int, height: int, frames: int, log=print, policies: t
             except Exception as error:  # noqa: BLE001 - one policy's failure must not lose the others
                 out[label + " failed"] = f"{type(error).__name__}: {error}"[:300]
             finally:
-                model.fast_path, model.fp8_weights = None, None
+                model.fast_path, model.runtime.fp8_weights = None, None
             log({label: out.get(label + " ms/step", out.get(label + " failed"))})
     log(out)
     return out
@@ -680,7 +680,7 @@ def profile_step(model, width: int, height: int, frames: int, log=print, top: in
     from bench.models import step_inputs
     from engine.config import build_config
     from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.prefill import make_gen_tower
+    from engine.pipeline.tower import make_gen_tower
 
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=tuple(prefix_lens))
     model.fast_path = FastPathOptions.from_config(build_config(), model.device)

@@ -52,7 +52,7 @@ def main() -> int:
             worst = max(worst, diff)
             print(f"{name} {label}: frames {fast.frames.shape}, files {sorted(fast.outputs)}, "
                   f"max |fast - exact| {diff:.3e}", flush=True)
-        print(f"{name}: dispatch {[(k[0], d.backend) for k, d in model.dispatchers['auto'].decisions().items()][:6]}")
+        print(f"{name}: dispatch {[(k[0], d.backend) for k, d in model.runtime.dispatchers['auto'].decisions().items()][:6]}")
         del model
         torch.cuda.empty_cache()
     print(f"worst frame difference {worst:.3e}")

@@ -11,7 +11,8 @@ from engine.model.loader import LoadedModel
 from engine.pipeline.denoise import gen_tokens, velocity
 from engine.pipeline.fast_path import FastPathOptions
 from engine.pipeline.layout import gen_layout, positions
-from engine.pipeline.prefill import EagerGenTower, make_gen_tower, prefill_cache
+from engine.pipeline.prefill import prefill_cache
+from engine.pipeline.tower import EagerGenTower, make_gen_tower
 from engine.pipeline.state import Branch, Conditioning, Latents
 from engine.model.variants import VariantInfo
 

@@ -19,7 +19,7 @@ import gradio as gr
 
 from .common import status_html
 from .files import redact
-from engine.serving.events import Cancelled, Failed, Finished, Preview
+from engine.events import Cancelled, Failed, Finished, Preview
 
 from .service import (ActiveJobs, JobStatus, StudioError, StudioService, apply_event, cancel_outcome, warming_note,
                       warming_status)

@@ -19,7 +19,7 @@ import gradio as gr
 from engine.pipeline import captions
 from engine.reasoner import REASON_TABLE, SAMPLING_LIMITS, ReasonerText
 from engine.reasoner.runtime import reasoner_status
-from engine.serving.events import Cancelled, Failed, Finished, JobCancelled, Queued, Started
+from engine.events import Cancelled, Failed, Finished, JobCancelled, Queued, Started
 
 from .caption_editor import known
 from .common import status_html

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.serving.events import Cancelled, Failed, Finished, Progress, Queued, Started
+from engine.events import Cancelled, Failed, Finished, Progress, Queued, Started
 from engine.model.defaults import sampling_limits
 from engine.serving.registry import ModelRegistry
 
@@ -192,7 +192,7 @@ class ActiveJobs:
 
 def cancel_outcome(job: ActiveJob, timeout: float = 20.0) -> str:
     """Wait (at most `timeout`) for a cancelled job to end and say how it ended."""
-    from engine.serving.events import JobCancelled
+    from engine.events import JobCancelled
 
     try:
         job.handle.result(timeout=timeout)

@@ -20,7 +20,7 @@ from .model.defaults import FAMILY_TABLE, Limits, sampling_defaults, sampling_li
 from .model.variants import ALL_MODES, REQUEST_MODES, CheckpointError, VariantInfo, inspect_checkpoint
 from .pipeline.prompts import preview_prompt_texts
 from .pipeline.request import Request, RequestError, validate_request
-from .serving.events import JobCancelled
+from .events import JobCancelled
 from .serving.registry import ModelEntry, ModelRegistry
 
 _LAZY = {

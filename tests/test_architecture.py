@@ -153,18 +153,29 @@ def test_kernels_is_a_leaf():
 
 
 def test_the_engine_floors_point_down():
-    """model <- pipeline <- serving: a floor imports only the floors below it (pipeline reads only the
-    event types of serving: the vocabulary of what a run reports)."""
-    order = {"engine.model": 0, "engine.pipeline": 1, "engine.serving": 2}
-    allowed_up = {"engine.serving.events"}
+    """model <- pipeline <- parallel, reasoner <- serving: a floor imports only the floors below it. The GPU group
+    (parallel) hands the pipeline its prefill and tower through `engine.pipeline.state.TowerGroup`, and the job
+    events every floor shares live under none (`engine.events`). Floors of one level (parallel, reasoner) do not
+    import each other either."""
+    order = {"engine.model": 0, "engine.pipeline": 1, "engine.parallel": 2, "engine.reasoner": 2,
+             "engine.serving": 3}
     bad = []
     for module, targets in _project_edges(lazy=True).items():
         floor = next((f for f in order if _under(module, f)), None)
         for target in targets:
             up = next((f for f in order if _under(target, f)), None)
-            if floor and up and order[up] > order[floor] and target not in allowed_up:
+            if floor and up and up != floor and order[up] >= order[floor]:
                 bad.append(f"{module} -> {target}")
     assert bad == []
+
+
+def test_the_floors_test_sees_the_parallel_floor_reaching_down_only():
+    """The floors above cover parallel/ and reasoner/: both import the pipeline, and the pipeline neither."""
+    edges = _project_edges(lazy=True)
+    assert any(_under(t, "engine.pipeline") for m in edges if _under(m, "engine.parallel") for t in edges[m])
+    assert any(_under(t, "engine.pipeline") for m in edges if _under(m, "engine.reasoner") for t in edges[m])
+    assert not [t for m in edges if _under(m, "engine.pipeline") for t in edges[m]
+                if _under(t, "engine.parallel") or _under(t, "engine.reasoner")]
 
 
 def test_the_ui_never_imports_torch():

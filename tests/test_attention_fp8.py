@@ -147,7 +147,7 @@ def test_the_fp8_mode_routes_long_attention_calls_to_fp8(nano, monkeypatch, thre
         nano.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
         after = engine.generate(nano, dict(request))
     finally:
-        nano.fast_path, nano.fp8_weights = None, None
+        nano.fast_path, nano.runtime.fp8_weights = None, None
     assert ours.precision == FP8_LABEL and bf16.precision == "bf16"
     if expect_calls:
         # Both CFG branches in one call per layer and step (the bf16 edges of "@N" are FP8Policy's, tested above).
@@ -170,12 +170,12 @@ def test_the_fp8_attention_and_its_cudnn_graphs_outlive_a_change_of_policy(nano,
     monkeypatch.setattr(fp8, "fp8_attention",
                         lambda policy, device, **backend: made.append(policy.name) or object() if policy.attention else None)
     try:
-        nano.fp8_weights = None
+        nano.runtime.fp8_weights = None
         runners = []
         for name in ("row:in", "row:attn", "row:in", "row:attn"):
             weights = fp8.fp8_weights(nano, fused_projections(nano), FP8Policy.parse(name))
             runners.append(weights.attention)
             assert weights.attends_in_fp8(0, 2, PackedKVLayout((3, 3), 10**6)) == (name == "row:attn")
     finally:
-        nano.fp8_weights = None
+        nano.runtime.fp8_weights = None
     assert runners[0] is None and runners[1] is runners[2] is runners[3] is not None and made == ["row:attn"]

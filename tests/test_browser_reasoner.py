@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from engine.reasoner.runtime import ChatOutput
-from engine.serving.events import JobCancelled
+from engine.events import JobCancelled
 from engine.reasoner.runtime import reasoner_for as REAL_REASONER_FOR
 
 playwright_api = pytest.importorskip("playwright.sync_api")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import engine
-from engine.pipeline import denoise, prefill  # the stages whose calls the tests below intercept
-from engine.serving.events import Cancelled, Failed, Finished, Progress, Queued, Started
+from engine.pipeline import denoise, tower  # the stages whose calls the tests below intercept
+from engine.events import Cancelled, Failed, Finished, Progress, Queued, Started
 from engine.pipeline.run import JobCancelled, generate
 from engine.serving.queue import JobFailed, JobQueue, QueueFull
 from engine.serving.registry import ModelEntry, ModelRegistry
@@ -225,7 +225,7 @@ def test_running_job_cancel_stops_within_a_step(queue):
 
 
 def test_out_of_memory_fails_the_job_and_the_worker_keeps_serving(queue, monkeypatch):
-    original = prefill.gen_forward
+    original = tower.gen_forward
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
@@ -234,7 +234,7 @@ def test_out_of_memory_fails_the_job_and_the_worker_keeps_serving(queue, monkeyp
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(prefill, "gen_forward", flaky)
+    monkeypatch.setattr(tower, "gen_forward", flaky)
     failed = queue.submit("nano", dict(mode="t2i", prompt="big", steps=3))
     last = _drain(failed)[-1]
     assert isinstance(last, Failed) and last.kind == "oom" and "ran out of memory" in last.message

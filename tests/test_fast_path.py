@@ -11,8 +11,11 @@ import engine
 from engine.config import build_config
 from engine.pipeline.fast_path import FastGenTower, FastPathOptions
 from engine.pipeline.outputs import frames_to_uint8
-from engine.pipeline.prefill import EagerGenTower
+from engine.pipeline import run
+from engine.pipeline.request import validate_request
 from engine.pipeline.run import generate
+from engine.pipeline.state import GenTower, RunState
+from engine.pipeline.tower import EagerGenTower
 
 
 @pytest.fixture(scope="module", params=["nano", "edge"])
@@ -29,17 +32,7 @@ REQUEST = dict(mode="t2i", prompt="a lighthouse at dusk", negative_prompt="blurr
 def test_fast_tower_matches_the_exact_engine(model, kernels, batched, fused, monkeypatch):
     model.fast_path = None
     exact = generate(model, REQUEST)
-    towers = []
-    import engine.pipeline.prefill as pipeline  # where the prefill stage makes the tower
-
-    original = pipeline.make_gen_tower
-
-    def spy(*args):
-        tower = original(*args)
-        towers.append(tower)
-        return tower
-
-    monkeypatch.setattr(pipeline, "make_gen_tower", spy)
+    assert exact.trace.tower == "eager" and exact.trace.passes == []
     # Count which implementation each op actually ran: a silently skipped pass must fail this test.
     from cosmos3_kernels import norms, prefix_attention, qk_norm_rope
 
@@ -56,16 +49,19 @@ def test_fast_tower_matches_the_exact_engine(model, kernels, batched, fused, mon
         fast = generate(model, REQUEST)
     finally:
         model.fast_path = None
-    assert isinstance(towers[0], FastGenTower)
+    # The run's trace names the tower and the passes it applied: a silently skipped switch fails here too.
+    assert fast.trace.tower == "fast"
+    assert ("batched_cfg" in fast.trace.passes) is batched and ("fused_projections" in fast.trace.passes) is fused
+    assert fast.trace.tower_steps == [2] * REQUEST["steps"]
     # The fast path hands uint8 frames (engine.pipeline.decode); the exact path float32 that the output stage rounds.
     assert fast.frames.dtype == np.uint8 and exact.frames.dtype == np.float32
     assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1
     conv = next(p for p in model.vae.parameters() if p.dim() == 5)
-    assert model.vae_channels_last and conv.is_contiguous(memory_format=torch.channels_last_3d)
+    assert model.runtime.vae_channels_last and conv.is_contiguous(memory_format=torch.channels_last_3d)
     if fused:
         # The pass made each projection's weight a view of one fused tensor: one copy of the weights.
         attn = model.transformer.layers[0].self_attn
-        fused_qkv = model.fused.qkv[0]
+        fused_qkv = model.runtime.fused.qkv[0]
         assert attn.add_k_proj.weight.data_ptr() == fused_qkv[attn.add_q_proj.weight.shape[0]:].data_ptr()
         # And the exact engine still gives the same frames through the views.
         assert np.array_equal(generate(model, REQUEST).frames, exact.frames)
@@ -82,13 +78,11 @@ def test_fast_tower_matches_the_exact_engine(model, kernels, batched, fused, mon
 
 
 def test_eager_tower_is_the_default_off_the_gpu(model, monkeypatch):
-    import engine.pipeline.prefill as pipeline  # where the prefill stage makes the tower
-
-    towers = []
-    original = pipeline.make_gen_tower
-    monkeypatch.setattr(pipeline, "make_gen_tower", lambda *a: towers.append(original(*a)) or towers[-1])
-    generate(model, dict(REQUEST, steps=1))
-    assert isinstance(towers[0], EagerGenTower)
+    model.fast_path = None
+    result = generate(model, dict(REQUEST, steps=1))
+    assert result.trace.tower == "eager" and result.trace.whole_step is None and not result.trace.passes
+    state = _through_the_tower_stage(model, dict(REQUEST, steps=1), FastPathOptions.for_model(model))
+    assert isinstance(state.tower, EagerGenTower) and isinstance(state.tower, GenTower)
     monkeypatch.setenv("COSMOS3_FAST", "0")
     assert not FastPathOptions.from_config(build_config(), model.device).enabled
 
@@ -184,15 +178,13 @@ def test_each_request_lets_its_mlp_round_once_only_as_its_frames_allow(model, mo
 ])
 def test_each_request_adds_its_projections_to_the_stream_in_the_gemm_only_as_its_frames_allow(
         model, mode, residual_epilogue, fused, monkeypatch):
-    # Through the real prefill stage: a video with the switch on adds both output projections of every layer to the
-    # residual stream in the GEMM (`_add_product`), every step; an image, or the switch off, never does. The fast
-    # video stays within a level of the exact one.
-    seen = []
-    add = FastGenTower._add_product
-    monkeypatch.setattr(FastGenTower, "_add_product", staticmethod(lambda *a: seen.append(1) or add(*a)))
+    # Through the real tower stage: a video with the switch on adds both output projections of every layer to the
+    # residual stream in the GEMM, every step (the run's trace counts it); an image, or the switch off, never does.
+    # The fast video stays within a level of the exact one.
     exact, fast = _exact_and_fast(model, mode, residual_epilogue=residual_epilogue)
     layers = len(model.transformer.layers)
-    assert len(seen) == (2 * layers * 2 if fused else 0)  # two projections a layer, two steps (CFG batched)
+    assert ("residual_epilogue" in fast.trace.passes) is fused
+    assert fast.trace.ops["residual_add_in_gemm"] == (2 * layers * 2 if fused else 0)  # two a layer, two steps
     assert np.abs(fast.frames.astype(int) - frames_to_uint8(exact.frames).astype(int)).max() <= 1
 
 
@@ -200,33 +192,30 @@ VIDEO = dict(mode="t2v", prompt="waves on rocks at dawn", negative_prompt="blurr
              guidance_scale=6.0, guidance_interval=None)
 
 
-def _spy_towers(monkeypatch) -> list:
-    import engine.pipeline.prefill as pipeline
+def _through_the_tower_stage(model, request: dict, options: FastPathOptions) -> RunState:
+    """The stages of `generate` up to the tower stage, run on one request: its state, with its cache, branches
+    and gen tower (the public stage functions, as `engine.pipeline.run` calls them)."""
+    checked = validate_request(model.info, request["mode"], request)
+    state = RunState(model, checked, checked["seed"], torch.Generator().manual_seed(checked["seed"]), options)
+    for stage in (run.conditioning_stage, run.prompt_stage, run.noise_stage, run.layout_stage, run.schedule_stage,
+                  run.memory_stage, run.prefill_stage, run.tower_stage):
+        stage(state)
+    return state
 
-    made = []
-    original = pipeline.make_gen_tower
-    monkeypatch.setattr(pipeline, "make_gen_tower", lambda *a: made.append((a, original(*a))) or made[-1][1])
-    return made
 
-
-def _one_step_video_tower(model, monkeypatch) -> tuple:
-    """A one-step video request on the fast path (PyTorch kernels, no graphs): (make_gen_tower's args, its tower)."""
-    made = _spy_towers(monkeypatch)
-    model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
-    try:
-        generate(model, dict(VIDEO, steps=1))
-    finally:
-        model.fast_path = None
-    (args, tower), = made
-    return args, tower
+def _one_step_video_tower(model) -> tuple:
+    """A one-step video request on the fast path (PyTorch kernels, no graphs): ((model, cache, branches), its tower)."""
+    state = _through_the_tower_stage(model, dict(VIDEO, steps=1),
+                                     FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch"))
+    return (model, state.cache, state.branches), state.tower
 
 
 def test_the_residual_add_in_the_gemm_leaves_the_callers_tokens_alone(model, monkeypatch):
     # The stream is added to in place. One branch's stream is a view of the tokens the caller passed (the whole
     # step's static buffer), so it must be copied first; the tower with the add in the GEMM must also agree with
     # the tower without it to fp32 rounding.
-    args, tower = _one_step_video_tower(model, monkeypatch)
-    assert tower.fuse_residual_add
+    args, tower = _one_step_video_tower(model)
+    assert tower.fuse_residual_add and isinstance(tower, GenTower)
     model_, cache, branches = args[:3]
     split = FastGenTower(model_, cache, branches, FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch"),
                          round_qk_norm=tower.round_qk_norm)
@@ -251,13 +240,16 @@ def test_first_layer_shares_its_gen_block_and_agrees_with_every_branch_on_its_ow
     calls = []
     fn = sga.shared_gen_attention_reference
     monkeypatch.setattr(sga, "shared_gen_attention_reference", lambda *a, **k: calls.append(1) or fn(*a, **k))
-    made = _spy_towers(monkeypatch)
-    model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
+    options = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
+    model.fast_path = options
     try:
         shared = generate(model, VIDEO)
-        (args, tower), = made
+        assert "share_first_attention" in shared.trace.passes
+        assert shared.trace.ops["shared_gen_attention"] == len(calls) == VIDEO["steps"]
+        state = _through_the_tower_stage(model, VIDEO, options)
+        tower = state.tower
         assert tower.shares_gen_block and len(calls) == VIDEO["steps"]
-        model_, cache, branches = args[:3]
+        model_, cache, branches = model, state.cache, state.branches
         assert len(branches) == 2 and len(branches[0].token_ids) != len(branches[1].token_ids)
         own = FastGenTower(model_, cache, branches, FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch",
                                                                    share_first_attention=False),
@@ -281,7 +273,7 @@ def test_gen_block_is_not_shared_when_positions_do_not_shift_alike(model, monkey
     from engine.pipeline import fast_path
 
     monkeypatch.setattr(fast_path, "SHARE_MIN_GEN_TOKENS", 1)
-    args, tower = _one_step_video_tower(model, monkeypatch)
+    args, tower = _one_step_video_tower(model)
     branches = args[2]
     assert fast_path.gen_positions_shift_alike(branches)
     skewed = branches[1].position_ids.clone()

@@ -107,14 +107,14 @@ def test_super_fp8_only_equals_fp8_beside_bf16_and_says_fp8(super_pair, monkeypa
     the same frames; every result of the FP8-only model is labelled FP8, fast path or not."""
     fp8_model, reference = super_pair
     monkeypatch.setattr(fp8, "check_available", lambda device, policy=None, backend="": None)  # FP8 beside bf16, on the CPU
-    assert fp8_model.fp8_weights.resident and fp8_model.transformer.layers[0].self_attn.to_q.weight.dtype == torch.bfloat16
+    assert fp8_model.runtime.fp8_weights.resident and fp8_model.transformer.layers[0].self_attn.to_q.weight.dtype == torch.bfloat16
     fp8_model.fast_path = FastPathOptions(**FAST)  # fp8 not even asked for: the model holds nothing else
-    reference.fast_path = FastPathOptions(**FAST, fp8=True, fp8_policy=fp8_model.fp8_weights.policy.name)
+    reference.fast_path = FastPathOptions(**FAST, fp8=True, fp8_policy=fp8_model.runtime.fp8_weights.policy.name)
     try:
         ours, theirs = engine.generate(fp8_model, dict(REQUEST)), engine.generate(reference, dict(REQUEST))
         assert ours.precision == theirs.precision == FP8_LABEL == ours.summary()["precision"]
         # The summary (API, sidecar) names the policy, so a result can be reproduced under the same one.
-        assert ours.summary()["fp8_policy"] == theirs.summary()["fp8_policy"] == fp8_model.fp8_weights.policy.name
+        assert ours.summary()["fp8_policy"] == theirs.summary()["fp8_policy"] == fp8_model.runtime.fp8_weights.policy.name
         assert np.array_equal(ours.frames, theirs.frames)
         reference.fast_path = FastPathOptions(**FAST)
         bf16 = engine.generate(reference, dict(REQUEST))
@@ -138,7 +138,7 @@ def test_one_gpu_rule_with_and_without_fp8(tiny_family, monkeypatch):
     with pytest.raises(MemoryError, match=r"--gpus 2 .*In FP8 \(faster, approximate\) it would still need"):
         load_in_process(root, device="cpu", memory_budget_bytes=tight, fp8_loader=_row_loader)
     # Where bf16 fits, asking for FP8 keeps the bf16 model (FP8 weights come beside it per request).
-    assert load_in_process(root, device="cpu", fp8_loader=_row_loader).fp8_weights is None
+    assert load_in_process(root, device="cpu", fp8_loader=_row_loader).runtime.fp8_weights is None
     # engine.load_model asks the FP8-only build (Super's FP8 mode) for a GPU with FP8 tensor cores.
     mode_budget = int((bf16 + fp8_weight_bytes(root, 4, fp8.policy_for("super"))) / 2 / 0.9)
     with pytest.raises(fp8.FP8Unavailable, match="needs a CUDA GPU"):

@@ -39,11 +39,12 @@ def _conv_weights(vae, memory_format: torch.memory_format) -> None:
 
 
 def _stage(vae, vision, fast_decode: bool) -> np.ndarray:
+    from engine.model.runtime import ModelRuntime
     from engine.pipeline.decode import decode_stage
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline.state import Latents, RunState
 
-    model = SimpleNamespace(vae=vae, parallel=None, safety_checker=None, vae_channels_last=False)
+    model = SimpleNamespace(vae=vae, parallel=None, safety_checker=None, runtime=ModelRuntime())
     state = RunState(model=model, request={"mode": "t2v"}, seed=0, generator=None,
                      options=FastPathOptions(enabled=True, vae_fast_decode=fast_decode),
                      latents=Latents(vision=vision, vision_mask=torch.zeros(vision.shape[2], 1, 1)))

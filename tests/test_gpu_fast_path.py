@@ -28,7 +28,7 @@ def model(request):
 def test_fast_step_matches_diffusers(model, shape, video_qk_fp32):
     from bench.models import step_inputs
     from engine.pipeline.fast_path import FastGenTower, FastPathOptions
-    from engine.pipeline.prefill import EagerGenTower, make_gen_tower
+    from engine.pipeline.tower import EagerGenTower, make_gen_tower
 
     width, height, frames = shape
     inputs = step_inputs(model, width=width, height=height, frames=frames, prefix_lens=(301, 517))
@@ -61,7 +61,7 @@ def step_errors_on_and_off(model, field: str, attribute: str, calls: list) -> tu
     pass's kernel). Each tower's ``attribute`` must say whether the pass may apply."""
     from bench.models import step_inputs
     from engine.pipeline.fast_path import FastPathOptions
-    from engine.pipeline.prefill import make_gen_tower
+    from engine.pipeline.tower import make_gen_tower
 
     inputs = step_inputs(model, width=832, height=480, frames=17, prefix_lens=(301, 517))
     errors, counts = {}, {}

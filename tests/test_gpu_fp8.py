@@ -43,7 +43,7 @@ def test_super_in_fp8_runs_on_one_gpu():
     print(f"Super FP8 ({policy}): transformer {facts['transformer_gib']:.1f} GiB, peak {row['peak_gib']:.1f} GiB of "
           f"{facts['gpu_total_gib']:.1f}; steps {row['step_s']} s; {time.perf_counter() - began:.1f} s in all")
     assert row["precision"] == FP8_LABEL and row["frames"] == [121, 480, 832, 3]
-    assert model.fp8_weights.resident and model.fp8_weights.policy.name == policy
+    assert model.runtime.fp8_weights.resident and model.runtime.fp8_weights.policy.name == policy
     del model
     _free()
 
@@ -60,7 +60,7 @@ def test_fp8_mode_velocity_within_three_times_bf16_error(family, shapes, force_a
     from engine.pipeline.fast_path import FastPathOptions
     from engine.pipeline import fp8 as fp8_pass
     from engine.pipeline.fp8 import host_policy
-    from engine.pipeline.prefill import make_gen_tower
+    from engine.pipeline.tower import make_gen_tower
 
     if force_attention:  # FA3's where installed, else cuDNN's (`FP8_ATTENTION_BACKENDS`)
         monkeypatch.setattr(fp8_pass, "FP8_ATTENTION_MIN_GEN_TOKENS", 0)
@@ -77,7 +77,7 @@ def test_fp8_mode_velocity_within_three_times_bf16_error(family, shapes, force_a
             # The family's FP8 mode, as a request without a policy of its own gets it.
             model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, fp8=True)
             tower = make_gen_tower(model, inputs.cache, inputs.branches, layout=inputs.layout)
-            assert tower.fp8 is model.fp8_weights and tower.fp8.policy == policy
+            assert tower.fp8 is model.runtime.fp8_weights and tower.fp8.policy == policy
             fp8 = rel_error(inputs.engine_step(tower), fp32)
             print(f"{family} {(width, height, frames)}: rel. error vs fp32 forward: diffusers bf16 {bf16:.2e}, "
                   f"engine FP8 ({policy.name}) {fp8:.2e} ({fp8 / bf16:.2f}x bf16; gate {GATE}x)")

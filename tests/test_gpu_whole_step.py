@@ -79,7 +79,7 @@ def test_whole_step_graphs_equal_the_eager_fast_loop(edge):
                    seed=3, steps=16, width=640, height=640, guidance_interval=[400, 1000])
     eager = _generate(edge, request, whole=False)
     graphed = _generate(edge, request, whole=True, lengths_on_device=False)
-    kept = edge.dispatchers["whole_step"]
+    kept = edge.runtime.kept_steps
     step = next(iter(kept.values()))
     assert step.use_graphs and step.captured_counts == {1, 2}, "both branch counts captured"
     assert step.tower.cache.layout.lengths is None
@@ -100,25 +100,23 @@ def test_a_kept_step_with_the_lengths_on_the_device_serves_a_new_prompt_length_b
     Triton, which the graphs then run too."""
     from engine.pipeline import whole_step
 
-    saved = {name: edge.dispatchers.pop(name) for name in ("auto", "triton", "whole_step") if name in edge.dispatchers}
-    records = []
-    original = whole_step.WholeStep._record
-    monkeypatch.setattr(whole_step.WholeStep, "_record", lambda self, count: records.append(count) or original(self, count))
+    saved = {name: edge.runtime.dispatchers.pop(name) for name in ("auto", "triton") if name in edge.runtime.dispatchers}
+    saved_steps = dict(edge.runtime.kept_steps)
     try:
         first = dict(mode="t2i", prompt="A lighthouse keeper at dusk. " * 40, negative_prompt="blurry, low quality",
                      seed=3, steps=16, width=640, height=640, guidance_interval=[400, 1000])
         second = dict(first, prompt="A lighthouse keeper at dusk. " * 43, seed=4)
         for kernels in ("auto", "triton"):
-            edge.dispatchers.pop("whole_step", None)
-            records.clear()
-            _generate(edge, first, whole=True, kernels=kernels)
-            step = next(iter(edge.dispatchers["whole_step"].values()))
-            assert step.tower.cache.layout.lengths is not None and sorted(records) == [1, 2]
+            edge.runtime.kept_steps.clear()
+            built = _generate(edge, first, whole=True, kernels=kernels)
+            step = next(iter(edge.runtime.kept_steps.values()))
+            assert step.tower.cache.layout.lengths is not None and built.trace.graph_records == 2  # 1 and 2 branches
             replayed = _generate(edge, second, whole=True, kernels=kernels)
-            assert len(edge.dispatchers["whole_step"]) == 1 and sorted(records) == [1, 2], "no capture for the new length"
-            edge.dispatchers.pop("whole_step")
+            assert replayed.trace.whole_step == "reused" and len(edge.runtime.kept_steps) == 1
+            assert replayed.trace.graph_records == 0, "no capture for the new length"
+            edge.runtime.kept_steps.clear()
             fresh = _generate(edge, second, whole=True, kernels=kernels)
-            assert sorted(records) == [1, 1, 2, 2]
+            assert fresh.trace.whole_step == "built" and fresh.trace.graph_records == 2
             diff = np.abs(replayed.frames.astype(int) - fresh.frames.astype(int)).max()
             print(f"{kernels}: kept step at a new prompt length vs a fresh capture: max uint8 diff {diff}")
             assert diff == 0
@@ -127,9 +125,11 @@ def test_a_kept_step_with_the_lengths_on_the_device_serves_a_new_prompt_length_b
         print(f"kept step (Triton) at a new prompt length vs the eager loop (Triton): max uint8 diff {diff}")
         assert diff == 0
     finally:
-        for name in ("auto", "triton", "whole_step"):
-            edge.dispatchers.pop(name, None)
-        edge.dispatchers.update(saved)
+        for name in ("auto", "triton"):
+            edge.runtime.dispatchers.pop(name, None)
+        edge.runtime.dispatchers.update(saved)
+        edge.runtime.kept_steps.clear()
+        edge.runtime.kept_steps.update(saved_steps)
 
 
 def test_a_short_prompt_and_a_long_caption_share_one_kept_step_whose_memory_is_counted(edge, monkeypatch):
@@ -139,27 +139,25 @@ def test_a_short_prompt_and_a_long_caption_share_one_kept_step_whose_memory_is_c
     from bench.e2e import long_prompt
     from engine.pipeline import whole_step
 
-    saved = edge.dispatchers.pop("whole_step", None)
-    records = []
-    original = whole_step.WholeStep._record
-    monkeypatch.setattr(whole_step.WholeStep, "_record", lambda self, count: records.append(count) or original(self, count))
+    saved = dict(edge.runtime.kept_steps)
+    edge.runtime.kept_steps.clear()
     try:
         short = dict(mode="t2i", prompt="A lighthouse keeper at dusk.", seed=3, steps=8, width=640, height=640,
                      guidance_interval=None)
-        _generate(edge, short, whole=True)
-        _generate(edge, dict(short, prompt=long_prompt(edge)), whole=True)  # >= 1600 tokens of the model's tokenizer
-        kept = edge.dispatchers["whole_step"]
+        records = [_generate(edge, short, whole=True).trace.graph_records]
+        # >= 1600 tokens of the model's tokenizer
+        records.append(_generate(edge, dict(short, prompt=long_prompt(edge)), whole=True).trace.graph_records)
+        kept = edge.runtime.kept_steps
         step = next(iter(kept.values()))
         buffers = sum(b.numel() * b.element_size() for b in step.tower.cache.buffers)
         print(f"one kept step for both prompts: {len(kept)}; captures {records}; K/V {buffers / 2**20:.0f} MiB, "
               f"with its graph pool {step.bytes / 2**20:.0f} MiB; capacity {step.tower.cache.layout.kv_len_limit} keys")
-        assert len(kept) == 1 and records == [2], "the long caption replayed the short prompt's step"
+        assert len(kept) == 1 and records == [1, 0], "the long caption replayed the short prompt's step"
         assert step.tower.cache.layout.kv_len_limit >= step.layout.gen_len + whole_step.KEPT_PROMPT_TOKENS
         assert step.bytes > buffers, "the graph pool's memory is counted"
     finally:
-        edge.dispatchers.pop("whole_step", None)
-        if saved is not None:
-            edge.dispatchers["whole_step"] = saved
+        edge.runtime.kept_steps.clear()
+        edge.runtime.kept_steps.update(saved)
 
 
 def test_a_real_out_of_memory_in_a_capture_gives_the_kept_steps_back_and_the_retry_is_exact(edge, monkeypatch):
@@ -168,7 +166,8 @@ def test_a_real_out_of_memory_in_a_capture_gives_the_kept_steps_back_and_the_ret
     usable, and the request runs once more with the seed it drew, to the frames a clean run gives."""
     from engine.pipeline import run, whole_step
 
-    saved = edge.dispatchers.pop("whole_step", None)
+    saved = dict(edge.runtime.kept_steps)
+    edge.runtime.kept_steps.clear()
     try:
         request = dict(mode="t2i", prompt="A lighthouse keeper at dusk.", seed=-1, steps=6, width=480, height=480,
                        guidance_interval=[400, 1000])
@@ -176,7 +175,7 @@ def test_a_real_out_of_memory_in_a_capture_gives_the_kept_steps_back_and_the_ret
         original_seed = run.resolve_seed
         monkeypatch.setattr(run, "resolve_seed", lambda seed: seeds.append(original_seed(seed)) or seeds[-1])
         _generate(edge, dict(request, width=640, height=640), whole=True)  # a kept step to give back
-        assert edge.dispatchers.get("whole_step")
+        assert edge.runtime.kept_steps
         original = whole_step.capture_graph
         failures = []
 
@@ -192,7 +191,7 @@ def test_a_real_out_of_memory_in_a_capture_gives_the_kept_steps_back_and_the_ret
         monkeypatch.setattr(whole_step, "capture_graph", capture_that_runs_out_once)
         retried = _generate(edge, request, whole=True)
         assert failures == [1], "the capture ran out of memory once"
-        assert len(edge.dispatchers.get("whole_step", {})) == 1, "the 640x640 step was given back; the retry's is kept"
+        assert len(edge.runtime.kept_steps) == 1, "the 640x640 step was given back; the retry's is kept"
         assert len(seeds) == 2, "the retried request drew its seed once, for both attempts"
         monkeypatch.setattr(whole_step, "capture_graph", original)
         whole_step.release_kept_steps()
@@ -201,9 +200,8 @@ def test_a_real_out_of_memory_in_a_capture_gives_the_kept_steps_back_and_the_ret
         print(f"out of memory in a capture, retried: max uint8 diff against a clean run {diff}")
         assert diff == 0
     finally:
-        edge.dispatchers.pop("whole_step", None)
-        if saved is not None:
-            edge.dispatchers["whole_step"] = saved
+        edge.runtime.kept_steps.clear()
+        edge.runtime.kept_steps.update(saved)
 
 
 def test_uint8_decode_equals_the_exact_decode_on_cuda(edge):
@@ -244,38 +242,41 @@ def test_whole_step_graphs_with_flash4_attention_equal_the_eager_fast_loop(edge,
     monkeypatch.setattr(autotune.Autotuner, "measure", prefer_flash4)
     # Measured afresh: decisions an earlier test stored on disk for these shapes would skip `measure`.
     monkeypatch.setattr(fast_path, "open_store", lambda *args, **kwargs: None)
-    saved = {name: edge.dispatchers.pop(name) for name in ("auto", "whole_step") if name in edge.dispatchers}
+    saved = {name: edge.runtime.dispatchers.pop(name) for name in ("auto",) if name in edge.runtime.dispatchers}
+    saved_steps = dict(edge.runtime.kept_steps)
+    edge.runtime.kept_steps.clear()
     try:
         request = dict(mode="t2i", prompt="A lighthouse keeper at dusk. " * 40, negative_prompt="blurry, low quality",
                        seed=5, steps=16, width=640, height=640, guidance_interval=[400, 1000])
         eager = _generate(edge, request, whole=False)
-        paths = {d.backend for key, d in edge.dispatchers["auto"].decisions().items() if key[0] == "prefix_attention"}
+        paths = {d.backend for key, d in edge.runtime.dispatchers["auto"].decisions().items() if key[0] == "prefix_attention"}
         assert paths == {"flash4"}, paths
         graphed = _generate(edge, request, whole=True, lengths_on_device=False)
-        step = next(iter(edge.dispatchers["whole_step"].values()))
+        step = next(iter(edge.runtime.kept_steps.values()))
         assert step.use_graphs and step.captured_counts == {1, 2}, "both branch counts captured"
         diff = np.abs(graphed.frames.astype(int) - eager.frames.astype(int)).max()
         print(f"whole-step graphs with flash-attn-4 vs eager fast loop: max uint8 diff {diff}")
         assert diff == 0
         # With the lengths on the device (capacity rows; cu_seqlens rewritten per prompt, max_seqlen_k the
         # bound): flash-attn-4 in a kept step at a new prompt length equals a fresh capture at that length.
-        edge.dispatchers.pop("whole_step")
+        edge.runtime.kept_steps.clear()
         _generate(edge, request, whole=True)
         second = dict(request, prompt="A lighthouse keeper at dusk. " * 43, seed=6)
         replayed = _generate(edge, second, whole=True)
-        assert len(edge.dispatchers["whole_step"]) == 1
-        edge.dispatchers.pop("whole_step")
+        assert len(edge.runtime.kept_steps) == 1
+        edge.runtime.kept_steps.clear()
         fresh = _generate(edge, second, whole=True)
-        paths = {d.backend for key, d in edge.dispatchers["auto"].decisions().items()
+        paths = {d.backend for key, d in edge.runtime.dispatchers["auto"].decisions().items()
                  if key[0] == "prefix_attention" and key[-1]}
         assert paths == {"flash4"}, paths
         diff = np.abs(replayed.frames.astype(int) - fresh.frames.astype(int)).max()
         print(f"flash-attn-4, lengths on the device: kept step at a new length vs a fresh capture: max diff {diff}")
         assert diff == 0
     finally:
-        for name in ("auto", "whole_step"):
-            edge.dispatchers.pop(name, None)
-        edge.dispatchers.update(saved)
+        edge.runtime.dispatchers.pop("auto", None)
+        edge.runtime.dispatchers.update(saved)
+        edge.runtime.kept_steps.clear()
+        edge.runtime.kept_steps.update(saved_steps)
 
 
 def test_capture_graph_keeps_the_allocators_cache_and_replays_what_it_captured(monkeypatch):

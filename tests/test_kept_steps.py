@@ -7,14 +7,15 @@ import weakref
 import pytest
 import torch
 
+from engine.model.runtime import ModelRuntime
 from engine.pipeline import run, whole_step
 
 
 class _Model:
-    """What the bookkeeping reads of a loaded model: its `dispatchers` (and, for `generate`, `info`)."""
+    """What the bookkeeping reads of a loaded model: its `runtime` (and, for `generate`, `info`)."""
 
     def __init__(self, **steps):
-        self.dispatchers = {}
+        self.runtime = ModelRuntime()
         self.info = None
         for key, size in steps.items():
             whole_step._lookup(self, key, lambda size=size: _Step(size))
@@ -47,7 +48,7 @@ def test_a_model_keeps_a_step_for_each_of_sixteen_shapes_and_drops_the_least_rec
     first, reused = whole_step._lookup(model, "size 0", lambda: pytest.fail("size 0 is kept"))
     assert reused
     whole_step._lookup(model, "one more", lambda: _Step(1))
-    kept = model.dispatchers["whole_step"]
+    kept = model.runtime.kept_steps
     assert len(kept) == whole_step.MAX_CACHED_STEPS and "size 1" not in kept and kept["size 0"] is first
     assert list(kept)[-2:] == ["size 0", "one more"]
 
@@ -59,9 +60,9 @@ def test_trimming_counts_every_models_steps_drops_the_least_recent_first_and_kee
     whole_step._lookup(nano, "c", lambda: _Step(2 * gib))
     assert whole_step.trim_kept_steps(9 * gib) == []
     assert whole_step.trim_kept_steps(5 * gib) == ["a"]  # nano's oldest, although edge's is smaller
-    assert list(nano.dispatchers["whole_step"]) == ["c"] and list(edge.dispatchers["whole_step"]) == ["b"]
+    assert list(nano.runtime.kept_steps) == ["c"] and list(edge.runtime.kept_steps) == ["b"]
     assert whole_step.trim_kept_steps(1 * gib) == ["b"]
-    assert list(nano.dispatchers["whole_step"]) == ["c"]  # over the budget alone, but it was just used
+    assert list(nano.runtime.kept_steps) == ["c"]  # over the budget alone, but it was just used
 
 
 def test_a_model_that_is_gone_holds_nothing():
@@ -100,7 +101,7 @@ def test_a_kept_steps_denoise_trims_every_models_kept_steps_to_the_budget_after_
     step.key = "new"
     _denoise_with_budget(monkeypatch, step, 4 * gib)
     assert step.replays == [2, 2, 2]
-    assert "old" not in other.dispatchers["whole_step"] and list(model.dispatchers["whole_step"]) == ["new"]
+    assert "old" not in other.runtime.kept_steps and list(model.runtime.kept_steps) == ["new"]
 
 
 def _failing_once(monkeypatch, result="done"):
@@ -124,13 +125,13 @@ def test_out_of_memory_gives_back_every_models_kept_steps_and_runs_the_request_o
     assert run.generate(model, {"prompt": "p", "seed": -1}) == "done"
     assert len(calls) == 2 and calls[0]["kept"] and calls[1]["kept"] == []
     assert calls[0]["seed"] == calls[1]["seed"] >= 0  # a random seed is drawn once, so the retry makes the same image
-    assert "whole_step" not in other.dispatchers
+    assert not other.runtime.kept_steps
 
 
 def test_a_retry_tells_the_progress_listener_why_it_starts_again(monkeypatch):
     pytest.importorskip("gradio")  # the UI package; a GPU box that runs the whole suite may lack it
     from cosmos3_ui.service import JobStatus
-    from engine.serving.events import Progress
+    from engine.events import Progress
 
     calls = _failing_once(monkeypatch)
     seen = []

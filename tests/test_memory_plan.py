@@ -26,7 +26,7 @@ SUPER_WEIGHTS = (45.6 * GIB, 58.0 * GIB)
 def super_fp8(monkeypatch):
     monkeypatch.setattr(memory, "model_weight_bytes", lambda model, text_tower: tuple(map(int, SUPER_WEIGHTS)))
     return SimpleNamespace(info=VariantInfo.released("super"), transformer=SimpleNamespace(config=SimpleNamespace(**SUPER)),
-                           fp8_weights=SimpleNamespace(resident=True, policy=FP8Policy.parse("row:in")),
+                           runtime=SimpleNamespace(fp8_weights=SimpleNamespace(resident=True, policy=FP8Policy.parse("row:in"))),
                            text_tower=None, device=torch.device("cuda"), parallel=None)
 
 

@@ -80,14 +80,16 @@ def test_both_denoising_loops_pace_every_step(nano, monkeypatch, whole):
     progress = []
     nano.fast_path = _fast(whole)
     try:
-        generate(nano, dict(mode="t2i", prompt="a lighthouse at dusk", seed=1, steps=4),
-                 on_progress=lambda p: progress.append(p.step) if p.stage == "denoise" else None)
+        result = generate(nano, dict(mode="t2i", prompt="a lighthouse at dusk", seed=1, steps=4),
+                          on_progress=lambda p: progress.append(p.step) if p.stage == "denoise" else None)
     finally:
         nano.fast_path = None
     assert len(made) == 1
     records = [i for kind, i in log if kind == "record"]
     syncs = [i for kind, i in log if kind == "sync"]
     assert records == syncs == [0, 1, 2, 3]
+    assert result.trace.host_syncs == len(syncs)  # the run's trace counts the host's waits on the device
+    assert result.trace.whole_step == ("built" if whole else None)
     # Step i is waited for only after step i+1 is queued (never more than one step ahead, never idle).
     assert log.index(("sync", 0)) > log.index(("record", 1))
     assert log.index(("sync", 1)) < log.index(("record", 3))
@@ -98,7 +100,7 @@ def test_both_denoising_loops_pace_every_step(nano, monkeypatch, whole):
 def test_a_preview_never_runs_ahead_of_the_progress_reported_before_it(nano, monkeypatch, whole):
     """Before pacing, the eager loop reported step k-1 before it sent the preview of step k; pacing must
     keep that (the preview waits for the device anyway, so the step before it is finished)."""
-    from engine.serving.events import Preview
+    from engine.events import Preview
 
     log = []
     event = type("Event", (FakeEvent,), {"log": log})

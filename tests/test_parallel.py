@@ -19,7 +19,7 @@ import engine
 from engine.model.loader import component_parameter_count
 from engine.parallel.plan import check_group_size, choose_plan, kv_head_range, token_split
 from engine.parallel.runtime import GroupWorkerDied
-from engine.serving.events import JobCancelled, Progress
+from engine.events import JobCancelled, Progress
 
 TOL = 1e-5
 
@@ -150,7 +150,7 @@ def test_plan_arithmetic():
 def test_the_queue_serves_a_group_and_models_report_it(tiny_family, references):
     """What `app.py --gpus 2` wires: the registry reports the group, the queue loads models on it."""
     from engine.parallel.load import load_model
-    from engine.serving.events import Finished
+    from engine.events import Finished
     from engine.serving.queue import JobQueue
     from engine.serving.registry import ModelEntry, ModelRegistry
 
@@ -177,3 +177,35 @@ def test_the_queue_serves_a_group_and_models_report_it(tiny_family, references):
         queue.close()
         for model in loaded:
             model.close()
+
+
+def test_a_rank_that_serves_a_whole_branch_runs_the_one_gpu_fast_tower_on_that_branch(tiny_family):
+    """Where a rank runs a whole branch (a CFG half of one rank), it runs the one-GPU fast tower on its branch (the
+    request's own `Branch`, with the rank's rotary rows), and gets what that tower gives on one GPU. In one process:
+    a group of one, whose rank serves the only branch."""
+    import torch
+
+    from engine.parallel.group import GroupContext, GroupGenTower, GroupPrefix
+    from engine.pipeline import run
+    from engine.pipeline.fast_path import FastGenTower, FastPathOptions
+    from engine.pipeline.request import validate_request
+    from engine.pipeline.state import GenTower, RunState
+
+    model = engine.load_model(tiny_family["nano"], device="cpu")
+    options = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
+    request = validate_request(model.info, "t2i", dict(prompt="a red kite", steps=1, seed=3, guidance_scale=1.0))
+    state = RunState(model, request, 3, torch.Generator().manual_seed(3), options)
+    for stage in (run.conditioning_stage, run.prompt_stage, run.noise_stage, run.layout_stage, run.schedule_stage,
+                  run.prefill_stage, run.tower_stage):
+        stage(state)
+    assert len(state.branches) == 1 and isinstance(state.tower, FastGenTower)
+    context = GroupContext(0, 1, torch.device("cpu"), seq_groups={(1, 0): None})
+    model.parallel = context  # the rank's view of its group (a fresh model, loaded for this test)
+    prefix = GroupPrefix(model, state.branches, state.layout.gen_len)
+    part = prefix.for_layout(choose_plan(1, [False]).layout(1), context)
+    rank_tower = GroupGenTower(model, prefix, options, round_qk_norm=state.tower.round_qk_norm)._fast_tower(part)
+    assert isinstance(rank_tower, FastGenTower) and part.branch.token_ids == state.branches[0].token_ids
+    assert isinstance(GroupGenTower(model, prefix, options, round_qk_norm=True), GenTower)  # the loop's protocol
+    tokens = torch.randn(state.layout.gen_len, model.transformer.config.hidden_size,
+                         generator=torch.Generator().manual_seed(0))
+    assert torch.equal(rank_tower(part.exchange.shard(tokens), 1)[0], state.tower(tokens, 1)[0])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import engine
-from engine.serving.events import Preview
+from engine.events import Preview
 from engine.pipeline.denoise import _previewing
 import engine.pipeline.preview as preview_module
 from engine.pipeline.preview import PREVIEWS_PER_RUN, Previewer, preview_image, preview_steps

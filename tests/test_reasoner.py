@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import engine
-from engine.serving.events import JobCancelled, Progress
+from engine.events import JobCancelled, Progress
 from engine.reasoner import ReasonerText, ReasonRequestError, validate_reason_request
 from engine import reason
 from engine.reasoner.caption import MAX_ATTEMPTS, EnhanceError
@@ -486,7 +486,7 @@ def test_every_memory_policy_decodes_the_same_tokens(loaded):
 
 
 def test_reason_jobs_share_the_queue_and_cancel_within_one_token(tiny_family, tmp_path):
-    from engine.serving.events import Cancelled, Finished, Started
+    from engine.events import Cancelled, Finished, Started
     from engine.serving.queue import JobQueue
     from engine.serving.registry import ModelEntry, ModelRegistry
 

@@ -15,7 +15,7 @@ import engine
 from engine.pipeline import captions
 from engine.pipeline import request as request_module
 from engine.serving.batch import parse_batch, run_batch
-from engine.serving.events import Failed
+from engine.events import Failed
 from engine.serving.queue import JobQueue
 from engine.serving.registry import ModelEntry, ModelRegistry
 

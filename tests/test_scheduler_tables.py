@@ -106,36 +106,55 @@ def test_a_wrong_coefficient_is_caught():
 
 
 def test_a_schedule_is_built_once_and_each_request_gets_its_own_copy(monkeypatch):
-    """The table of a schedule seen before comes from the cache (no second build), equal bit for bit, and
-    is a copy: a request that changes its table does not change the next request's."""
+    """The table of a schedule seen before comes from the model's kept tables (no second build), equal bit for
+    bit, and is a copy: a request that changes its table does not change the next request's."""
+    from engine.model.runtime import TableCache
     from engine.pipeline import scheduler_tables
 
     built = []
     real = scheduler_tables.unipc_table
     monkeypatch.setattr(scheduler_tables, "unipc_table", lambda *a, **k: built.append(1) or real(*a, **k))
-    monkeypatch.setattr(scheduler_tables, "_unipc_tables", type(scheduler_tables._unipc_tables)())
+    tables = TableCache()
     shape = (1, 1, 48, 2, 4, 4)
-    first = sampler_for(_unipc(7, flow_shift=3.0), torch.empty(shape))
-    second = sampler_for(_unipc(7, flow_shift=3.0), torch.empty(shape))
+    first = sampler_for(_unipc(7, flow_shift=3.0), torch.empty(shape), tables=tables)
+    second = sampler_for(_unipc(7, flow_shift=3.0), torch.empty(shape), tables=tables)
     assert len(built) == 1
     assert torch.equal(first.table, second.table) and first.table.data_ptr() != second.table.data_ptr()
     first.table[2, 0] = 0.5
-    third = sampler_for(_unipc(7, flow_shift=3.0), torch.empty(shape))
+    third = sampler_for(_unipc(7, flow_shift=3.0), torch.empty(shape), tables=tables)
     assert torch.equal(third.table, second.table)
     # Any change to what the table is computed from builds a new one: shift, steps, corrector.
     for other in (_unipc(7, flow_shift=5.0), _unipc(8, flow_shift=3.0), _unipc(7, flow_shift=3.0, disable_corrector=[2])):
-        sampler_for(other, torch.empty(shape))
+        sampler_for(other, torch.empty(shape), tables=tables)
     assert len(built) == 4
-    _run_both(_unipc(7, flow_shift=3.0), sampler_for(_unipc(7, flow_shift=3.0), torch.empty(shape)), shape, seed=2)
+    _run_both(_unipc(7, flow_shift=3.0), sampler_for(_unipc(7, flow_shift=3.0), torch.empty(shape), tables=tables),
+              shape, seed=2)
+    sampler_for(_unipc(7, flow_shift=3.0), torch.empty(shape))  # no tables given: built, and kept nowhere
+    assert len(built) == 5 and len(tables) == 4
 
 
-def test_the_table_cache_is_bounded(monkeypatch):
-    from engine.pipeline import scheduler_tables
+def test_the_table_cache_is_bounded():
+    from engine.model.runtime import MAX_TABLES, TableCache
 
-    monkeypatch.setattr(scheduler_tables, "_unipc_tables", type(scheduler_tables._unipc_tables)())
-    for steps in range(2, 4 + scheduler_tables.MAX_CACHED_TABLES):
-        sampler_for(_unipc(steps, flow_shift=3.0), torch.empty(1, 1, 48, 1, 2, 2))
-    assert len(scheduler_tables._unipc_tables) == scheduler_tables.MAX_CACHED_TABLES
+    tables = TableCache()
+    for steps in range(2, 4 + MAX_TABLES):
+        sampler_for(_unipc(steps, flow_shift=3.0), torch.empty(1, 1, 48, 1, 2, 2), tables=tables)
+    assert len(tables) == MAX_TABLES
+
+
+def test_a_models_runtime_keeps_its_sampler_tables(tiny_family):
+    """The whole step takes its UniPC table from the model's runtime: a second request of the same schedule
+    builds none."""
+    import engine
+    from engine.pipeline.fast_path import FastPathOptions
+    from engine.pipeline.run import generate
+
+    model = engine.load_model(tiny_family["nano"], device="cpu")
+    model.fast_path = FastPathOptions(enabled=True, cuda_graphs=False, kernels="torch")
+    request = dict(mode="t2i", prompt="a red kite", steps=3, seed=1)
+    assert generate(model, request).trace.whole_step == "built" and len(model.runtime.unipc_tables) == 1
+    generate(model, dict(request, seed=2))
+    assert len(model.runtime.unipc_tables) == 1
 
 
 def test_sampler_supported_says_what_sampler_for_will_do():

@@ -51,12 +51,12 @@ def test_the_step_reads_nothing_back_from_the_device(nano, request_, monkeypatch
         Image.fromarray(np.full((64, 64, 3), 120, dtype=np.uint8)).save(path)
         request_ = dict(request_, image=str(path))
     reads = _HostReads(monkeypatch)
-    calls = []
     for name in ("gen_tokens", "velocity"):
-        original = getattr(denoise, name)
-        monkeypatch.setattr(denoise, name, reads.around(lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)))
+        monkeypatch.setattr(denoise, name, reads.around(getattr(denoise, name)))
     result = generate(nano, dict(request_, guidance_scale=4.0, guidance_interval=None))
-    assert calls.count("gen_tokens") == 2 and calls.count("velocity") == 4  # two steps, two branches each
+    # The eager loop ran (the guarded functions with it): two steps, two branches each, no host wait off the GPU.
+    trace = result.trace
+    assert trace.tower == "eager" and trace.tower_steps == [2, 2] and trace.velocities == 4 and trace.host_syncs == 0
     assert np.isfinite(result.frames).all()
 
 
@@ -87,3 +87,21 @@ def test_the_towers_dtype_and_device_are_read_once_per_cache_not_per_layer(nano,
     assert reads == {"dtype": 1, "device": 1}
     assert len(cache.buffers) == len(nano.transformer.layers)
     assert all(b.dtype == nano.transformer.dtype and b.device == nano.transformer.device for b in cache.buffers)
+
+
+def test_the_trace_names_each_ops_kernels_as_dispatch_chose_them():
+    """`RunTrace.kernels`: every path dispatch holds per op (over its shapes), read from its public decisions; a
+    tower without a dispatcher (eager, a GPU group's) has none. On the GPU these are measured choices."""
+    from types import SimpleNamespace
+
+    from cosmos3_kernels.dispatch import REGULAR, Decision
+    from engine.pipeline.trace import kernel_choices
+
+    decisions = {("prefix_attention", 1024, 2): Decision("flash4", "measured"),
+                 ("prefix_attention", 400, 1): Decision("triton", "measured"),
+                 ("qk_norm_rope", 1024): Decision("triton", "measured"),
+                 ("shared_gen_attention", 8192): Decision(REGULAR, "measured: slower")}
+    tower = SimpleNamespace(dispatch=SimpleNamespace(decisions=lambda: decisions))
+    assert kernel_choices(tower) == {"prefix_attention": ["flash4", "triton"], "qk_norm_rope": ["triton"],
+                                     "shared_gen_attention": ["not shared"]}
+    assert kernel_choices(SimpleNamespace()) == {}

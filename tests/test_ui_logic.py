@@ -29,7 +29,7 @@ from cosmos3_ui.requests import (
 from cosmos3_ui.service import ActiveJobs, JobStatus, StudioError, apply_event
 from engine.model.action import ACTION_DOMAINS, CHUNK_RANGE, SUPPORTED_DOMAINS
 from engine.model.defaults import FAMILY_TABLE
-from engine.serving.events import Cancelled, Failed, Finished, Progress, Queued, Started
+from engine.events import Cancelled, Failed, Finished, Progress, Queued, Started
 from engine.serving.registry import ModelEntry, ModelRegistry
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"

@@ -19,7 +19,7 @@ from engine.model.variants import VariantInfo, inspect_checkpoint
 from engine.pipeline import run as pipeline_run
 from engine.serving import queue as job_queue
 from engine.serving import warmup
-from engine.serving.events import Finished, JobCancelled
+from engine.events import Finished, JobCancelled
 from engine.serving.registry import ModelEntry, ModelRegistry
 
 
@@ -318,7 +318,7 @@ def test_warm_default_loads_and_warms_at_start_without_a_user_job(fake_gpu, make
 def test_the_queue_warms_a_tiny_model_through_the_real_generate(tiny_family, tmp_path, monkeypatch):
     """End to end on the CPU (the GPU check stubbed): the warm requests are valid requests that
     `generate` runs, and the job that loaded the model shows no warm-up stage."""
-    from engine.serving.events import Progress
+    from engine.events import Progress
 
     monkeypatch.setenv("COSMOS3_WARMUP", "t2i")
     monkeypatch.setattr(job_queue, "torch_cuda_available", lambda: True)
@@ -371,7 +371,7 @@ def test_warming_shows_from_warm_default_on_through_the_load_and_clears_if_the_l
 
 
 def test_a_warm_request_cancelled_before_it_starts_runs_nothing(monkeypatch):
-    from engine.serving.events import JobCancelled
+    from engine.events import JobCancelled
 
     ran = []
     monkeypatch.setattr(pipeline_run, "generate", lambda *a, **k: ran.append(a))

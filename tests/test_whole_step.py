@@ -11,7 +11,7 @@ from PIL import Image
 
 import engine
 from engine.pipeline import whole_step
-from engine.serving.events import JobCancelled
+from engine.events import JobCancelled
 from engine.pipeline.fast_path import FastPathOptions
 from engine.pipeline.run import generate
 
@@ -31,13 +31,6 @@ def _run(model, request, whole: bool, **kwargs):
         model.fast_path = None
 
 
-def _spy_prepare(monkeypatch) -> list:
-    steps = []
-    original = whole_step.prepare
-    monkeypatch.setattr(whole_step, "prepare", lambda *a: steps.append(original(*a)) or steps[-1])
-    return steps
-
-
 CASES = {
     # CFG only inside the interval: steps with one branch and with two, one graph each.
     "nano t2i, guidance interval": ("nano", dict(mode="t2i", prompt="a lighthouse at dusk", negative_prompt="blurry",
@@ -52,9 +45,11 @@ def test_whole_step_is_bitwise_the_eager_loop(models, case, monkeypatch):
     name, request = CASES[case]
     model = models[name]
     eager = _run(model, request, whole=False)
-    steps = _spy_prepare(monkeypatch)
     fast = _run(model, request, whole=True)
-    assert steps and steps[0] is not None, "the whole-step path did not run"
+    assert eager.trace.whole_step is None and "whole_step" not in eager.trace.passes
+    assert fast.trace.whole_step == "built" and "whole_step" in fast.trace.passes, "the whole-step path did not run"
+    assert fast.trace.graph_records == 0  # the CPU runs the step eagerly from its static buffers
+    assert fast.trace.tower_steps == eager.trace.tower_steps
     assert np.array_equal(fast.frames, eager.frames)
 
 
@@ -64,27 +59,31 @@ def test_distilled_i2v_with_reanchoring_is_bitwise_the_eager_loop(models, tmp_pa
     request = dict(mode="i2v", prompt="a cat turns its head", seed=9, image=str(image), num_frames=9)
     model = models["edge-distilled"]
     eager = _run(model, request, whole=False)
-    steps = _spy_prepare(monkeypatch)
     fast = _run(model, request, whole=True)
-    assert steps[0] is not None and steps[0].sampler.kind == "distilled" and steps[0].clean is not None
+    assert fast.trace.whole_step == "built"
+    kept = []  # the step itself, to see that it re-anchors (built again here: it is not kept on the CPU)
+    monkeypatch.setattr(whole_step, "cacheable", lambda tower: kept.append(1) is None)
+    _run(model, request, whole=True)
+    step = next(iter(model.runtime.kept_steps.values()))
+    assert kept and step.sampler.kind == "distilled" and step.clean is not None
+    model.runtime.kept_steps.clear()
     assert np.array_equal(fast.frames, eager.frames)
 
 
 def test_a_second_request_of_the_same_shape_reuses_the_step_and_its_buffers(models, monkeypatch):
     """What a kept graph relies on: the static buffers take the new request's prefill and tables."""
     model = models["nano"]
-    model.dispatchers.pop("whole_step", None)
+    model.runtime.kept_steps.clear()
     monkeypatch.setattr(whole_step, "cacheable", lambda tower: True)
     first = dict(CASES["nano t2i, guidance interval"][1])
     second = dict(first, seed=77, guidance_scale=3.0, prompt="a lighthouse at dawn")  # same token count
-    _run(model, first, whole=True)
-    steps = _spy_prepare(monkeypatch)
+    assert _run(model, first, whole=True).trace.whole_step == "built"
+    kept = next(iter(model.runtime.kept_steps.values()))
     reused = _run(model, second, whole=True)
-    assert len(model.dispatchers["whole_step"]) == 1
-    kept = next(iter(model.dispatchers["whole_step"].values()))
-    assert steps[0] is kept
+    assert reused.trace.whole_step == "reused"
+    assert len(model.runtime.kept_steps) == 1 and next(iter(model.runtime.kept_steps.values())) is kept
     assert np.array_equal(reused.frames, _run(model, second, whole=False).frames)
-    model.dispatchers.pop("whole_step", None)
+    model.runtime.kept_steps.clear()
 
 
 def test_cancel_between_steps(models):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import configured
+from .runtime import ModelRuntime
 from .variants import CheckpointError, VariantInfo, inspect_checkpoint
 
 # Files the engine reads. Edge repos also carry Reasoner (VLM) files at the root, which we skip.
@@ -172,13 +173,11 @@ class LoadedModel:
     dropped_weight_keys: list[str] = field(default_factory=list)
     native_flow_schedule: bool = False
     config: Any = None  # engine.config.Config it was loaded under (load_in_process: the environment's where not given)
-    # Fast-path switches (None: from `config`) and the kernel dispatchers' measured choices,
-    # kept per model so they persist across requests.
+    # Fast-path switches (None: from `config`).
     fast_path: Any = None
-    dispatchers: dict = field(default_factory=dict)
-    fused: Any = None  # engine.pipeline.fast_path.FusedProjections, built on first fast-path use
-    vae_channels_last: bool = False
-    fp8_weights: Any = None  # engine.pipeline.fp8.FP8Weights, built when a request first asks for FP8
+    # What the engine builds for this model and keeps across its requests (fused weights, dispatchers, FP8
+    # weights, kept whole steps, sampler tables), each with its lifetime: engine.model.runtime.
+    runtime: ModelRuntime = field(default_factory=ModelRuntime)
     parallel: Any = None  # engine.parallel.group.GroupContext on a rank of a GPU group
     # engine.pipeline.memory.TextTower: the text tower's weights in host memory, where requests need its room
     text_tower: Any = None
@@ -374,7 +373,7 @@ def load_in_process(source: str | os.PathLike, *, device: str | None = None, saf
         scheduler_class=scheduler_class, scheduler_config=scheduler_config, sound_tokenizer=sound_tokenizer,
         safety_checker=safety_checker, device=device, dtype=dtype, dropped_scheduler_keys=dropped,
         dropped_weight_keys=dropped_weights, native_flow_schedule=bool(index.get("use_native_flow_schedule", False)),
-        fp8_weights=fp8_weights, config=config)
+        runtime=ModelRuntime(fp8_weights=fp8_weights), config=config)
 
 
 # What `cosmos_guardrail.CosmosSafetyChecker()` (0.3.2) fetches from the hub when it is built: the blocklist

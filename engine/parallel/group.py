@@ -1,23 +1,30 @@
 """One rank's view of its group, and the two stage hooks that spread a request over it.
 
 Every rank runs the same stages on the same request in lockstep (`engine.pipeline.run.generate`); the
-loaded model's `parallel` field holds a `GroupContext`, and two stages consult it:
-- prefill (`group_prefill`): every rank runs the text tower for every branch of the request (the
+loaded model's `parallel` field holds a `GroupContext`, which gives two stages what they need (the pipeline's
+`engine.pipeline.state.TowerGroup`, so the pipeline never imports this floor):
+- prefill (`GroupContext.prefill`): every rank runs the text tower for every branch of the request (the
   same module calls on every rank, which sharded weights need), and keeps only the head share of the
   branch it serves;
-- the gen tower (`GroupGenTower`): called, like the one-GPU towers, with the whole step's gen tokens
-  and returning every branch's whole output, so the denoising loop, the guidance and the scheduler
-  run unchanged and identically on every rank. Inside, the rank runs its branch on its token shard
+- the tower stage (`GroupContext.gen_tower`, a `GroupGenTower`): called, like the one-GPU towers, with the
+  whole step's gen tokens and returning every branch's whole output, so the denoising loop, the guidance and
+  the scheduler run unchanged and identically on every rank. Inside, the rank runs its branch on its token shard
   (Ulysses around attention) and one all-gather collects the shards of both branches.
 Decoding and saving happen on rank 0 only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
 
+from cosmos3_kernels.packed_kv import PackedKVLayout
+
+from ..pipeline.fast_path import FastGenTower, FastPathOptions
+from ..pipeline.state import Branch
+from ..pipeline.transformer import GenRotary, KVCache, allocate_cache, gen_forward, prefill
 from .plan import StepLayout, cfg_layout, choose_plan, kv_head_range
 from .ulysses import SeqExchange
 
@@ -66,6 +73,16 @@ class GroupContext:
         self.cancelled = bool(flag.item())
         return self.cancelled
 
+    def prefill(self, model, branches: list[Branch], gen_len: int) -> "GroupPrefix":
+        """The prefill stage's hook: every branch's text tower on this rank (`GroupPrefix`)."""
+        return GroupPrefix(model, branches, gen_len)
+
+    def gen_tower(self, model, prefix: "GroupPrefix", options: FastPathOptions, *, round_qk_norm: bool,
+                  fuse_mlp_activation: bool, fuse_residual_add: bool) -> "GroupGenTower":
+        """The tower stage's hook: the group's gen tower over `prefix`."""
+        return GroupGenTower(model, prefix, options, round_qk_norm=round_qk_norm,
+                             fuse_mlp_activation=fuse_mlp_activation, fuse_residual_add=fuse_residual_add)
+
     def gather_branches(self, layout: StepLayout, out: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
         """Every rank's output shard to every rank; returns each branch's whole gen output."""
         width = out.shape[-1]
@@ -98,19 +115,18 @@ class GroupCancel:
 class RankCache:
     """One layout's K/V on this rank: its branch's text K/V (its head share) and its gen rows."""
 
-    cache: object  # engine.transformer.KVCache with one branch
-    rotary: object  # engine.transformer.GenRotary, this rank's token rows
+    cache: KVCache  # one branch
+    rotary: GenRotary  # this rank's token rows
     exchange: SeqExchange
     layout: StepLayout
-    fast: object = None  # engine.pipeline.fast_path.FastGenTower, where the rank runs a whole branch
+    branch: Branch  # the request's branch this rank serves, with this rank's rotary rows
+    fast: FastGenTower | None = None  # where the rank runs a whole branch
 
 
 class GroupPrefix:
     """Every branch's full-head text K/V (prefix rows only), from which each layout takes its share."""
 
-    def __init__(self, model, branches, gen_len: int):
-        from engine.pipeline.transformer import allocate_cache, prefill
-
+    def __init__(self, model, branches: list[Branch], gen_len: int):
         self.model, self.branches, self.gen_len = model, branches, gen_len
         self.prefixes, self.rotaries = [], []
         for branch in branches:
@@ -125,9 +141,6 @@ class GroupPrefix:
         """This rank's cache for a layout, built on first use from the kept text K/V."""
         if layout.branches in self.rank_caches:
             return self.rank_caches[layout.branches]
-        from engine.pipeline.transformer import GenRotary, KVCache
-        from cosmos3_kernels.packed_kv import PackedKVLayout
-
         branch = layout.branch_of(context.rank)
         attn = self.model.transformer.layers[0].self_attn
         heads, kv_heads = attn.num_attention_heads, attn.num_key_value_heads
@@ -142,29 +155,29 @@ class GroupPrefix:
             buffers.append(buffer)
         rotary = self.rotaries[branch]
         local = GenRotary(exchange.shard(rotary.cos), exchange.shard(rotary.sin))
-        self.rank_caches[layout.branches] = RankCache(KVCache(packed, buffers), local, exchange, layout)
+        served = replace(self.branches[branch], index=0, rotary=local)
+        self.rank_caches[layout.branches] = RankCache(KVCache(packed, buffers), local, exchange, layout, served)
         return self.rank_caches[layout.branches]
 
 
-def group_prefill(model, branches, gen_len: int) -> GroupPrefix:
-    return GroupPrefix(model, branches, gen_len)
-
-
 class GroupGenTower:
-    """The gen tower over the group, with the one-GPU towers' call: (tokens, branch count) -> outputs."""
+    """The gen tower over the group, with the one-GPU towers' call: (tokens, branch count) -> outputs
+    (`engine.pipeline.tower.GenTower`)."""
 
-    def __init__(self, model, prefix: GroupPrefix, options, *, round_qk_norm: bool, fuse_mlp_activation: bool = False,
-                 fuse_residual_add: bool = False):
+    kind = "group"
+    passes: tuple[str, ...] = ()
+
+    def __init__(self, model, prefix: GroupPrefix, options: FastPathOptions, *, round_qk_norm: bool,
+                 fuse_mlp_activation: bool = False, fuse_residual_add: bool = False):
         self.model, self.prefix = model, prefix
         self.options = options  # the request's fast-path switches (engine.pipeline.fast_path), read once
         self.round_qk_norm = round_qk_norm  # engine.pipeline.fast_path.rounds_qk_norm, for a rank's fast tower
         self.fuse_mlp_activation = fuse_mlp_activation  # engine.pipeline.fast_path.fuses_mlp_activation, likewise
         self.fuse_residual_add = fuse_residual_add  # engine.pipeline.fast_path.fuses_residual_add, likewise
         self.context: GroupContext = model.parallel
+        self.ops: Counter = Counter()  # a rank's own fast tower counts its ops (`RankCache.fast`)
 
     def __call__(self, tokens: torch.Tensor, count: int) -> list[torch.Tensor]:
-        from engine.pipeline.transformer import gen_forward
-
         self.context.poll_cancel()
         steps = [count == 2]
         layout = choose_plan(self.context.world, steps, self.context.weights).layout(count)
@@ -178,15 +191,11 @@ class GroupGenTower:
             out = gen_forward(self.model.transformer, part.cache, 0, part.rotary, shard, exchange)
         return self.context.gather_branches(layout, out, part.exchange.sizes)
 
-    def _fast_tower(self, part: RankCache):
-        from types import SimpleNamespace
-
-        from engine.pipeline.fast_path import FastGenTower
-
+    def _fast_tower(self, part: RankCache) -> FastGenTower | None:
         if not self.options.enabled or self.context.weights != "replicated":
             return None  # fused projections would read sharded weights
-        if getattr(part, "fast", None) is None:
-            part.fast = FastGenTower(self.model, part.cache, [SimpleNamespace(rotary=part.rotary)], self.options,
+        if part.fast is None:
+            part.fast = FastGenTower(self.model, part.cache, [part.branch], self.options,
                                      round_qk_norm=self.round_qk_norm,
                                      fuse_mlp_activation=self.fuse_mlp_activation,
                                      fuse_residual_add=self.fuse_residual_add)

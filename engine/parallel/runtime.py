@@ -29,7 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from ..pipeline.request import validate_request
-from ..serving.events import JobCancelled
+from ..events import JobCancelled
 from ..model.loader import component_parameter_count, resolve_source
 from ..model.variants import inspect_checkpoint
 from .plan import check_group_size, group_schemes

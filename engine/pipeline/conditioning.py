@@ -20,7 +20,8 @@ from .state import Conditioning, Latents, RunState
 
 
 def conditioning_stage(state: RunState) -> None:
-    """Encode the conditioning media; decide the canvas and which latent frames are fixed."""
+    """Encode the conditioning media; decide the canvas and which latent frames are fixed. Reads `model`,
+    `request`; writes `cond`."""
     model, request = state.model, state.request
     device = model.device
     mode, frames = request["mode"], request["num_frames"]
@@ -131,7 +132,8 @@ def _action_conditioning(model: LoadedModel, request) -> Conditioning:
 
 
 def noise_stage(state: RunState) -> None:
-    """Initial latents, drawn in the reference's order: vision, then sound, then action."""
+    """Initial latents, drawn in the reference's order: vision, then sound, then action. Reads `model`,
+    `request`, `cond`, `generator` (drawing from it); writes `latents`."""
     model, request, cond, generator = state.model, state.request, state.cond, state.generator
     device = model.device
     noise = randn_tensor(cond.vision_shape, generator=generator, device=device, dtype=torch.float32)

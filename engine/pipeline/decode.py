@@ -32,7 +32,7 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 from diffusers.video_processor import VideoProcessor
 
 from ..model.defaults import VAE_SPATIAL, VAE_TEMPORAL
-from ..serving.events import SafetyRefusal
+from ..events import SafetyRefusal
 from .causal_decode import DecodePlan, decoded_chunks, plan_for
 from .fast_path import vae_channels_last
 from .state import RunState
@@ -40,7 +40,8 @@ from .state import RunState
 
 def decode_stage(state: RunState) -> None:
     """Frames and audio from the final latents (a GPU group decodes on rank 0 only), checked by the
-    guardrail where one is loaded; an action run's predicted actions."""
+    guardrail where one is loaded; an action run's predicted actions. Reads `model`, `latents`, `request`,
+    `options`, `layout`; writes `frames`, `audio`, `actions` and the decode's passes to `trace.passes`."""
     model, latents, request = state.model, state.latents, state.request
     if model.parallel is not None and not model.parallel.is_leader:
         state.frames = np.zeros((0, 0, 0, 3), dtype=np.float32)
@@ -62,7 +63,9 @@ def _decode_frames(state: RunState) -> np.ndarray:
     z = vision.to(vae.dtype) / inv_std + mean
     if vae_channels_last(state.model, options):
         z = z.contiguous(memory_format=torch.channels_last_3d)
+        state.trace.passes.append("vae_channels_last")
     if options.enabled and options.uint8_frames:  # GPU postprocess, uint8 to the host
+        state.trace.passes.append("uint8_frames")
         return decode_uint8(vae, z, plan_for(vae, tuple(z.shape), z.device.type, options))
     decoded = vae.decode(z).sample.float()
     processor = VideoProcessor(vae_scale_factor=VAE_SPATIAL, resample="bilinear")

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..model.loader import LoadedModel
-from ..serving.events import JobCancelled
+from ..events import JobCancelled
 from . import pacing, whole_step
 from .preview import Previewer
 from .state import GenLayout, Latents, RunState, Schedulers
@@ -34,7 +34,8 @@ def cfg_plan(timesteps: list[float], guidance: float, interval) -> list[bool]:
 
 
 def schedule_stage(state: RunState) -> None:
-    """The schedulers (the checkpoint's, with the request's flow shift) and the CFG plan."""
+    """The schedulers (the checkpoint's, with the request's flow shift) and the CFG plan. Reads `model`,
+    `request`, `latents`; writes `schedulers` and `plan`."""
     model, request, latents = state.model, state.request, state.latents
     info, device = model.info, model.device
     if info.is_distilled:
@@ -144,11 +145,13 @@ def guided(cond: torch.Tensor | None, uncond: torch.Tensor | None, scale: float)
 
 def denoise_stage(state: RunState) -> None:
     """The loop; `state.plan[i]` says whether step i runs the unconditional branch (see `cfg_plan`).
-    With `state.preview`, a cheap image of the x0 estimate goes out at its planned steps."""
+    With `state.preview`, a cheap image of the x0 estimate goes out at its planned steps. Reads `model`,
+    `request`, `layout`, `cond`, `schedulers`, `plan`, `tower`, `options`, `generator`, `cancel`, `report`,
+    `preview`; writes `latents` (stepped in place) and the loop's part of `trace`."""
     whole = whole_step.prepare(state)
     if whole is not None:  # the fast path's step as one graph (engine.pipeline.whole_step)
         report = state.report if state.preview is None else _previewing(state.report, state.preview, whole)
-        state.latents.vision = whole_step.denoise(whole, state.plan, report, state.cancel)
+        state.latents.vision = whole_step.denoise(whole, state.plan, report, state.cancel, state.trace)
         return
     timesteps = state.schedulers.vision.timesteps
     values = timesteps.tolist()  # one host copy before the loop, none per step
@@ -166,15 +169,19 @@ def denoise_stage(state: RunState) -> None:
         _scheduler_steps(state, t, vision_v, cond_v, uncond_v)
         pacer.launched(i)
     pacer.finish()
+    state.trace.host_syncs += pacer.syncs
 
 
 def _branch_velocities(state: RunState, timestep: float, with_uncond: bool) -> tuple[Velocity, Velocity]:
     """Each branch's velocity at this step (the unconditional one only where the plan runs it)."""
     model, layout, latents = state.model, state.layout, state.latents
     tokens = gen_tokens(model, layout, latents, timestep, state.options.enabled)
-    outs = state.tower(tokens, 2 if with_uncond else 1)
+    count = 2 if with_uncond else 1
+    outs = state.tower(tokens, count)
     cond_v = velocity(model, layout, latents, outs[0])
     uncond_v = velocity(model, layout, latents, outs[1]) if with_uncond else Velocity(None)
+    state.trace.tower_steps.append(count)
+    state.trace.velocities += count
     return cond_v, uncond_v
 
 

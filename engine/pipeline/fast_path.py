@@ -38,7 +38,7 @@
   that fits, instead of a capture per new length; attention then runs our Triton kernel or flash-attn-4,
   never SDPA, which slices by host integers.
 
-Off the GPU the engine runs the exact eager tower (`engine.pipeline.prefill.EagerGenTower`). Switches
+Off the GPU the engine runs the exact eager tower (`engine.pipeline.tower.EagerGenTower`). Switches
 (`engine.config.FastPathConfig`, read once by `engine.config.build_config`; docs/CONFIGURATION.md):
 `COSMOS3_FAST=0` (everything off), `COSMOS3_BATCHED_CFG=0`, `COSMOS3_CUDA_GRAPHS=0`,
 `COSMOS3_KERNELS=auto|triton|torch`, `COSMOS3_VIDEO_QK_FP32=0`, `COSMOS3_FUSED_PROJECTIONS=0`,
@@ -51,6 +51,7 @@ approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`: FP8 GEMMs, and FP8 attentio
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
@@ -233,8 +234,9 @@ def _fuse(linears) -> torch.Tensor:
 
 
 def fused_projections(model) -> FusedProjections:
-    """Fuse the gen tower's projections once per loaded model (biases are absent in Cosmos3)."""
-    if model.fused is None:
+    """Fuse the gen tower's projections once per loaded model (biases are absent in Cosmos3); kept on its runtime."""
+    runtime = model.runtime
+    if runtime.fused is None:
         qkv, gate_up = [], []
         for layer in model.transformer.layers:
             attn, mlp = layer.self_attn, layer.mlp_moe_gen
@@ -242,8 +244,8 @@ def fused_projections(model) -> FusedProjections:
                 raise ValueError("fused projections expect bias-free gen projections")
             qkv.append(_fuse([attn.add_q_proj, attn.add_k_proj, attn.add_v_proj]))
             gate_up.append(_fuse([mlp.gate_proj, mlp.up_proj]) if mlp.hidden_act == "silu" else None)
-        model.fused = FusedProjections(qkv, gate_up)
-    return model.fused
+        runtime.fused = FusedProjections(qkv, gate_up)
+    return runtime.fused
 
 
 def vae_channels_last(model, options: FastPathOptions) -> bool:
@@ -255,30 +257,34 @@ def vae_channels_last(model, options: FastPathOptions) -> bool:
     """
     if not (options.enabled and options.vae_channels_last):
         return False
-    if not model.vae_channels_last:
+    if not model.runtime.vae_channels_last:
         for param in model.vae.parameters():
             if param.dim() == 5:
                 param.data = param.data.contiguous(memory_format=torch.channels_last_3d)
-        model.vae_channels_last = True
+        model.runtime.vae_channels_last = True
     return True
 
 
 def dispatcher_for(model, mode: str) -> KernelDispatcher:
     """One dispatcher per loaded model and mode, so measured choices persist across requests."""
-    cached = model.dispatchers.get(mode)
+    cached = model.runtime.dispatchers.get(mode)
     if cached is None:
         # Measured choices are kept on disk for the next process (cosmos3_kernels.persist), where the cache is on.
         store, config = None, config_of(model)
         if mode == "auto" and model.device is not None and torch.device(model.device).type == "cuda":
             apply_process_environment(config)  # a model built without `engine.load_model` (benchmarks)
             store = open_store(config.kernel_cache_dir(), model.device)
-        cached = model.dispatchers[mode] = KernelDispatcher(
+        cached = model.runtime.dispatchers[mode] = KernelDispatcher(
             mode, timing=config.kernels.dispatch_timing, interpret=config.host.triton_interpret, store=store)
     return cached
 
 
 class FastGenTower:
-    """Gen tower over the packed cache with batched CFG, dispatched kernels and optional CUDA graphs."""
+    """Gen tower over the packed cache with batched CFG, dispatched kernels and optional CUDA graphs
+    (`engine.pipeline.state.GenTower`). `passes` names the passes it applies and `ops` counts the optional ops its
+    eager runs took, for the run's trace (`engine.pipeline.trace.RunTrace`)."""
+
+    kind = "fast"
 
     def __init__(self, model, cache: KVCache, branches, options: FastPathOptions, *, round_qk_norm: bool,
                  fuse_mlp_activation: bool = False, fuse_residual_add: bool = False):
@@ -309,6 +315,16 @@ class FastGenTower:
         self.use_graphs = (options.cuda_graphs and device.type == "cuda"
                            and cache.layout.gen_len * len(branches) <= GRAPH_MAX_GEN_TOKENS)
         self._graphs: dict[tuple[int, int], tuple] = {}
+        self.passes = self._passes(cache)
+        self.ops: Counter = Counter()
+
+    def _passes(self, cache: KVCache) -> tuple[str, ...]:
+        applied = {"batched_cfg": self.options.batched_cfg,
+                   "fused_projections": self.fused is not None and self.fp8 is None, "fp8": self.fp8 is not None, "video_qk_fp32": not self.round_qk_norm,
+                   "mlp_epilogue": self.fuse_mlp_activation, "residual_epilogue": self.fuse_residual_add,
+                   "share_first_attention": self.shares_gen_block, "cuda_graphs": self.use_graphs,
+                   "lengths_on_device": cache.layout.lengths is not None}
+        return tuple(name for name, on in applied.items() if on)
 
     # -- the tower, eager ----------------------------------------------------------------------
 
@@ -358,8 +374,10 @@ class FastGenTower:
             )
             if self.fp8 is not None and self.fp8.attends_in_fp8(index, len(layers), layout):
                 out = self.fp8.attention(q, buffers[index], layout)
+                self.ops["fp8_attention"] += 1
             elif index == 0 and self._shares_first_attention(layout, count):
                 out = d.shared_gen_attention(q, buffers[index], layout)
+                self.ops["shared_gen_attention"] += 1
             else:
                 out = d.prefix_attention(q, buffers[index], layout)
             post = layer.post_attention_layernorm_moe_gen
@@ -385,6 +403,7 @@ class FastGenTower:
         d = self.dispatch
         if self.fuse_residual_add and self.fp8 is None and module.bias is None:
             hidden = self._add_product(hidden, x, module.weight)
+            self.ops["residual_add_in_gemm"] += 1
             return d.add_rms_norm(hidden, None, norm.weight, eps=norm.eps, flavour=self.flavour)
         out = self._linear(index, name, module, x)
         return d.add_rms_norm(out, hidden, norm.weight, eps=norm.eps, flavour=self.flavour)

@@ -13,8 +13,8 @@ every result made with it says so: `FP8_LABEL` as the result's `precision`, in i
 answer) and sidecar, beside the policy's spelling (`fp8_policy`).
 
 Two ways to hold the weights:
-- beside the bf16 ones (`fp8_weights`, built on the first FP8 request): requests without FP8 and the
-  exact path keep running bf16; FP8 adds about half the gen tower's bf16 bytes;
+- beside the bf16 ones (`fp8_weights`, built on the first FP8 request, kept on the model's runtime): requests
+  without FP8 and the exact path keep running bf16; FP8 adds about half the gen tower's bf16 bytes;
 - FP8 only (`build_fp8_transformer`, for a model whose bf16 weights do not fit the GPU: Super on one
   H200): built layer by layer, each layer's bf16 gen weights quantised and freed before the next is
   made, so the bf16 model never exists whole; every path of such a model runs the FP8 GEMMs.
@@ -336,11 +336,12 @@ def _layer_weights(layer, qkv: torch.Tensor, gate_up, gemms: frozenset, quantize
 
 
 def fp8_weights(model, fused, policy: FP8Policy, backend: str = "", pack_gqa: str = "") -> FP8Weights:
-    """Quantise once per loaded model and policy and keep the result on it; the bf16 weights are
+    """Quantise once per loaded model and policy and keep the result on its runtime; the bf16 weights are
     untouched, so a request without FP8 (or the exact path) still runs bf16. `fused`: the model's fused
     projections (`engine.pipeline.fast_path.fused_projections`), quantised as they are. `backend`, `pack_gqa`:
     the FP8 attention's (`fp8_attention`)."""
-    held = model.fp8_weights
+    runtime = model.runtime
+    held = runtime.fp8_weights
     if held is not None and (held.resident or held.policy == policy):
         return held
     check_available(model.device, policy, backend)
@@ -349,7 +350,7 @@ def fp8_weights(model, fused, policy: FP8Policy, backend: str = "", pack_gqa: st
     attention = held.attention if held is not None else None
     if attention is None:
         attention = fp8_attention(policy, model.device, backend=backend, pack_gqa=pack_gqa)
-    model.fp8_weights = None  # a previous policy's tensors go before the new ones are made
+    runtime.fp8_weights = None  # a previous policy's tensors go before the new ones are made
     layers = model.transformer.layers
     weights = FP8Weights(policy, [], [], attention=attention)
     for index, layer in enumerate(layers):
@@ -359,7 +360,7 @@ def fp8_weights(model, fused, policy: FP8Policy, backend: str = "", pack_gqa: st
         weights.qkv.append(qkv)
         weights.gate_up.append(gate_up)
         weights.per_layer.append(per_layer)
-    model.fp8_weights = weights
+    runtime.fp8_weights = weights
     return weights
 
 
@@ -367,7 +368,7 @@ def tower_weights(model, options, fused) -> FP8Weights | None:
     """The FP8 weights a request's gen tower reads: the model's own when it holds only FP8 weights,
     else built (or reused) when the request's options ask for FP8, else None (bf16). `fused()`: the model's
     fused bf16 projections (called only when they are needed)."""
-    held = model.fp8_weights
+    held = model.runtime.fp8_weights
     if held is not None and held.resident:
         return held
     if not options.fp8:
@@ -381,7 +382,7 @@ def _result_weights(model, tower) -> FP8Weights | None:
     beside the bf16 ones for other requests do not count)."""
     if getattr(tower, "fp8", None) is not None:
         return tower.fp8
-    held = getattr(model, "fp8_weights", None)
+    held = model.runtime.fp8_weights
     return held if held is not None and held.resident else None
 
 
@@ -461,8 +462,8 @@ def build_fp8_transformer(config: dict, device, fill, policy: FP8Policy, *, quan
     built on the meta device, then the non-layer modules and one layer at a time allocated on `device`,
     filled by `fill(name, param)` (a checkpoint's tensors or random ones) and, layer by layer, quantised
     (`quantize(weight)`, default `quantize_weight` under `policy`). Peak memory: the model so far plus one
-    layer in bf16. Returns (transformer, FP8Weights); put the weights on the loaded model as its `fp8_weights`.
-    `backend`, `pack_gqa`: the FP8 attention's (`fp8_attention`)."""
+    layer in bf16. Returns (transformer, FP8Weights); the weights go on the loaded model's runtime
+    (`engine.model.runtime.ModelRuntime.fp8_weights`). `backend`, `pack_gqa`: the FP8 attention's (`fp8_attention`)."""
     from accelerate import init_empty_weights
     from diffusers import Cosmos3OmniTransformer
 

@@ -18,6 +18,7 @@ from .state import Conditioning, GenLayout, Latents, RunState
 
 
 def layout_stage(state: RunState) -> None:
+    """Reads `model`, `latents`, `cond`; writes `layout` (`gen_layout`)."""
     state.layout = gen_layout(state.model, state.latents, state.cond)
 
 

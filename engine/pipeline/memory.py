@@ -171,7 +171,7 @@ def _step_bytes_per_row(config, fp8_in: bool) -> int:
 def model_weight_bytes(model, text_tower: TextTower | None) -> tuple[int, int]:
     """(bytes on the GPU through a request except the text tower's, the text tower's bytes); counted once per model
     and set of FP8 weights (kept on the model: a count walks every tensor, a few ms on a full-size model)."""
-    key = (id(model.fp8_weights), id(text_tower))
+    key = (id(model.runtime.fp8_weights), id(text_tower))
     held = getattr(model, "weight_bytes", None)
     if held is not None and held[0] == key:
         return held[1]
@@ -188,7 +188,7 @@ def _count_weight_bytes(model, text_tower: TextTower | None) -> tuple[int, int]:
     for module in (model.vae, model.sound_tokenizer):
         if module is not None:
             parts += list(module.parameters())
-    held = model.fp8_weights
+    held = model.runtime.fp8_weights
     if held is not None and not held.resident:  # FP8 weights kept beside the bf16 ones
         parts += [w for w in held.qkv + held.gate_up if w is not None]
         parts += [w for layer in held.per_layer for w in layer.values() if w is not None]
@@ -203,7 +203,7 @@ def request_memory(model, width: int, height: int, frames: int, prefixes: tuple[
     config = model.transformer.config
     gen_len = gen_tokens(width, height, frames)
     rows = len(prefixes) * gen_len
-    fp8 = model.fp8_weights
+    fp8 = model.runtime.fp8_weights
     fp8_in = fp8 is not None and "in" in fp8.policy.gemms
     layers, kv_width = config.num_hidden_layers, config.num_key_value_heads * config.head_dim
     weights, text = model_weight_bytes(model, text_tower if text_tower is not None else model.text_tower)
@@ -270,7 +270,9 @@ def plan_request(model, mode: str, width: int, height: int, frames: int, prefixe
 
 def memory_stage(state) -> None:
     """Before the prefill: plan the request, refuse it where it cannot fit, and put the text tower where the plan
-    says (on the GPU for the prefill; `after_prefill` drops it again where the request needs the room)."""
+    says (on the GPU for the prefill; `after_prefill` drops it again where the request needs the room). Reads
+    `model`, `request`, `cond`, `latents`, `token_ids`, `plan`; writes `text_tower_leaves` (and the model's
+    `text_tower`, made on first need). `state`: the request's `engine.pipeline.state.RunState`."""
     model = state.model
     state.text_tower_leaves = False
     if model.parallel is not None or model.device is None or torch.device(model.device).type != "cuda":
@@ -298,8 +300,9 @@ def memory_stage(state) -> None:
 
 
 def after_prefill(state) -> None:
-    """The text tower's GPU copy goes where the plan needs its room for the denoising loop."""
-    if getattr(state, "text_tower_leaves", False):
+    """The text tower's GPU copy goes where the plan needs its room for the denoising loop. Reads
+    `text_tower_leaves`, `model`; writes nothing of the state."""
+    if state.text_tower_leaves:
         state.model.text_tower.release()
 
 
@@ -319,7 +322,7 @@ def describe_at_load(model, capacity: int | None = None) -> str:
     defaults = sampling_defaults(model.info, mode)
     plan = request_memory(model, defaults["width"], defaults["height"], limits.frame_range[1])
     text_on_gpu = fits(plan.peak(True), capacity)
-    precision = "FP8" if model.fp8_weights is not None and model.fp8_weights.resident else "bf16"
+    precision = "FP8" if model.runtime.fp8_weights is not None and model.runtime.fp8_weights.resident else "bf16"
     gpu = torch.cuda.get_device_name(model.device).removeprefix("NVIDIA ")
     where = "stays on the GPU" if text_on_gpu else "on the host between prefills"
     verdict = "" if fits(plan.peak(text_on_gpu), capacity) else ", does not fit"

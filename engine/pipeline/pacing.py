@@ -29,6 +29,7 @@ class StepPacer:
         self._new_event = new_event or torch.cuda.Event
         self._previous = None
         self._previous_step = -1  # the step whose event `_previous` is
+        self.syncs = 0  # waits of the host on the device (the run's trace: `RunTrace.host_syncs`)
 
     @classmethod
     def for_tensor(cls, sample: torch.Tensor, report: Callable[[int, int], None], total: int) -> "StepPacer":
@@ -49,6 +50,7 @@ class StepPacer:
         they were before pacing."""
         if self._previous is not None:
             self._previous.synchronize()
+            self.syncs += 1
             self._previous = None
             self.report(self._previous_step + 1, self.total)
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..serving.events import Preview
+from ..events import Preview
 
 PREVIEWS_PER_RUN = 3  # at most this many previews, at 1/4, 2/4 and 3/4 of the steps (the end is the result)
 STRIP_FRAMES = 3  # latent frames a video preview shows

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..model.action import action_caption
 from ..model.variants import VariantInfo
-from ..serving.events import SafetyRefusal
+from ..events import SafetyRefusal
 from . import captions
 from .request import Request
 
@@ -93,7 +93,8 @@ def tokenize(tokenizer, text: str, *, is_image: bool, use_system_prompt: bool) -
 
 
 def prompt_stage(state) -> None:
-    """The final texts (on the canvas the conditioning stage settled) and each branch's token ids.
+    """The final texts (on the canvas the conditioning stage settled) and each branch's token ids. Reads `model`,
+    `request`, `cond`; writes `texts` and `token_ids`.
     `state`: the request's `engine.pipeline.state.RunState` (not imported: the state imports this module)."""
     model, request, cond = state.model, state.request, state.cond
     state.texts = texts = build_prompt_texts(model.info, request.replace(width=cond.width, height=cond.height))

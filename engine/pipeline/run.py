@@ -1,12 +1,14 @@
 """`generate`: one validated request to saved files, as named stages over one run state.
 
-    conditioning -> prompt -> noise -> layout -> schedule -> prefill -> denoise -> decode -> outputs
+    conditioning -> prompt -> noise -> layout -> schedule -> memory -> prefill -> tower -> denoise -> decode
+    -> outputs
 
 Each stage is a function in the module of its name (`engine.pipeline.conditioning`, `.prompts`,
-`.layout`, `.denoise`, `.prefill`, `.decode`, `.outputs`) that takes the request's
-`engine.pipeline.state.RunState`, reads what it needs and sets what it makes. The numerics follow
-diffusers' Cosmos3OmniPipeline (0.42.1) step for step, with four deliberate differences, each tested
-both ways:
+`.layout`, `.denoise`, `.memory`, `.prefill`, `.tower`, `.decode`, `.outputs`) that takes the request's
+`engine.pipeline.state.RunState`, reads what it needs and sets what it makes (each one's docstring says
+which fields). What the run did is its public trace (`GenerationResult.trace`, `engine.pipeline.trace`).
+The numerics follow diffusers' Cosmos3OmniPipeline (0.42.1) step for step, with four deliberate differences,
+each tested both ways:
 - the text tower runs once per request and branch (`engine.pipeline.transformer.prefill`), not every step;
 - JSON captions get metadata injected instead of sentence templates (`engine.pipeline.prompts`);
 - an optional guidance interval runs CFG only for timesteps inside it (T2I default [400, 1000]);
@@ -18,6 +20,7 @@ frames are the same).
 from __future__ import annotations
 
 import gc
+from collections import Counter
 import secrets
 import threading
 import time
@@ -29,7 +32,7 @@ import numpy as np
 import torch
 
 from ..model.loader import LoadedModel
-from ..serving.events import JobCancelled, Progress
+from ..events import JobCancelled, Progress
 from . import whole_step
 from .conditioning import conditioning_stage, noise_stage
 from .decode import decode_stage
@@ -44,6 +47,8 @@ from .preview import previewer
 from .prompts import prompt_stage, safety_check_prompt
 from .request import Request, validate_request
 from .state import RunState
+from .tower import tower_stage
+from .trace import RunTrace, kernel_choices
 
 
 @dataclass
@@ -65,6 +70,7 @@ class GenerationResult:
     # seed gives slightly different frames under another policy, and the default's quantiser depends on the host.
     fp8_policy: str | None = None
     fp8_attention: str | None = None  # the FP8 attention kernel (result_attention_kernel), None where bf16
+    trace: RunTrace = field(default_factory=RunTrace)  # what ran: tower, passes, whole step, host syncs, kernels
 
     def summary(self) -> dict:
         """JSON-ready description (the `/generate` result and the sidecar's core)."""
@@ -167,8 +173,9 @@ def _generate(model: LoadedModel, request: Request, seed: int, on_progress, canc
     schedule_stage(state)
     memory_stage(state)  # a request that cannot fit this GPU is refused here, before any of its GPU work
     prefill_stage(state)
+    tower_stage(state)
     after_prefill(state)
-    clock.lap("prefill")
+    clock.lap("prefill")  # the tower stage's time too: the timings keep the keys estimates and benchmarks read
     state.preview = previewer(model, len(state.plan), on_progress, previews)
     denoise_stage(state)
     clock.lap("denoise")
@@ -196,11 +203,13 @@ def _result(state: RunState, timings: dict) -> GenerationResult:
     model, request, cond = state.model, state.request, state.cond
     audio = state.audio
     policy = result_policy(model, state.tower)
+    state.trace.kernels = kernel_choices(state.tower)
+    state.trace.ops = Counter(state.tower.ops)
     return GenerationResult(
         frames=state.frames, actions=state.actions, audio=audio,
         audio_sample_rate=model.sound_tokenizer.config.sampling_rate if audio is not None else None,
         seed=state.seed, prompt_text=state.texts.prompt_text, negative_prompt_text=state.texts.negative_prompt_text,
         params=dict(request, width=cond.width, height=cond.height, seed=state.seed), timings=timings,
         precision=precision_label(policy), fp8_policy=None if policy is None else policy.name,
-        fp8_attention=result_attention_kernel(model, state.tower),
+        fp8_attention=result_attention_kernel(model, state.tower), trace=state.trace,
     )

@@ -22,12 +22,12 @@ checkpoints ship), and FlowMatchEuler with stochastic sampling. Anything else re
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
+
+from ..model.runtime import TableCache
 
 # Columns of a UniPC table row (one row per step, float32 on the sample's device).
 _UNIPC_COLUMNS = (
@@ -127,13 +127,6 @@ def unipc_table(scheduler, device, dtype=torch.float32) -> torch.Tensor:
     return torch.stack(rows)
 
 
-# Tables kept for reuse, most recent last: a schedule is fixed by its sigmas, step count, orders and
-# corrector settings, so every request at the same step count and shift shares one table.
-MAX_CACHED_TABLES = 16
-_unipc_tables: OrderedDict[tuple, torch.Tensor] = OrderedDict()
-_unipc_tables_lock = threading.Lock()
-
-
 def _unipc_key(scheduler, device) -> tuple:
     """Everything `unipc_table` reads from the scheduler, as a value."""
     sigmas = scheduler.sigmas
@@ -142,23 +135,15 @@ def _unipc_key(scheduler, device) -> tuple:
             bool(scheduler.config.use_flow_sigmas))
 
 
-def shared_unipc_table(scheduler, device) -> torch.Tensor:
-    """`unipc_table(scheduler, device)`, computed once per schedule; each call gets its own copy (one
-    device copy), so nothing a request does to its table reaches another. Why: building it is ~50 small
-    device ops and a linear solve per step, about 0.05 s of host time, on every request (measured on the
-    H200, docs/perf-log/2026-12-02.md)."""
-    key = _unipc_key(scheduler, device)
-    with _unipc_tables_lock:
-        table = _unipc_tables.get(key)
-        if table is not None:
-            _unipc_tables.move_to_end(key)
-    if table is None:  # built outside the lock: two first requests at once only build it twice
-        table = unipc_table(scheduler, device)
-        with _unipc_tables_lock:
-            _unipc_tables[key] = table
-            while len(_unipc_tables) > MAX_CACHED_TABLES:
-                _unipc_tables.popitem(last=False)
-    return table.clone()
+def shared_unipc_table(scheduler, device, tables: TableCache | None = None) -> torch.Tensor:
+    """`unipc_table(scheduler, device)`, computed once per schedule and kept in `tables` (the model's,
+    `engine.model.runtime.ModelRuntime.unipc_tables`; None: not kept); each call gets its own copy (one device
+    copy), so nothing a request does to its table reaches another. Why: building it is ~50 small device ops and a
+    linear solve per step, about 0.05 s of host time, on every request (measured on the H200,
+    docs/perf-log/2026-12-02.md)."""
+    if tables is None:
+        return unipc_table(scheduler, device)
+    return tables.get_or_build(_unipc_key(scheduler, device), lambda: unipc_table(scheduler, device)).clone()
 
 
 def distilled_table(scheduler, device, dtype=torch.float32) -> torch.Tensor:
@@ -238,11 +223,13 @@ def sampler_supported(scheduler) -> bool:
     return supports_unipc(scheduler) or supports_distilled(scheduler)
 
 
-def sampler_for(scheduler, sample: torch.Tensor, generator: torch.Generator | None = None) -> SamplerState | None:
-    """A table-driven sampler equal to `scheduler` for a whole request, or None where unsupported."""
+def sampler_for(scheduler, sample: torch.Tensor, generator: torch.Generator | None = None,
+                tables: TableCache | None = None) -> SamplerState | None:
+    """A table-driven sampler equal to `scheduler` for a whole request, or None where unsupported. `tables`: where
+    UniPC tables are kept across requests (`shared_unipc_table`)."""
     device = sample.device
     if supports_unipc(scheduler):
-        table = shared_unipc_table(scheduler, device)
+        table = shared_unipc_table(scheduler, device, tables)
         zeros = lambda: torch.zeros_like(sample)  # noqa: E731 - finite history before the first step
         return SamplerState("unipc", table, table[0].clone(), zeros(), zeros(), zeros())
     if supports_distilled(scheduler):

@@ -4,26 +4,35 @@
 a stage reads the fields it needs and sets the ones it makes, so no stage takes a long argument list
 and the order of `generate` is the order of the work:
 
-    conditioning -> prompt -> noise -> layout -> schedule -> prefill -> denoise -> decode -> outputs
+    conditioning -> prompt -> noise -> layout -> schedule -> memory -> prefill -> tower -> denoise -> decode
 
 Everything that is fixed for the whole request is decided once here and read by the loop: the fast-path
 switches (`options`, from the configuration once per request, not every step), which rows are noisy and
 whether any are (`GenLayout`, so the loop never asks the device), the padded clean latents.
+
+Every field is declared here with its type; a stage sets only these (each stage's docstring says which it
+reads and writes). What the run did goes to `trace` (`engine.pipeline.trace.RunTrace`), the result's public
+record. The gen tower's interface (`GenTower`) and a GPU group's hooks (`TowerGroup`) are declared here too,
+so the stages and the parallel floor share them without importing each other.
 """
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from diffusers import SchedulerMixin
 
 from ..model.loader import LoadedModel
 from .fast_path import FastPathOptions
+from .preview import Previewer
 from .prompts import PromptTexts
 from .request import Request
-from .transformer import GenRotary
+from .trace import RunTrace
+from .transformer import GenRotary, KVCache
 
 
 @dataclass
@@ -90,10 +99,40 @@ class Branch:
 
 @dataclass
 class Schedulers:
-    vision: Any
-    sound: Any = None
-    action: Any = None
+    """The request's samplers: diffusers scheduler objects (the checkpoint's class, `LoadedModel.make_scheduler`)."""
+
+    vision: SchedulerMixin
+    sound: SchedulerMixin | None = None
+    action: SchedulerMixin | None = None
     distilled: bool = False
+
+
+@runtime_checkable
+class GenTower(Protocol):
+    """What the denoising loop calls once a step: the eager tower, the fast one, a GPU group's
+    (`engine.pipeline.tower`). `kind`, `passes` and `ops` (how often each optional op ran) are for the run's trace."""
+
+    kind: str
+    passes: tuple[str, ...]
+    ops: Counter
+
+    def __call__(self, tokens: torch.Tensor, count: int) -> list[torch.Tensor]:
+        """`tokens` [gen_len, hidden], the same for every branch; the first `count` branches' outputs."""
+        ...
+
+
+class TowerGroup(Protocol):
+    """What a GPU group puts on `LoadedModel.parallel` for the pipeline (`engine.parallel.group.GroupContext`): its
+    prefill of every branch (an object only its tower reads), and its gen tower over that prefill."""
+
+    is_leader: bool
+
+    def prefill(self, model: LoadedModel, branches: list[Branch], gen_len: int) -> object:
+        ...
+
+    def gen_tower(self, model: LoadedModel, prefix: object, options: FastPathOptions, *, round_qk_norm: bool,
+                  fuse_mlp_activation: bool, fuse_residual_add: bool) -> GenTower:
+        ...
 
 
 @dataclass
@@ -107,7 +146,7 @@ class RunState:
     options: FastPathOptions  # resolved once per request
     cancel: threading.Event | None = None
     report: Callable[[int, int], None] = lambda step, total: None  # denoising progress
-    preview: Any = None  # engine.pipeline.preview.Previewer, when previews are asked for
+    preview: Previewer | None = None  # when previews are asked for
     cond: Conditioning | None = None
     texts: PromptTexts | None = None
     token_ids: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))  # cond, uncond
@@ -116,12 +155,13 @@ class RunState:
     schedulers: Schedulers | None = None
     plan: list[bool] = field(default_factory=list)  # per step: does it run the unconditional branch?
     branches: list[Branch] = field(default_factory=list)
-    cache: Any = None  # engine.pipeline.transformer.KVCache, or a GPU group's GroupPrefix
-    tower: Any = None  # the gen tower: (tokens, branch count) -> outputs
+    cache: KVCache | object | None = None  # a KVCache, or a GPU group's prefill (`TowerGroup.prefill`)
+    tower: GenTower | None = None
     text_tower_leaves: bool = False  # the text tower's GPU copy is dropped after the prefill (engine.pipeline.memory)
     frames: np.ndarray | None = None
     audio: np.ndarray | None = None
     actions: np.ndarray | None = None
+    trace: RunTrace = field(default_factory=RunTrace)
 
     @property
     def cancelled(self) -> bool:

@@ -20,7 +20,8 @@ those, so one capture per size serves any prompt up to that length. Without the 
 (`COSMOS3_LENGTHS_ON_DEVICE=0`, or where the kernels cannot read them there) a different text length
 recaptures; docs/perf-log/2026-12-02.md has both costs. A model keeps up to `MAX_CACHED_STEPS` steps within
 `KEPT_STEPS_MEMORY_SHARE` of the GPU's memory, least recently used out first, and gives them all back when a
-request runs out of memory (`engine.pipeline.run.generate`).
+request runs out of memory (`engine.pipeline.run.generate`); they live on the model's runtime
+(`engine.model.runtime.ModelRuntime.kept_steps`).
 
 Bit for bit: each op is the one the eager loop runs, in the same order, so the graph's result equals
 the eager fast path's (tests/test_whole_step.py on the CPU, tests/test_gpu_whole_step.py on the H200).
@@ -32,7 +33,6 @@ from __future__ import annotations
 import itertools
 import threading
 import warnings
-import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -40,10 +40,12 @@ import torch
 
 from cosmos3_kernels.dispatch import lengths_on_device_refused
 
-from ..serving.events import JobCancelled
+from ..events import JobCancelled
+from ..model.runtime import forget_kept_step_holders, hold_kept_steps, holding_kept_steps
 from .fast_path import GRAPH_MAX_GEN_TOKENS, FastGenTower, FastPathOptions, capture_graph
 from .pacing import StepPacer
 from .scheduler_tables import SamplerState, sampler_for, sampler_supported
+from .trace import RunTrace
 from .transformer import time_embeds
 
 # Steps kept per loaded model. Each holds its K/V buffers and its graphs' memory pool (Edge T2I 640x640:
@@ -205,17 +207,19 @@ class WholeStep:
         self._graphs[count], _ = capture_graph(lambda: self._step(count), pool=self._pool)
         self._pool_bytes = pool_bytes(self._pool)
 
-    def run(self, count: int) -> None:
+    def run(self, count: int) -> str:
         """One step: a replay, after capturing at the first step of each branch count. The capture's
         eager warm-up run (state restored after it) is where dispatch measures and kernels compile, so
-        no step is spent eagerly on the user's time."""
+        no step is spent eagerly on the user's time. Returns what ran: "eager", "replay" or "record" (a
+        capture, then its replay), for the run's trace."""
         if not self.use_graphs:
             self._step(count)
-        elif count in self._graphs:
+            return "eager"
+        if count in self._graphs:
             self._graphs[count].replay()
-        else:
-            self._capture(count)
-            self.run(count)
+            return "replay"
+        self._capture(count)
+        return "record" if self.run(count) == "replay" else "eager"
 
     # -- a later request of the same shape ---------------------------------------------------
 
@@ -255,16 +259,15 @@ def cacheable(tower: FastGenTower) -> bool:
     return tower.use_graphs and keeps(tower.cache.layout.gen_len, tower.cache.layout.num_branches)
 
 
-# Every model that holds kept steps (in `model.dispatchers["whole_step"]`, so they go with the model), for
-# the process-wide memory budget and the out-of-memory release; and a use counter for least-recently-used
-# order across models.
-_HOLDERS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()  # id -> model
+# A use counter for least-recently-used order across models (the kept steps themselves live on each model's
+# runtime, engine.model.runtime.ModelRuntime.kept_steps).
 _USES = itertools.count()
 
 
 def _lookup(model, key: StepKey, build: Callable[[], WholeStep]) -> tuple[WholeStep, bool]:
-    cache = model.dispatchers.setdefault("whole_step", {})
-    _HOLDERS[id(model)] = model
+    runtime = model.runtime
+    cache = runtime.kept_steps
+    hold_kept_steps(runtime)
     reused = key in cache
     if reused:
         step = cache.pop(key)  # put back last: most recently used
@@ -278,9 +281,9 @@ def _lookup(model, key: StepKey, build: Callable[[], WholeStep]) -> tuple[WholeS
 
 
 def _kept() -> list[tuple[dict, object, "WholeStep"]]:
-    """(the holding model's cache, key, step) for every kept step of every model, least recently used first."""
-    kept = [(model.dispatchers["whole_step"], key, step) for model in list(_HOLDERS.values())
-            for key, step in model.dispatchers.get("whole_step", {}).items()]
+    """(the holding runtime's kept steps, key, step) for every kept step of every model, least recently used first."""
+    kept = [(runtime.kept_steps, key, step) for runtime in holding_kept_steps()
+            for key, step in runtime.kept_steps.items()]
     return sorted(kept, key=lambda entry: entry[2].last_use)
 
 
@@ -308,9 +311,10 @@ def release_kept_steps() -> int:
     """Drop every kept step of every loaded model (their buffers and graph pools go back to the allocator once
     nothing else holds them); returns how many there were."""
     count = 0
-    for model in list(_HOLDERS.values()):
-        count += len(model.dispatchers.pop("whole_step", {}))
-    _HOLDERS.clear()
+    for runtime in holding_kept_steps():
+        count += len(runtime.kept_steps)
+        runtime.kept_steps.clear()
+    forget_kept_step_holders()
     return count
 
 
@@ -321,7 +325,7 @@ def prepare(state) -> WholeStep | None:
     tower, schedulers, cond = state.tower, state.schedulers, state.cond
     if not applies(model, latents, tower, schedulers):
         return None
-    sampler = sampler_for(schedulers.vision, latents.vision.unsqueeze(0), state.generator)
+    sampler = sampler_for(schedulers.vision, latents.vision.unsqueeze(0), state.generator, model.runtime.unipc_tables)
     if sampler is None:
         return None
     anchored = sampler.kind == "distilled" and bool(cond.condition_frames) and cond.clean is not None
@@ -338,13 +342,17 @@ def prepare(state) -> WholeStep | None:
         step.adopt(tower, sampler, latents.vision, latents.vision_mask, clean)
     step.timesteps = timesteps
     step.key = key
+    state.trace.whole_step = "reused" if reused else "built"
+    state.trace.passes.append("whole_step")
     step.scale.fill_(float(request["guidance_scale"]))
     return step
 
 
 def denoise(step: WholeStep, plan: list[bool], report: Callable[[int, int], None],
-            cancel: threading.Event | None) -> torch.Tensor:
-    """The loop over replays; returns the final sample. Progress is reported as steps complete."""
+            cancel: threading.Event | None, trace: RunTrace | None = None) -> torch.Tensor:
+    """The loop over replays; returns the final sample. Progress is reported as steps complete; `trace` (the
+    run's) counts the graphs recorded and replayed and the host's waits."""
+    trace = trace if trace is not None else RunTrace()
     total = step.sampler.steps
     pacer = StepPacer.for_tensor(step.sample, report, total)  # one step queued ahead, and progress honest
     for i in range(total):
@@ -352,9 +360,13 @@ def denoise(step: WholeStep, plan: list[bool], report: Callable[[int, int], None
             raise JobCancelled()
         step.sampler.load_row(i)
         step.t.copy_(step.timesteps[i])
-        step.run(2 if plan[i] else 1)
+        ran = step.run(2 if plan[i] else 1)
+        trace.graph_records += ran == "record"
+        trace.graph_replays += ran in ("record", "replay")
+        trace.tower_steps.append(2 if plan[i] else 1)
         pacer.launched(i)
     pacer.finish()
-    if step.use_graphs and step.model.dispatchers.get("whole_step", {}).get(step.key) is step:
+    trace.host_syncs += pacer.syncs
+    if step.use_graphs and step.model.runtime.kept_steps.get(step.key) is step:
         trim_kept_steps(kept_steps_budget(step.sample.device))
     return step.sample.clone()

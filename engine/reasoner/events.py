@@ -1,5 +1,5 @@
 """The reasoner's own job event: text as it is decoded. It travels through the same job queue and
-event stream as the generator's events (`engine.serving.events`), beside `Progress(stage="reason")`."""
+event stream as the generator's events (`engine.events`), beside `Progress(stage="reason")`."""
 from __future__ import annotations
 
 from dataclasses import dataclass

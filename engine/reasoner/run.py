@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..serving.events import Progress
+from ..events import Progress
 from .caption import MAX_ATTEMPTS, CaptionProblem, EnhanceError, caption_from_answer, feedback
 from .events import ReasonerText
 from .request import ReasonRequest, validate_reason_request

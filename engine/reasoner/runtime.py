@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..serving.events import JobCancelled
+from ..events import JobCancelled
 from .inputs import Preprocessor, VideoClip, build_inputs, load_preprocessor, messages_for
 
 POLICIES = ("resident", "offloaded", "on_demand")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .events import Cancelled, Failed, Finished, Progress, Queued, Started
+from ..events import Cancelled, Failed, Finished, Progress, Queued, Started
 
 ENCODING_STAGES = ("decode", "save")
 TERMINAL_STATES = ("completed", "failed", "cancelled")

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from .events import JobCancelled
+from ..events import JobCancelled
 from .queue import JobFailed, JobQueue, QueueFull
 
 MAX_BATCH_LINES = 500

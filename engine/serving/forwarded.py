@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..pipeline.request import Request
-from .events import TERMINAL_EVENTS, JobEvent, Queued, Started
+from ..events import TERMINAL_EVENTS, JobEvent, Queued, Started
 from .queue import QueueFull, check_output_group, checked_request, drain, result_of, typical_wait
 
 

@@ -27,7 +27,7 @@ from ..config import Config, build_config
 from ..model.loader import CheckpointError, LoadedModel, component_parameter_count, load_in_process, resolve_source
 from ..pipeline.outputs import OutputError, new_request_id
 from ..pipeline.request import Request, RequestError, validate_request
-from .events import (TERMINAL_EVENTS, Cancelled, Failed, Finished, JobCancelled, JobEvent, Progress, Queued,
+from ..events import (TERMINAL_EVENTS, Cancelled, Failed, Finished, JobCancelled, JobEvent, Progress, Queued,
                      SafetyRefusal, Started)
 from .registry import ModelRegistry
 from . import warmup

@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .events import TERMINAL_EVENTS, Cancelled, Failed, Finished, Queued
+from ..events import TERMINAL_EVENTS, Cancelled, Failed, Finished, Queued
 from .registry import ModelEntry, ModelRegistry
 from ..pipeline.outputs import is_request_id
 from .forwarded import ForwardingQueue

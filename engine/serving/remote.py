@@ -24,7 +24,7 @@ import numpy as np
 
 from ..model.defaults import sampling_defaults
 from ..pipeline.outputs import ACTIONS_NAME, IMAGE_NAME, SIDECAR_NAME, VIDEO_NAME, is_request_id, new_request_id
-from .events import Cancelled, Failed, Finished, Progress, Queued
+from ..events import Cancelled, Failed, Finished, Progress, Queued
 from .registry import ModelEntry
 from ..model.variants import REQUEST_MODES, TinyLimits, VariantInfo
 from .forwarded import ForwardingQueue

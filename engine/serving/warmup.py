@@ -89,7 +89,7 @@ def warm_one(model, request: dict, cancel: threading.Event | None = None) -> dic
     """Run one warm request through `generate` (nothing is saved). With `cancel` set it stops within a
     step and raises `JobCancelled`. Returns {"mode", "width", "height", "prompt_chars", "seconds"}."""
     from ..pipeline.run import generate
-    from .events import JobCancelled
+    from ..events import JobCancelled
 
     if cancel is not None and cancel.is_set():  # a user job came first: not even the prompt and prefill run
         raise JobCancelled()

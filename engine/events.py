@@ -1,6 +1,8 @@
 """Typed events a job sends from the GPU worker to whoever is watching it (the UI, the CLI).
 
-Each job has its own event stream; there is no global one.
+Each job has its own event stream; there is no global one. The module sits under no floor and imports nothing
+of the engine: the pipeline raises and reports with these types, the serving floor queues them, and the UI reads
+them, so it is the vocabulary they share rather than a part of any one of them.
 """
 from __future__ import annotations
 
