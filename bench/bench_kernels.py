@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench  # noqa: E402, F401 - the engine's start-up settings (bench/__init__.py)
 
 from cosmos3_kernels import norms, prefix_attention as pa, qk_norm_rope as qk  # noqa: E402
 from cosmos3_kernels.dispatch import KernelDispatcher  # noqa: E402

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench  # noqa: E402, F401 - the engine's start-up settings (bench/__init__.py)
 
 from cosmos3_kernels.timing import time_ms  # noqa: E402
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench  # noqa: E402, F401 - the engine's start-up settings (bench/__init__.py)
 
 WORKLOADS = {"edge": "edge-t2v-480p", "nano": "nano-t2v-720p"}
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench  # noqa: E402, F401 - the engine's start-up settings (bench/__init__.py)
 
 SENTENCE = ("A weathered lighthouse keeper climbs the spiral stairs at dusk, lantern in hand, "
             "the sea below rough and grey. ")

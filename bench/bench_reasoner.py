@@ -488,6 +488,7 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=151936, help="--candidates: the trained tokenizer's size")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # engine, run as `python3 bench/...`
+    import bench  # noqa: F401 - the engine's start-up settings (bench/__init__.py)
     cpu = args.dry_run or args.tiny or bool(args.candidates)
     device = torch.device("cpu" if cpu else "cuda:0")
     import transformers

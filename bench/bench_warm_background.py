@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench  # noqa: E402, F401 - the engine's start-up settings (bench/__init__.py)
 
 
 USER_PROMPT = "A lighthouse keeper climbs the stairs at dusk. " * 30

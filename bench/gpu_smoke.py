@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench  # noqa: E402, F401 - the engine's start-up settings (bench/__init__.py)
 
 import engine  # noqa: E402
 from engine.pipeline.fast_path import FastPathOptions  # noqa: E402
