@@ -4,7 +4,7 @@
     python bench/bench_fp8.py --super --steps 3 --json $OUT/super.json
     python bench/bench_fp8.py --smoke                               # tiny dims on the CPU: checks the script
 
---gate: for each family and the shapes of tests/test_gpu_fp8.py (one step, both CFG branches, prefixes
+--gate: for each family and the shapes of tests/gpu/test_gpu_fp8.py (one step, both CFG branches, prefixes
 301/517), the relative L2 error of the velocity against an fp32 forward of the same weights, for
 diffusers' bf16 forward (the yardstick), the engine's bf16 fast tower, and the fast tower under each
 FP8 policy (`engine.pipeline.fp8.FP8Policy`); a policy passes where its error is <= 3x the yardstick's

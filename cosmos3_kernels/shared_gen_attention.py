@@ -17,7 +17,7 @@ first layer shares.
 What differs from one attention call over each branch: the shared block reads branch ``source``'s rotated q and
 k for every branch (the same values up to the rotary's fp32 rounding at other absolute positions), and each
 partial output is rounded to the inputs' dtype before the combine (flash-attn-4 writes them so). The combine
-runs in fp32 and rounds once. tests/test_kernels_shared_attention.py holds both against fp32 attention.
+runs in fp32 and rounds once. tests/unit/kernels/test_kernels_shared_attention.py holds both against fp32 attention.
 
 Layout: ``o_parts`` [1 + B, N, Hq, D] (part 0 the gen block, part 1 + b branch b's prefix block) and
 ``lse_parts`` [1 + B, Hq, N] fp32 (natural log; -inf for an empty prefix), as flash-attn-4 returns them per call.

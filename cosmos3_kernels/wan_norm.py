@@ -10,7 +10,7 @@ once and writes SiLU(norm(x)) once, into the interior of a zero-bordered buffer 
 directly (no cat, no pad). Rounding follows diffusers' steps (normalised value, the scale, the gamma
 product and the SiLU output are each rounded to the activation dtype), with IEEE division and square
 root; the channel sum and exp run in Triton's order, so results agree to a rounding step, not bit for
-bit (tests/test_kernels_wan_norm.py).
+bit (tests/unit/kernels/test_kernels_wan_norm.py).
 
 Beside it, the adds that end a residual block and an up block, each one pass with the conv's bias folded
 in (`add_bias_residual_`, `add_bias_dup_up_`), and the up block's end read from the four sub-pixel phases

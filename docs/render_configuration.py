@@ -3,7 +3,7 @@
     python3 docs/render_configuration.py            # rewrite it
     python3 docs/render_configuration.py --check    # exit 1 if the committed file differs from a render
 
-Change a variable's meaning or default in engine/config.py, never in the rendered file: tests/test_config.py fails
+Change a variable's meaning or default in engine/config.py, never in the rendered file: tests/unit/project/test_config.py fails
 when they differ.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@
 
 current.json holds one current figure per workload (the newest measurement, with its date, GPU, clock, versions,
 command, data file and log section) and what each fast-path pass is worth. Change a figure there, never in the
-rendered files: tests/test_docs_data.py fails when a committed file differs from what this script renders.
+rendered files: tests/unit/project/test_docs_data.py fails when a committed file differs from what this script renders.
 Pure Python (no torch), so the check runs anywhere.
 """
 from __future__ import annotations
@@ -217,7 +217,7 @@ def _clock_range(current: dict) -> str:
 def performance_md(current: dict, root: Path = ROOT) -> str:
     out = ["# Performance", "",
            "<!-- Rendered by docs/render_performance.py from docs/data/current.json: edit that file, then run",
-           "     `python3 docs/render_performance.py`. tests/test_docs_data.py fails on a hand edit. -->", "",
+           "     `python3 docs/render_performance.py`. tests/unit/project/test_docs_data.py fails on a hand edit. -->", "",
            INTRO.format(clocks=_clock_range(current)), "", "## End to end on one H200", ""]
     out += _end_to_end_table(current)
     out += ["", "### One step against diffusers' transformer", "",

@@ -1,7 +1,7 @@
 """Shared test setup.
 
 Triton kernels only run on a machine without a GPU under the interpreter, and the switch must be
-set before any kernel is defined, so it is set here, before any test module imports `kernels`.
+set before any kernel is defined, so it is set here, before any test module imports `cosmos3_kernels`.
 """
 import os
 

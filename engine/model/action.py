@@ -2,7 +2,7 @@
 
 One source for the engine's action stage, the validation, the UI's dropdowns and upload checks.
 Facts from cosmos3.md section 7; ids and widths agree with diffusers 0.42.1's own tables, which
-`tests/test_action_tables.py` checks.
+`tests/unit/model/test_action_tables.py` checks.
 """
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ Why the cache is always two zero frames at first: diffusers pads the first chunk
 (no cache yet) and a one-frame chunk's cache with a zero frame ("Rep" for the upsample's time conv),
 so a cache that starts as two zero frames gives each conv exactly the input diffusers gives it.
 `DecodePlan()` (one frame a step, eager ops, conv3d) is diffusers' decode op for op
-(tests/test_causal_decode.py checks it bit for bit); the others are bf16-close, measured in
+(tests/unit/pipeline/test_causal_decode.py checks it bit for bit); the others are bf16-close, measured in
 docs/perf-log/2026-12-02.md (VAE decode). The fast path uses `VIDEO_PLAN` for videos (`plan_for`, the measured rule).
 """
 from __future__ import annotations

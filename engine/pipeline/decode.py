@@ -9,7 +9,7 @@ unpatchified, clamped, denormalised and rounded to uint8 on the GPU as soon as i
 one uint8 buffer copied to the host once (a quarter of the float32 bytes, no host arithmetic).
 
 The uint8 frames are bit for bit what the exact path's float32 frames become in the output stage
-(`engine.pipeline.outputs`): the same float32 operations in the same order (tests/test_decode.py).
+(`engine.pipeline.outputs`): the same float32 operations in the same order (tests/unit/pipeline/test_decode.py).
 
 A video goes further on the fast path (`FastPathOptions.vae_fast_decode`, `COSMOS3_VAE_FAST_DECODE=0` turns it
 off): the engine walks the decoder itself (`engine.pipeline.causal_decode`) with the norm + SiLU before each
@@ -18,7 +18,7 @@ nearest 2x + 3x3 conv run as four 2x2 sub-pixel convs (`COSMOS3_VAE_SUBPIXEL=0` 
 in fp32 with one rounding (`COSMOS3_VAE_NORM_FP32=0`), the plan a measured rule picks (`causal_decode.plan_for`):
 1280x720x189 in 5.26 s instead of 9.5 s on the H200. So a video's bytes are close to the exact path's, not equal:
 its [-1, 1] output is closer to an fp32 decode than diffusers' bf16 decode is, and its frames stay within 6 of 255
-levels of the exact ones (docs/perf-log/2026-12-02.md, VAE decode; tests/test_gpu_causal_decode.py). Images, and the switch
+levels of the exact ones (docs/perf-log/2026-12-02.md, VAE decode; tests/gpu/test_gpu_causal_decode.py). Images, and the switch
 off, keep the bit-for-bit promise above.
 """
 from __future__ import annotations

@@ -25,7 +25,7 @@ Attention can run in FP8 too (the policy's role "attn", e.g. "row:in+attn"), whe
 `fa3-fwd`) where it is installed, else cuDNN's FP8 SDPA (`cosmos3_kernels.attention_fp8`, optional:
 `nvidia-cudnn-frontend`).
 
-Numeric gate (tests/test_gpu_fp8.py, full-size random weights on the H200): one step's velocity
+Numeric gate (tests/gpu/test_gpu_fp8.py, full-size random weights on the H200): one step's velocity
 against an fp32 forward of the same weights stays within 3x the relative error of diffusers' own
 bf16 forward against that fp32 forward. `bench/bench_fp8.py --gate` measures every candidate policy.
 """
@@ -53,7 +53,7 @@ ROLES = GEMMS + ("attn",)
 # is `torch._scaled_mm` under both. "torch": torchao's PyTorch ops, six generic kernels a GEMM. "mslk": MSLK's
 # fused Triton row kernel, one, through torchao's `KernelPreference.MSLK` (optional: `mslk-cuda`). One rounding
 # differs: torchao takes amax / 448 in the activation's dtype (bf16) before widening it, MSLK in fp32, so an
-# element can land one e4m3 step apart (tests/test_gpu_fp8.py; the gate holds either way, docs/perf-log/2026-12-02.md).
+# element can land one e4m3 step apart (tests/gpu/test_gpu_fp8.py; the gate holds either way, docs/perf-log/2026-12-02.md).
 # Only MSLK's Triton quantiser is used, so its native library stays unloaded (`engine/__init__.py` says why).
 QUANTISERS = ("torch", "mslk")
 MSLK_DISTRIBUTION = "mslk-cuda"

@@ -11,7 +11,7 @@ the reference computes them (so each one is bit for bit the reference's value), 
 one table. `SamplerState.step` then applies them with the reference's elementwise operations in the
 reference's order; a step whose solver order is lower selects the reference's lower-order result with
 `torch.where` (exact, no arithmetic blend). The update is therefore bit for bit the reference's
-(tests/test_scheduler_tables.py checks every step of whole schedules on the CPU; the GPU test checks
+(tests/unit/pipeline/test_scheduler_tables.py checks every step of whole schedules on the CPU; the GPU test checks
 the same on the H200), and it launches the same kernels at every step, so one capture serves all
 steps. The distilled sampler draws its per-step noise from the request's CPU generator: the draws
 are made before the loop, in the reference's order, so the generator yields the same numbers.

@@ -8,7 +8,7 @@ tower per step and writes the step's gen K/V into the gen rows, so no step conca
 the prefix. The fast path (`engine.pipeline.fast_path`) reads the same buffers.
 
 Both functions mirror `Cosmos3PackedMoTAttention` / `Cosmos3VLTextMoTDecoderLayer` op for op, so
-on the same inputs they agree with the full diffusers forward (tests/test_engine_parity.py).
+on the same inputs they agree with the full diffusers forward (tests/unit/pipeline/test_engine_parity.py).
 """
 from __future__ import annotations
 

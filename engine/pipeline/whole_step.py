@@ -24,7 +24,7 @@ request runs out of memory (`engine.pipeline.run.generate`); they live on the mo
 (`engine.model.runtime.ModelRuntime.kept_steps`).
 
 Bit for bit: each op is the one the eager loop runs, in the same order, so the graph's result equals
-the eager fast path's (tests/test_whole_step.py on the CPU, tests/test_gpu_whole_step.py on the H200).
+the eager fast path's (tests/unit/pipeline/test_whole_step.py on the CPU, tests/gpu/test_gpu_whole_step.py on the H200).
 Only vision-only requests (T2I, T2V, I2V, V2V) with a table-supported sampler take this path; sound
 and action keep the eager loop.
 """

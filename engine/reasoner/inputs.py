@@ -6,7 +6,7 @@ same files are used piece by piece: the tokenizer with the checkpoint's chat tem
 processor, and the processor's placeholder rule (one `<|image_pad|>` per 2x2 patch group; a video as
 timestamped per-frame spans). Video frames are sized by the video processor's own rule (one pixel
 budget for the whole clip, `video_frame_size`), then patchified by the image processor frame by frame
-and paired into temporal patches. `tests/test_reasoner.py` checks both routes give the same inputs
+and paired into temporal patches. `tests/unit/reasoner/test_reasoner.py` checks both routes give the same inputs
 (token for token; pixels within resampling error), and that the parts route sizes and lays out a video
 as Transformers' processor does even where torchvision is missing.
 """
