@@ -14,7 +14,8 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 
 from harness import chromium_available, launched_studio  # noqa: E402
 # The studio page's helpers, and its `browser` and `page` fixtures (each serves this module's `studio`).
-from test_browser_studio import browser, open_tab, page, pick_model, set_number, wait_for_text  # noqa: E402, F401
+from test_browser_studio import (  # noqa: E402, F401
+    browser, open_tab, page, pick_model, restore_newest_after_reload, set_number, set_up_slow_action_run, wait_for_text)
 
 pytestmark = pytest.mark.browser
 
@@ -113,15 +114,7 @@ def test_the_queue_position_shows_within_a_second_while_another_job_runs(page, s
 
 
 def test_cancel_clears_the_progress_and_preview_and_marks_the_result_cancelled(page, studio, tmp_path):
-    pick_model(page, "nano")
-    open_tab(page, "Action")
-    page.locator("#action-image input[type=file]").set_input_files(str(first_frame(tmp_path)))
-    page.wait_for_selector("#action-image img")
-    page.locator("#action-tier input").click()
-    page.get_by_role("option", name="720p", exact=True).click()
-    set_number(page, "action-chunk", 32)
-    page.locator("#action-sampling").click()
-    set_number(page, "action-steps", 100)
+    set_up_slow_action_run(page, "nano", first_frame(tmp_path))
     page.locator("#action-generate").click()
     wait_for_text(page, "#action-progress", "Denoising: step", timeout_s=120)
     page.wait_for_selector("#action-live img", timeout=120_000)
@@ -239,14 +232,7 @@ def test_an_upload_says_how_it_is_fitted_and_the_run_and_history_keep_the_choice
     params = json.loads((folder / "params.json").read_text())
     assert json.dumps(params).count('"fit": "letterbox"') >= 1  # the engine ran the choice
     # History restore shows the upload, not inside a folded section.
-    page.reload()
-    page.wait_for_selector("#model-picker")
-    gallery = page.locator("#history-gallery .thumbnail-item")
-    deadline = time.time() + 15
-    while time.time() < deadline and gallery.count() < 1:
-        time.sleep(0.1)
-    gallery.first.click()
-    wait_for_text(page, "#history", "Restored")
+    restore_newest_after_reload(page)
     page.wait_for_selector("#t2v-image img", state="visible", timeout=15_000)
     assert page.locator("#t2v-fit input[value=letterbox]").is_checked()
 

@@ -89,6 +89,16 @@ def open_desk(page, url) -> None:
     page.wait_for_selector("#review-tabs")
 
 
+def draw_blind_pair(page, url, run_id: str) -> None:
+    """Logged in at the review desk's Blind tab, the next pair of `run_id` drawn."""
+    log_in(page, url)
+    open_desk(page, url)
+    page.get_by_role("tab", name="Blind").click()
+    pick(page, "blind-run", run_id)
+    page.locator("#blind-draw").click()
+    wait_text(page, "blind-status", "left for you")
+
+
 def open_review_and_pick(page, request_id: str) -> None:
     page.locator("#review-tabs").get_by_role("tab", name="Review").click()
     pick(page, "review-result", request_id)
@@ -172,12 +182,7 @@ def test_blind_mode_names_nothing_then_the_choice_reaches_the_leaderboard_and_th
             pass
 
     page.on("response", keep)
-    log_in(page, studio.url)
-    open_desk(page, studio.url)
-    page.get_by_role("tab", name="Blind").click()
-    pick(page, "blind-run", run.run_id)
-    page.locator("#blind-draw").click()
-    wait_text(page, "blind-status", "left for you")
+    draw_blind_pair(page, studio.url, run.run_id)
     page.wait_for_function("() => [...document.querySelectorAll('#blind-image-A img, #blind-image-B img')]"
                            ".filter(i => i.complete && i.naturalWidth > 0).length == 2")
     dom = page.content()
@@ -264,12 +269,7 @@ def test_a_blind_video_pair_plays_in_sync_and_is_revealed_only_after_the_vote(pa
     run = store.runs.create("blind-video", suite, parse_configurations(json.dumps(VIDEO_CONFIGS), list(MODELS)),
                             reference=None, repeat=False, reviewer=USER)
     assert run_suite(store.runs, studio.service.queue, run.run_id) == (2, 2)
-    log_in(page, studio.url)
-    open_desk(page, studio.url)
-    page.get_by_role("tab", name="Blind").click()
-    pick(page, "blind-run", run.run_id)
-    page.locator("#blind-draw").click()
-    wait_text(page, "blind-status", "left for you")
+    draw_blind_pair(page, studio.url, run.run_id)
     page.wait_for_function("() => [...document.querySelectorAll('#blind-video-A video, #blind-video-B video')]"
                            ".filter(v => v.readyState >= 2).length == 2")
     # No reveal before the vote: the server refuses, and nothing names a configuration.

@@ -128,6 +128,32 @@ def wait_for_text(page, selector: str, fragment: str, timeout_s: float = 60) -> 
 # tests
 # ---------------------------------------------------------------------------------------------
 
+def set_up_slow_action_run(page, model: str, first_frame: Path) -> None:
+    """The Action tab set for a policy run on the 720p tier with a 32-step chunk and 100 steps, which takes well
+    over a second a step on the CPU even with tiny weights: still denoising when the test acts on it."""
+    pick_model(page, model)
+    open_tab(page, "Action")
+    page.locator("#action-image input[type=file]").set_input_files(str(first_frame))
+    page.wait_for_selector("#action-image img")
+    page.locator("#action-tier input").click()
+    page.get_by_role("option", name="720p", exact=True).click()
+    set_number(page, "action-chunk", 32)
+    page.locator("#action-sampling").click()
+    set_number(page, "action-steps", 100)
+
+
+def restore_newest_after_reload(page) -> None:
+    """Reload the page, then restore this browser's newest result from History."""
+    page.reload()
+    page.wait_for_selector("#model-picker")
+    gallery = page.locator("#history-gallery .thumbnail-item")
+    deadline = time.time() + 15
+    while time.time() < deadline and gallery.count() < 1:
+        time.sleep(0.1)
+    gallery.first.click()
+    wait_for_text(page, "#history", "Restored")
+
+
 def test_switching_nano_to_edge_changes_the_resolution_choices(page, tmp_path):
     pick_model(page, "nano-family-sizes")
     wait_for_text(page, "#variant-panel", "nano-family-sizes")
@@ -228,15 +254,7 @@ def test_a_running_job_is_cancelled_then_a_policy_run_shows_actions(page, studio
     # even with tiny weights, so it is still denoising when Cancel is pressed.
     first_frame = tmp_path / "first-frame.png"
     Image.fromarray(np.tile(np.linspace(0, 255, 1280, dtype=np.uint8)[None, :, None], (720, 1, 3))).save(first_frame)
-    pick_model(page, "nano")
-    open_tab(page, "Action")
-    page.locator("#action-image input[type=file]").set_input_files(str(first_frame))
-    page.wait_for_selector("#action-image img")
-    page.locator("#action-tier input").click()
-    page.get_by_role("option", name="720p", exact=True).click()
-    set_number(page, "action-chunk", 32)
-    page.locator("#action-sampling").click()
-    set_number(page, "action-steps", 100)
+    set_up_slow_action_run(page, "nano", first_frame)
     saved_before = len(list(studio.service.outputs_root.iterdir()))
     cancelled_before = len(studio.service.active.cancelled_ids)
     page.locator("#action-generate").click()
@@ -267,14 +285,7 @@ def test_a_running_job_is_cancelled_then_a_policy_run_shows_actions(page, studio
     assert "actions" not in page.locator("#action-files").inner_text()  # each file listed once
     page.screenshot(path=str(tmp_path / "policy.png"), full_page=True)
     # After a reload the upload is gone; History brings the result back with its first frame.
-    page.reload()
-    page.wait_for_selector("#model-picker")
-    gallery = page.locator("#history-gallery .thumbnail-item")
-    deadline = time.time() + 15
-    while time.time() < deadline and gallery.count() < 1:
-        time.sleep(0.1)
-    gallery.first.click()
-    wait_for_text(page, "#history", "Restored")
+    restore_newest_after_reload(page)
     page.wait_for_selector("#action-image img", timeout=15_000)
     assert "Upload the conditioning file again" not in page.locator("#action-status").inner_text()
 
@@ -286,15 +297,7 @@ def test_closing_the_tab_cancels_its_running_job(browser, studio, tmp_path):
     page = context.new_page()
     page.goto(studio.url)
     page.wait_for_selector("#model-picker")
-    pick_model(page, "edge")
-    open_tab(page, "Action")
-    page.locator("#action-image input[type=file]").set_input_files(str(first_frame))
-    page.wait_for_selector("#action-image img")
-    page.locator("#action-tier input").click()
-    page.get_by_role("option", name="720p", exact=True).click()
-    set_number(page, "action-chunk", 32)
-    page.locator("#action-sampling").click()
-    set_number(page, "action-steps", 100)
+    set_up_slow_action_run(page, "edge", first_frame)
     cancelled_before = len(studio.service.active.cancelled_ids)
     page.locator("#action-generate").click()
     wait_for_text(page, "#action-output", "Denoising: step", timeout_s=90)

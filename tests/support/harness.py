@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import app
@@ -97,3 +98,27 @@ def t2v_page(studio, tmp_path):
         page.wait_for_selector("#model-picker")
         page.get_by_role("tab", name="Text to Video", exact=True).click()
         yield page
+
+
+# The /v1 job statuses that end a job.
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+def wait_for_job(client, job_id: str, until=TERMINAL, timeout: float = 120) -> dict:
+    """Poll a /v1 job (`client`: an httpx client based at the API's /v1/) until its status is one of `until`."""
+    deadline = time.monotonic() + timeout
+    job = None
+    while time.monotonic() < deadline:
+        job = client.get(f"videos/{job_id}").json()
+        if job["status"] in until:
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} never reached {until}: {job}")
+
+
+def generate_through_api(client, model: str, request, file=None):
+    """The studio's scripting `/generate` through gradio_client: `request` a dict, or raw JSON text as sent."""
+    from gradio_client import handle_file
+
+    payload = request if isinstance(request, str) else json.dumps(request)
+    return client.predict(model, payload, handle_file(str(file)) if file else None, api_name="/generate")

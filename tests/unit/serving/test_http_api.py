@@ -8,12 +8,11 @@ import httpx
 import pytest
 from PIL import Image
 
-from harness import launched_studio
+from harness import TERMINAL, launched_studio, wait_for_job
 
 openai = pytest.importorskip("openai")
 
 KEY_A, KEY_B, KEY_ONE, KEY_HOURLY = "sk-test-alpha-0001", "sk-test-bravo-0002", "sk-test-single-03", "sk-test-hourly-04"
-TERMINAL = ("completed", "failed", "cancelled")
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +30,6 @@ def api(tiny_family, tmp_path_factory):
 def client(url, key=KEY_A):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.Client(base_url=url + "v1/", headers=headers, timeout=120)
-
-
-def wait(http, job_id, until=TERMINAL, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = http.get(f"videos/{job_id}").json()
-        if job["status"] in until:
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} never reached {until}: {job}")
 
 
 def test_openai_client_creates_an_image(api):
@@ -89,7 +78,7 @@ def test_cancel_mid_run(api):
     http = client(api)
     job_id = http.post("videos", json={"model": "nano", "prompt": "a long one", "size": "64x64", "num_frames": 17,
                                        "steps": 100}).json()["id"]
-    running = wait(http, job_id, until=("generating",) + TERMINAL)
+    running = wait_for_job(http, job_id, until=("generating",) + TERMINAL)
     while running["stage"] != "denoise" and running["status"] not in TERMINAL:
         running = http.get(f"videos/{job_id}").json()
     assert running["status"] == "generating"
@@ -129,7 +118,7 @@ def test_over_quota_is_429(api):
     over = single.post("videos", json={"model": "nano", "prompt": "y", "size": "64x64", "num_frames": 5})
     assert over.status_code == 429 and "limit is 1" in over.json()["error"]["message"]
     single.delete(f"videos/{first}")
-    wait(single, first)
+    wait_for_job(single, first)
     assert single.post("videos", json={"model": "nano", "prompt": "y", "size": "64x64", "num_frames": 5,
                                        "steps": 2}).status_code == 200  # the slot came back
     hourly = client(api, KEY_HOURLY)
@@ -143,7 +132,7 @@ def test_key_b_cannot_read_key_a_job(api):
     alpha, bravo = client(api, KEY_A), client(api, KEY_B)
     job_id = alpha.post("videos", json={"model": "nano", "prompt": "mine", "size": "64x64", "num_frames": 5,
                                         "steps": 2}).json()["id"]
-    wait(alpha, job_id)
+    wait_for_job(alpha, job_id)
     for method, path in (("GET", f"videos/{job_id}"), ("GET", f"videos/{job_id}/content"),
                          ("DELETE", f"videos/{job_id}")):
         assert bravo.request(method, path).status_code == 404

@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from harness import launched_studio
+from harness import TERMINAL, launched_studio, wait_for_job
 from bad_inputs import CATALOGUE
 
 openai = pytest.importorskip("openai")
@@ -29,7 +29,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # openai 
 
 KEY_A, KEY_B = "sk-hard-alpha-0001", "sk-hard-bravo-0002"
 KEYS_TEXT = f"{KEY_A} name=alpha concurrency=4\n{KEY_B} name=bravo\n"
-TERMINAL = ("completed", "failed", "cancelled")
 SHORT_VIDEO = {"model": "nano", "prompt": "a kite", "size": "64x64", "num_frames": 5, "steps": 2, "seed": 4}
 LONG_VIDEO = {"model": "nano", "prompt": "a long one", "size": "64x64", "num_frames": 17, "steps": 100}
 
@@ -66,16 +65,6 @@ def studio(tiny_family, tmp_path_factory):
 
 def http(studio, key=KEY_A):
     return httpx.Client(base_url=studio["url"] + "v1/", headers={"Authorization": f"Bearer {key}"}, timeout=120)
-
-
-def wait(client, job_id, until=TERMINAL, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.get(f"videos/{job_id}").json()
-        if job["status"] in until:
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} never reached {until}: {job}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,7 +168,7 @@ def test_every_catalogue_error_through_v1_is_a_4xx_without_a_server_path(studio)
         answer = client.post(route, **arguments)
         assert answer.status_code < 500, (route, arguments.get("json", arguments.get("content", ""))[:200], answer.text)
         if answer.status_code == 200 and route == "videos":  # accepted; the engine refuses it as it runs
-            job = wait(client, answer.json()["id"])
+            job = wait_for_job(client, answer.json()["id"])
             assert job["status"] == "failed", job
             answer = client.get(f"videos/{job['id']}")
         else:
@@ -193,7 +182,7 @@ def test_every_catalogue_error_through_v1_is_a_4xx_without_a_server_path(studio)
 
 def test_a_finished_jobs_answers_name_no_server_path(studio):
     client = http(studio)
-    job = wait(client, client.post("videos", json={**SHORT_VIDEO, "image": b64(png_bytes())}).json()["id"])
+    job = wait_for_job(client, client.post("videos", json={**SHORT_VIDEO, "image": b64(png_bytes())}).json()["id"])
     assert job["status"] == "completed", job
     texts = [client.get(f"videos/{job['id']}").text, client.get("videos").text,
              client.get(f"videos/{job['id']}/content", params={"variant": "params"}).text]
@@ -214,7 +203,7 @@ def test_an_engine_failure_quoting_the_outputs_folder_reaches_the_caller_without
     client = http(studio)
     image = client.post("images/generations", json={"model": "nano", "prompt": "x", "size": "64x64", "steps": 1})
     monkeypatch.setattr(output_files, "_write_mp4", lambda path, *rest: full_disk(path, None))
-    job = wait(client, client.post("videos", json={**SHORT_VIDEO, "steps": 1}).json()["id"])
+    job = wait_for_job(client, client.post("videos", json={**SHORT_VIDEO, "steps": 1}).json()["id"])
     texts = [image.json()["error"]["message"], job["error"]["message"], client.get("videos").text]
     assert all("No space left on device" in text for text in texts[:2]), texts
     assert "image.png" in texts[0] and "video.mp4" in texts[1]  # the file is still named, by its name

@@ -7,10 +7,10 @@ import pytest
 from PIL import Image
 
 gradio_client = pytest.importorskip("gradio_client")
-from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from harness import launched_studio  # noqa: E402
+from harness import generate_through_api, launched_studio  # noqa: E402
 
 TINY_NAMES = ("nano", "nano-distilled", "super", "super-distilled", "edge", "edge-distilled")
 
@@ -28,10 +28,6 @@ def studio_url(tiny_family, tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(studio_url):
     return Client(studio_url[0], verbose=False)
-
-
-def _generate(client, model, request, file=None):
-    return client.predict(model, json.dumps(request), handle_file(str(file)) if file else None, api_name="/generate")
 
 
 def test_only_models_generate_and_reason_are_public(client):
@@ -64,7 +60,7 @@ def test_models_lists_the_six_tiny_variants(client):
 def test_t2i_png_from_a_json_caption(client, studio_url):
     caption = {"subjects": [{"description": "a red kite over a beach"}], "lighting": {"conditions": "noon sun"},
                "resolution": {"H": 1, "W": 1}}
-    media, result = _generate(client, "nano", {"mode": "t2i", "prompt": json.dumps(caption), "width": 96,
+    media, result = generate_through_api(client, "nano", {"mode": "t2i", "prompt": json.dumps(caption), "width": 96,
                                                "height": 64, "steps": 3, "seed": 1234})
     assert media.endswith(".png")
     with Image.open(media) as image:
@@ -83,15 +79,15 @@ def test_t2i_png_from_a_json_caption(client, studio_url):
 
 def test_same_seed_same_image(client):
     request = {"mode": "t2i", "prompt": "a lighthouse at dusk", "steps": 2, "seed": 7}
-    first, _ = _generate(client, "edge", request)
-    second, result = _generate(client, "edge", request)
+    first, _ = generate_through_api(client, "edge", request)
+    second, result = generate_through_api(client, "edge", request)
     assert np.array_equal(np.asarray(Image.open(first)), np.asarray(Image.open(second)))
-    random_media, random_result = _generate(client, "edge", dict(request, seed=-1))
+    random_media, random_result = generate_through_api(client, "edge", dict(request, seed=-1))
     assert random_result["seed"] >= 0 and random_result["params"]["seed"] == random_result["seed"]
 
 
 def test_t2v_mp4(client):
-    media, result = _generate(client, "edge", {"mode": "t2v", "prompt": "waves roll onto a pebble beach",
+    media, result = generate_through_api(client, "edge", {"mode": "t2v", "prompt": "waves roll onto a pebble beach",
                                                "num_frames": 9, "steps": 2, "fps": 12, "seed": 3})
     assert media.endswith(".mp4")
     import av
@@ -109,7 +105,7 @@ def test_policy_action_result(client, tmp_path):
     request = {"mode": "action", "prompt": "push the cup to the left", "steps": 2, "seed": 5,
                "action": {"kind": "policy", "domain": "bridge_orig_lerobot", "chunk_size": 4,
                           "resolution_tier": 256, "view_point": "wrist_view"}}
-    media, result = _generate(client, "nano", request, first_frame)
+    media, result = generate_through_api(client, "nano", request, first_frame)
     assert media.endswith(".mp4")
     actions = np.asarray(result["actions"])
     assert actions.shape == (4, 10) and np.isfinite(actions).all()
@@ -127,13 +123,13 @@ def test_forward_dynamics_with_an_actions_file(client, tmp_path):
     request = {"mode": "action", "steps": 2, "seed": 1,
                "action": {"kind": "forward_dynamics", "domain": "umi", "chunk_size": 4, "resolution_tier": 256,
                           "actions": rows}}
-    media, result = _generate(client, "edge", request, first_frame)
+    media, result = generate_through_api(client, "edge", request, first_frame)
     assert media.endswith(".mp4") and result["params"]["action"]["kind"] == "forward_dynamics"
 
 
 def test_off_whitelist_size_is_refused_with_the_allowed_sizes(client):
     with pytest.raises(AppError) as info:
-        _generate(client, "nano", {"mode": "t2i", "prompt": "a cat", "width": 128, "height": 128, "steps": 2})
+        generate_through_api(client, "nano", {"mode": "t2i", "prompt": "a cat", "width": 128, "height": 128, "steps": 2})
     message = str(info.value)
     assert "128x128" in message and "Allowed sizes (WxH): 64x64, 96x64, 64x96, 128x64" in message
     assert "Traceback" not in message
@@ -163,7 +159,7 @@ def test_a_file_the_mode_does_not_take_is_refused(client, tmp_path):
     picture = tmp_path / "p.png"
     Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(picture)
     with pytest.raises(AppError, match="takes no file"):
-        _generate(client, "nano", {"mode": "t2v", "prompt": "x"}, picture)
+        generate_through_api(client, "nano", {"mode": "t2v", "prompt": "x"}, picture)
 
 
 def test_full_queue_answers_clearly_and_cancel_frees_it(studio_url):

@@ -25,7 +25,7 @@ from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 
 import app
-from harness import launched_studio  # noqa: E402
+from harness import generate_through_api, launched_studio  # noqa: E402
 from bad_inputs import CATALOGUE, T2I
 
 MODELS = ("nano", "super", "edge")
@@ -52,13 +52,8 @@ def client(studio):
     return Client(studio[0], verbose=False)
 
 
-def _generate(client, model, request, file=None):
-    payload = request if isinstance(request, str) else json.dumps(request)
-    return client.predict(model, payload, handle_file(str(file)) if file else None, api_name="/generate")
-
-
 def _still_serving(client):
-    media, result = _generate(client, "edge", {"mode": "t2i", "prompt": "a quiet harbour", "steps": 1, "seed": 5})
+    media, result = generate_through_api(client, "edge", {"mode": "t2i", "prompt": "a quiet harbour", "steps": 1, "seed": 5})
     assert Path(media).is_file() and result["seed"] == 5
 
 
@@ -76,13 +71,11 @@ def upload_files(tmp_path_factory):
     return root
 
 
-
-
 @pytest.mark.parametrize("model,request_,upload,fragment", CATALOGUE,
                          ids=[f"{i:02d}" for i in range(len(CATALOGUE))])
 def test_bad_input_catalogue(client, upload_files, model, request_, upload, fragment):
     with pytest.raises(AppError) as caught:
-        _generate(client, model, request_, upload_files / upload if upload else None)
+        generate_through_api(client, model, request_, upload_files / upload if upload else None)
     message = str(caught.value)
     assert "Traceback" not in message and len(message) < 2000
     if fragment is None:  # an upload of a type nothing takes: the message names what is allowed
@@ -101,7 +94,7 @@ def test_oversized_upload_in_bytes(client, upload_files, monkeypatch):
 
     monkeypatch.setattr(media, "MAX_UPLOAD_BYTES", 100)
     with pytest.raises(AppError, match="at most 0 MiB|MiB"):
-        _generate(client, "nano", {"mode": "i2v", "prompt": "a boat", "steps": 1}, upload_files / "frame.png")
+        generate_through_api(client, "nano", {"mode": "i2v", "prompt": "a boat", "steps": 1}, upload_files / "frame.png")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -140,14 +133,14 @@ def test_drill_out_of_memory_in_a_step(client, monkeypatch):
 
     monkeypatch.setattr(pipeline, "gen_tokens", failing)
     with pytest.raises(AppError, match="ran out of memory"):
-        _generate(client, "nano", {**T2I, "steps": 2})
+        generate_through_api(client, "nano", {**T2I, "steps": 2})
     _still_serving(client)
 
 
 def test_drill_corrupt_model_keeps_the_others_serving(client):
     _still_serving(client)
     with pytest.raises(AppError, match="could not be loaded.*(corrupt|truncated)"):
-        _generate(client, "broken", T2I)
+        generate_through_api(client, "broken", T2I)
     _still_serving(client)
 
 
@@ -161,7 +154,7 @@ def test_drill_disk_full_writes_no_partial_result(client, studio, monkeypatch):
     before = set(studio[2].iterdir())
     monkeypatch.setattr(output_files, "_write_png", full_disk)
     with pytest.raises(AppError, match="No space left on device"):
-        _generate(client, "nano", T2I)
+        generate_through_api(client, "nano", T2I)
     assert set(studio[2].iterdir()) == before
     monkeypatch.undo()
     _still_serving(client)
@@ -192,7 +185,7 @@ def test_drill_client_disconnects_mid_job(studio, client):
 
 def test_no_file_is_served_by_its_server_path(client, studio):
     """Result files reach their caller as Gradio cache copies; a server path serves nothing (tests/unit/studio/test_isolation.py)."""
-    media, result = _generate(client, "nano", {**T2I, "seed": 77})
+    media, result = generate_through_api(client, "nano", {**T2I, "seed": 77})
     folder = studio[2] / result["request_id"]
     assert REQUEST_ID.match(result["request_id"]) and sorted(p.name for p in folder.iterdir()) == ["image.png", "params.json"]
     assert Path(media).read_bytes() == (folder / "image.png").read_bytes()
@@ -205,7 +198,7 @@ def test_no_file_is_served_by_its_server_path(client, studio):
 def test_upload_names_never_become_output_names(client, studio, tmp_path):
     tricky = tmp_path / "..%2F..%2Fevil name.png"
     Image.fromarray(np.full((48, 64, 3), 30, np.uint8)).save(tricky, format="PNG")
-    _, result = _generate(client, "nano", {"mode": "i2v", "prompt": "a boat", "steps": 1, "num_frames": 5}, tricky)
+    _, result = generate_through_api(client, "nano", {"mode": "i2v", "prompt": "a boat", "steps": 1, "num_frames": 5}, tricky)
     folder = studio[2] / result["request_id"]
     assert sorted(p.name for p in folder.iterdir()) == ["params.json", "video.mp4"]
     assert not any("evil" in p.name for p in studio[2].rglob("*"))
