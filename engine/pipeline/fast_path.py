@@ -52,7 +52,7 @@ approximate, `COSMOS3_FP8=1` (`engine.pipeline.fp8`: FP8 GEMMs, and FP8 attentio
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, TypeVar
 
 import torch
@@ -110,30 +110,14 @@ class FastPathOptions:
 
     @classmethod
     def from_config(cls, config: Config, device: torch.device) -> "FastPathOptions":
-        """The switches `config` (`engine.config.build_config`) asks for, on `device` (off the GPU: off)."""
+        """The switches `config` (`engine.config.build_config`) asks for, on `device` (off the GPU: off). Every pass
+        of `engine.config.FastPathConfig` but its master switch (`fast`, here `enabled`) has a field of its name."""
         fast, fp8 = config.fast_path, config.fp8
-        return cls(
-            enabled=device.type == "cuda" and fast.fast,
-            batched_cfg=fast.batched_cfg,
-            cuda_graphs=device.type == "cuda" and fast.cuda_graphs,
-            kernels=config.kernels.mode,
-            fused_projections=fast.fused_projections,
-            video_qk_fp32=fast.video_qk_fp32,
-            vae_channels_last=fast.vae_channels_last,
-            whole_step=fast.whole_step,
-            uint8_frames=fast.uint8_frames,
-            vae_fast_decode=fast.vae_fast_decode,
-            vae_subpixel=fast.vae_subpixel,
-            vae_norm_fp32=fast.vae_norm_fp32,
-            lengths_on_device=fast.lengths_on_device,
-            share_first_attention=fast.share_first_attention,
-            mlp_epilogue=fast.mlp_epilogue,
-            residual_epilogue=fast.residual_epilogue,
-            fp8=fp8.enabled,
-            fp8_policy=fp8.policy,
-            fp8_attention=fp8.attention,
-            fa3_pack_gqa=fp8.fa3_pack_gqa,
-        )
+        on_gpu = device.type == "cuda"
+        passes = {f.name: getattr(fast, f.name) for f in fields(fast) if f.name != "fast"}
+        return cls(**{**passes, "cuda_graphs": on_gpu and fast.cuda_graphs}, enabled=on_gpu and fast.fast,
+                   kernels=config.kernels.mode, fp8=fp8.enabled, fp8_policy=fp8.policy, fp8_attention=fp8.attention,
+                   fa3_pack_gqa=fp8.fa3_pack_gqa)
 
     @classmethod
     def for_model(cls, model) -> "FastPathOptions":
