@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import json
-import pstats
 import sys
 import time
 from pathlib import Path
@@ -49,15 +47,6 @@ PLAN = [
 ]
 
 
-def _profile_text(profiler: cProfile.Profile) -> str:
-    out = io.StringIO()
-    stats = pstats.Stats(profiler, stream=out)
-    stats.sort_stats("cumulative").print_stats(30)
-    stats.sort_stats("tottime").print_stats(15)
-    # Keep the tables, not pstats' preamble of absolute paths per line.
-    return "\n".join(line[:220] for line in out.getvalue().splitlines() if line.strip())
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
@@ -69,6 +58,7 @@ def main() -> int:
 
     import torch
 
+    from bench.e2e import profile_text
     from bench.models import as_loaded_model, build_transformer, build_vae
     from engine.model.defaults import sampling_defaults
     from engine.model.tiny import build_tokenizer
@@ -130,7 +120,7 @@ def main() -> int:
         }
         print(json.dumps(row), flush=True)
         if profiler is not None:
-            row["profile"] = _profile_text(profiler)
+            row["profile"] = profile_text(profiler)
             print(row["profile"][:6000], flush=True)
         out["runs"].append(row)
     if args.json:

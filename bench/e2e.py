@@ -10,8 +10,11 @@ frames in host memory, ready to write.
 """
 from __future__ import annotations
 
+import cProfile
 import gc
+import io
 import os
+import pstats
 import sys
 import time
 from contextlib import contextmanager
@@ -336,11 +339,21 @@ def projected_total(run_row: dict, steps: int) -> float:
     return run_row["prefill_s"] + steps * later[len(later) // 2] + run_row["decode_s"]
 
 
+def profile_text(profiler: cProfile.Profile, cumulative: int = 30, own: int = 15) -> str:
+    """A cProfile run's top functions by cumulative and by own time, without pstats' per-line path preamble."""
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("cumulative").print_stats(cumulative)
+    stats.sort_stats("tottime").print_stats(own)
+    return "\n".join(line[:220] for line in out.getvalue().splitlines() if line.strip())
+
+
 def run(model, names, *, warm: bool = True, log=print, rows: list | None = None, prompt_tokens: int = PROMPT_TOKENS,
-        steps: int | None = None) -> list[dict]:
+        steps: int | None = None, profile_cold: bool = False) -> list[dict]:
     """Each workload of this model's family: cold, then (unless `warm` is False) warm; rows appended to `rows`.
     `prompt_tokens`: the caption's length; `steps`: run that many steps instead of the workload's (each row then
-    also gets its total projected to the workload's steps)."""
+    also gets its total projected to the workload's steps); `profile_cold`: the cold request runs under cProfile
+    (its time then includes the profiler's overhead) and its row gets the top functions as "cprofile"."""
     from engine.model.defaults import sampling_defaults
 
     prompt = long_prompt(model, tokens=prompt_tokens)
@@ -357,7 +370,13 @@ def run(model, names, *, warm: bool = True, log=print, rows: list | None = None,
         for run_name in ("cold", "warm") if warm else ("cold",):
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
+            profiler = cProfile.Profile() if profile_cold and run_name == "cold" else None
+            if profiler is not None:
+                profiler.enable()
             row[run_name] = timed_generate(model, request)
+            if profiler is not None:
+                profiler.disable()
+                row[run_name]["cprofile"] = profile_text(profiler)
             if torch.cuda.is_available():
                 row[run_name]["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
             if steps is not None and steps != default_steps:
