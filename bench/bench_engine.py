@@ -213,6 +213,11 @@ def main(argv=None) -> int:
     parser.add_argument("--fresh-process", default=None, help="e2e workloads (comma-separated) each run in new "
                         "processes over one kernel cache folder (bench/fresh_process.py): a first process from an "
                         "empty cache, then a second after it: its first request against a warm one")
+    parser.add_argument("--profile-cold", action="store_true", help="e2e and --fresh-process: each cold request "
+                        "runs under cProfile, its top functions kept in the row (the request's time then includes "
+                        "the profiler's overhead)")
+    parser.add_argument("--fresh-process-warm-up", action="store_true", help="--fresh-process: also a process that "
+                        "runs the app's start-up warm-up over the workload's mode before its first request")
     parser.add_argument("--fresh-process-baseline", action="store_true", help="--fresh-process: also a process "
                         "that keeps the compiled kernels but not the dispatch decisions (as before they were kept)")
     parser.add_argument("--table", choices=sorted(TABLE_SECTIONS), default=None,
@@ -302,18 +307,24 @@ def load_family(family: str, log=print):
     """A full-size random-weight model of `family`, as `engine.load_model` would leave it: Super built FP8-only (its
     bf16 weights do not fit one GPU) with its memory plan made and logged (engine.pipeline.memory)."""
     from engine.model.tiny import build_tokenizer
+    from engine.pipeline.fast_path import load_kernels
     from engine.pipeline.memory import prepare_at_load
 
     if family != "super":
-        return as_loaded_model(build_transformer(family), family, vae=build_vae(), tokenizer=build_tokenizer())
-    from bench.bench_fp8 import build_super
-    from engine.pipeline import fp8
+        model = as_loaded_model(build_transformer(family), family, vae=build_vae(), tokenizer=build_tokenizer())
+        facts = {"family": family}
+    else:
+        from bench.bench_fp8 import build_super
+        from engine.pipeline import fp8
 
-    model, facts = build_super("cuda", fp8.host_policy("super", "cuda").name, log=log)
+        model, facts = build_super("cuda", fp8.host_policy("super", "cuda").name, log=log)
+        began = time.perf_counter()
+        facts["memory_plan"] = prepare_at_load(model)
+        facts["prepare_s"] = time.perf_counter() - began  # the text tower's host copy, pinned, where it is made
+        facts["text_tower_on_host"] = model.text_tower is not None
     began = time.perf_counter()
-    facts["memory_plan"] = prepare_at_load(model)
-    facts["prepare_s"] = time.perf_counter() - began  # the text tower's host copy, pinned, where it is made
-    facts["text_tower_on_host"] = model.text_tower is not None
+    facts["kernel_libraries"] = load_kernels(model)  # as engine.load_model: before the first request
+    facts["load_kernels_s"] = time.perf_counter() - began
     log(facts)
     return model
 
@@ -352,7 +363,7 @@ def main_e2e(args) -> int:
             results["warm_up_first"].append(dict(workload=name, **e2e.warm_up_effect(model, name, log=log)))
         for name in mine:
             e2e.run(model, [name], warm=name not in args.cold_only.split(","), log=log, rows=results["e2e"],
-                    prompt_tokens=args.prompt_tokens, steps=steps_for(args.steps, name))
+                    prompt_tokens=args.prompt_tokens, steps=steps_for(args.steps, name), profile_cold=args.profile_cold)
         for name in [n for n in (args.profile_request or "").split(",") if n in mine]:
             results.setdefault("profile_request", []).append(e2e.profile_request(model, name, log=log))
         for name in mine_ablate:

@@ -116,6 +116,11 @@ def _epilogue_entry():
     return gemm_act, None
 
 
+def _load_quack() -> str | None:
+    """Import QuACK's epilogue GEMMs now, unless turned off (`registry.load_libraries`)."""
+    return f"{QUACK_ENV_VAR}=0" if not settings.current().quack else _epilogue_entry()[1]
+
+
 def mlp_in_unsupported(x: torch.Tensor, w: torch.Tensor, activation: str) -> str | None:
     """Why QuACK cannot run the MLP's input GEMM with ``activation`` in its epilogue (None when it can)."""
     if activation not in MLP_ACTIVATIONS:
@@ -172,4 +177,4 @@ registry.register("mlp_in", "torch", supported=lambda x, w, activation, **kwargs
 # Never forced: the epilogue is a library's kernel, not one of ours.
 registry.register("mlp_in", "quack", supported=lambda x, w, activation, **kwargs: mlp_in_unsupported(x, w, activation),
                   call=lambda x, w, activation, *, config=None, **kwargs: mlp_in_quack(x, w, activation, config=config),
-                  configs="quack", library=True, forcible=False)
+                  configs="quack", library=True, forcible=False, load=_load_quack)

@@ -59,6 +59,19 @@ def configure_compiler_caches(folder: Path | None, environ: MutableMapping[str, 
     return done
 
 
+def load_triton_key() -> str | None:
+    """Compute Triton's own cache key now (its version and a hash of its compiler sources and libtriton, which it
+    computes once per process, the first time it looks a kernel up in its disk cache): ~0.3-0.5 s of a restarted
+    process's first request on the H200 host (cProfile, docs/perf-log/2026-12-04-super-and-restart.md), paid at load
+    instead. Returns why not where this Triton has no such function (it lives in `triton.runtime.cache` in 3.6-3.7)."""
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError as err:
+        return f"triton.runtime.cache.triton_key not importable ({err})"
+    triton_key()
+    return None
+
+
 def _driver_version() -> str | None:
     """The NVIDIA kernel driver's version line, where the system shows it, else the CUDA driver API version."""
     try:

@@ -367,6 +367,11 @@ def _flash4_entry() -> tuple[Callable | None, bool, str | None]:
     return _flash_attn_fwd, True, None
 
 
+def load_flash4() -> str | None:
+    """Import flash-attn-4 now (`registry.load_libraries`): None where it loaded, else why it cannot run."""
+    return _flash4_entry()[2]
+
+
 def flash4_forward() -> Callable | None:
     """flash-attn-4's `_flash_attn_fwd` (launch knobs, and a caller's `out` and `lse` buffers), or None where the
     library is missing, refused, or has only its public function (`_flash4_entry`)."""
@@ -514,4 +519,4 @@ registry.register("prefix_attention", "triton", supported=_inputs_refused, confi
 registry.register("prefix_attention", "flash4", supported=_flash4_refused,
                   call=lambda *args, **kwargs: prefix_attention_flash4(*args, **kwargs),
                   configs="flash4", fit_configs=lambda configs, q, *args, **kwargs: flash4_configs_for(q, configs),
-                  library=True, forcible=False)
+                  library=True, forcible=False, load=load_flash4)

@@ -24,7 +24,9 @@ class Backend:
     `configs`: which launch-config list of the dispatcher it is timed over (None: one launch), and `fit_configs`
     (that list, the op's inputs) -> the ones usable for this call; `need_bytes` (the op's inputs) -> what its timing
     allocates beyond them (`cosmos3_kernels.autotune.sized`); `rank`: its place in the op's order (lower first).
-    `call` takes the op's inputs and ``config=`` (None for a backend without configs)."""
+    `call` takes the op's inputs and ``config=`` (None for a backend without configs). `load` (a library backend's):
+    imports its library now and returns why it cannot run (None where it loaded), so that `load_libraries` can pay
+    the import at start-up instead of inside the first call dispatch sends to it."""
 
     op: str
     name: str
@@ -37,6 +39,7 @@ class Backend:
     fit_configs: Callable[..., tuple] | None = None
     need_bytes: Callable[..., int] | None = None
     rank: int = 0
+    load: Callable[[], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,18 +74,27 @@ def shape(op: str) -> OpShape:
 def register(op: str, name: str, *, supported: Callable[..., str | None], call: Callable[..., object],
              reference: bool = False, library: bool = False, forcible: bool = True, configs: str | None = None,
              fit_configs: Callable[..., tuple] | None = None, need_bytes: Callable[..., int] | None = None,
-             rank: int = 0) -> Backend:
+             rank: int = 0, load: Callable[[], str | None] | None = None) -> Backend:
     """Add backend `name` to `op` (a second backend of the same name, or a second reference, is refused)."""
     entries = _OPS.setdefault(op, [])
     if any(b.name == name for b in entries):
         raise ValueError(f"op {op!r} already has a backend {name!r}")
     if reference and any(b.reference for b in entries):
         raise ValueError(f"op {op!r} already has a reference backend; {name!r} cannot be a second")
+    if load is not None and not library:
+        raise ValueError(f"op {op!r}, backend {name!r}: only a library backend has a library to load")
     backend = Backend(op, name, supported, call, reference, library, forcible, configs, fit_configs, need_bytes,
-                      rank)
+                      rank, load)
     entries.append(backend)
     entries.sort(key=lambda b: b.rank)  # stable: registration order within a rank
     return backend
+
+
+def load_libraries() -> dict[str, str | None]:
+    """Import every library backend's library now (`Backend.load`). Importing flash-attn-4 or QuACK (the CuTe DSL,
+    their torch custom ops) takes seconds, which a process would otherwise pay inside its first request.
+    Returns "op/backend" -> None where the library loaded, else why the backend cannot run."""
+    return {f"{op}/{b.name}": b.load() for op, entries in _OPS.items() for b in entries if b.load is not None}
 
 
 def ops() -> tuple[str, ...]:

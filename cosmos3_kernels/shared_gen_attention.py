@@ -244,4 +244,4 @@ registry.register("shared_gen_attention", "flash4",
                   call=lambda q, kv_buffer, layout, *, scale=None, out=None, config=None:
                   shared_gen_attention_flash4(q, kv_buffer, layout, scale=scale, out=out, config=config),
                   configs="flash4", fit_configs=lambda configs, q, *args, **kwargs: pa.flash4_configs_for(q, configs),
-                  library=True, forcible=False)
+                  library=True, forcible=False, load=pa.load_flash4)

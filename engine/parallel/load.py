@@ -30,10 +30,12 @@ def load_model(source: str | os.PathLike, *, gpus: int | str = 1, weights: str |
                           config=config)
     if config.fp8.enabled if fp8 is None else fp8:
         in_process.setdefault("fp8_loader", FP8OnlyLoader.from_config(config))
+    from ..pipeline.fast_path import load_kernels
     from ..pipeline.memory import prepare_at_load
 
     model = load_in_process(source, config=config, **in_process)
     prepare_at_load(model)  # the memory plan, logged; the text tower to the host where large requests need it
+    load_kernels(model)  # the kernel libraries' imports, before any request rather than inside the first
     return model
 
 

@@ -57,10 +57,11 @@ from typing import Callable, TypeVar
 
 import torch
 
+from cosmos3_kernels import registry
 from cosmos3_kernels.dispatch import KernelDispatcher
 from cosmos3_kernels.graphs import capture
 from cosmos3_kernels.packed_kv import PackedKVLayout
-from cosmos3_kernels.persist import open_store
+from cosmos3_kernels.persist import load_triton_key, open_store
 
 from ..config import Config, apply_process_environment, config_of
 from .fp8 import tower_weights
@@ -261,6 +262,21 @@ def dispatcher_for(model, mode: str) -> KernelDispatcher:
         cached = model.runtime.dispatchers[mode] = KernelDispatcher(
             mode, timing=config.kernels.dispatch_timing, interpret=config.host.triton_interpret, store=store)
     return cached
+
+
+def load_kernels(model) -> dict[str, str | None]:
+    """At load, on a CUDA device with the fast path on: the model's dispatcher (with the decisions the kernel cache
+    kept) and every kernel library dispatch may choose, imported (`cosmos3_kernels.registry.load_libraries`).
+    Measured on the H200 with the GPU extras: flash-attn-4's and QuACK's imports were most of a restarted
+    process's first request (Nano T2I 1024: 6.0 s against 1.6 s warm; docs/perf-log/2026-12-04-super-and-restart.md).
+    Triton's own per-process cache key is computed here too (`cosmos3_kernels.persist.load_triton_key`).
+    Returns "op/backend" (and "triton/cache key") -> None where it loaded, else why not (empty where nothing was
+    prepared)."""
+    options = FastPathOptions.for_model(model)
+    if not options.enabled or model.device is None or torch.device(model.device).type != "cuda":
+        return {}
+    dispatcher_for(model, options.kernels)
+    return {"triton/cache key": load_triton_key(), **registry.load_libraries()}
 
 
 class FastGenTower:

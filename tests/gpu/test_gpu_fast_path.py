@@ -143,3 +143,22 @@ def test_residual_add_in_the_gemm_keeps_the_step_as_close_to_diffusers(model, mo
     assert counts == {True: 2 * len(model.transformer.layers), False: 0}
     for fused_error, split_error in zip(errors[True], errors[False]):
         assert fused_error <= BF16_REL_ERROR and fused_error <= 1.1 * split_error
+
+
+def test_load_kernels_imports_the_installed_libraries_before_any_request(model):
+    # A restarted process paid flash-attn-4's and QuACK's imports inside its first request (seconds); load_kernels,
+    # which engine.load_model calls, pays them at load instead.
+    from importlib.util import find_spec
+
+    from cosmos3_kernels import gemm, prefix_attention as pa
+    from engine.pipeline.fast_path import FastPathOptions, load_kernels
+
+    said = load_kernels(model)
+    assert {"prefix_attention/flash4", "shared_gen_attention/flash4", "mlp_in/quack"} <= set(said)
+    assert FastPathOptions.for_model(model).kernels in model.runtime.dispatchers
+    assert pa._flash4_entry.cache_info().currsize == 1 and gemm._epilogue_entry.cache_info().currsize == 1
+    installed = {"prefix_attention/flash4": find_spec("flash_attn") is not None,
+                 "shared_gen_attention/flash4": find_spec("flash_attn") is not None,
+                 "mlp_in/quack": find_spec("quack") is not None}
+    for name, present in installed.items():
+        assert (said[name] is None) == present, (name, said[name])

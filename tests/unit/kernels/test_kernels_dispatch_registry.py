@@ -141,3 +141,48 @@ def test_the_kernel_package_reads_no_environment():
     root = Path(dsp.__file__).parent
     for name in ("dispatch.py", "autotune.py", "registry.py"):
         assert "os.environ" not in (root / name).read_text(), name
+
+
+LOADED: list[str] = []
+
+
+def _load(name: str, why: str | None):
+    def load():
+        LOADED.append(name)
+        return why
+
+    return load
+
+
+registry.register("test_loaded", "torch", supported=lambda x: None, call=_backend("torch", 1.0), reference=True)
+registry.register("test_loaded", "lib_a", supported=lambda x: None, call=_backend("lib_a", 1.0), library=True,
+                  load=_load("lib_a", None))
+registry.register("test_loaded", "lib_b", supported=lambda x: None, call=_backend("lib_b", 1.0), library=True,
+                  load=_load("lib_b", "lib_b is not installed"))
+
+
+def test_load_libraries_imports_each_library_backend_once_and_says_which_loaded():
+    LOADED.clear()
+    said = registry.load_libraries()
+    assert LOADED == ["lib_a", "lib_b"]  # the reference has no library to load
+    assert said["test_loaded/lib_a"] is None and said["test_loaded/lib_b"] == "lib_b is not installed"
+    # The engine's own library backends each have a load: the imports a restarted process pays at start-up.
+    for op, name in (("prefix_attention", "flash4"), ("shared_gen_attention", "flash4"), ("mlp_in", "quack")):
+        assert registry.backend(op, name).load is not None, (op, name)
+        assert f"{op}/{name}" in said
+
+
+def test_only_a_library_backend_may_have_a_load():
+    with pytest.raises(ValueError, match="only a library backend"):
+        registry.register("test_loaded", "kernel", supported=lambda x: None, call=_backend("kernel", 1.0),
+                          load=_load("kernel", None))
+
+
+def test_load_triton_key_computes_tritons_per_process_key_at_load():
+    # Triton hashes its compiler and libtriton once per process, on its first disk-cache lookup; load_kernels pays
+    # it at load. No GPU needed: the key is a hash of files.
+    from triton.runtime.cache import triton_key
+
+    triton_key.cache_clear()
+    assert persist.load_triton_key() is None
+    assert triton_key.cache_info().currsize == 1
