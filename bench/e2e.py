@@ -97,7 +97,7 @@ def _driver() -> str | None:
 
 
 def _commit() -> str | None:
-    """The tree's commit: `BENCH_COMMIT` where the tree travels without its .git (the device), else git's."""
+    """The tree's commit: `BENCH_COMMIT` where set (the device), else git's HEAD, marked where the tree differs."""
     import os
     import subprocess
     from pathlib import Path
@@ -109,9 +109,13 @@ def _commit() -> str | None:
                              cwd=Path(__file__).resolve().parents[1])
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode != 0:
+    if out.returncode != 0 or not out.stdout.strip():
         return None
-    return out.stdout.strip() or None
+    # The device copies a working tree over its own checkout of the landed main, so HEAD alone can name a commit the
+    # tree is not: say so (set BENCH_COMMIT there to name the tree's commit).
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                             timeout=30, cwd=Path(__file__).resolve().parents[1])
+    return out.stdout.strip() + ("+uncommitted changes" if changed.returncode == 0 and changed.stdout.strip() else "")
 
 
 # The packages besides torch whose versions set a run's numbers (the header records and prints them where installed).
