@@ -28,7 +28,7 @@ UNITS = {"_tokens_per_s": "tokens/s", "_s": "s", "_ms": "ms", "_ratio": "x"}
 FIGURE_NAMES = {"total_s": "total", "denoise_s": "denoise", "prefill_s": "prefill", "decode_s": "decode",
                 "step_ms": "a step", "diffusers_step_ms": "diffusers' step", "step_2gpu_ms": "a step on 2 GPUs",
                 "step_1gpu_ms": "on one GPU", "first_total_s": "first request", "warm_total_s": "warm request",
-                "first_over_warm_ratio": "first / warm",
+                "first_over_warm_ratio": "first / warm", "warm_up_s": "start-up warm-up",
                 "free_tokens_per_s": "free", "constrained_tokens_per_s": "constrained"}
 # The fields that say where and how a figure was measured; a group's rows that share them are described once.
 PROVENANCE = ("measured", "command", "data", "log")
@@ -92,7 +92,7 @@ def target_status(entry: dict) -> str:
 
 
 def heading(entry: dict) -> str:
-    return entry["workload"]
+    return entry["workload"] + (f", {entry['process']}" if entry.get("process") else "")
 
 
 def group(current: dict, name: str) -> list[dict]:
@@ -139,10 +139,13 @@ def _ratio_table(current: dict, group_name: str, columns: tuple[str, ...], base:
 
 
 def _first_request_table(current: dict) -> list[str]:
-    rows = ["| workload | first request | warm request | first / warm | target |", "|---|---|---|---|---|"]
+    rows = ["| workload | process | first request | warm request | first / warm | start-up warm-up | target |",
+            "|---|---|---|---|---|---|---|"]
     for entry in group(current, "fresh process"):
-        rows.append(f"| {entry['workload']} | {value(entry, 'first_total_s')} | {value(entry, 'warm_total_s')} | "
-                    f"{value(entry, entry['target']['figure'])} | {target_status(entry)} |")
+        warm_up = value(entry, "warm_up_s") if "warm_up_s" in entry["figures"] else ""
+        target = target_status(entry) if entry["target"] else ""
+        rows.append(f"| {entry['workload']} | {entry['process']} | {value(entry, 'first_total_s')} | "
+                    f"{value(entry, 'warm_total_s')} | {value(entry, 'first_over_warm_ratio')} | {warm_up} | {target} |")
     return rows
 
 
@@ -233,9 +236,11 @@ def performance_md(current: dict, root: Path = ROOT) -> str:
     out += _ratio_table(current, "two GPUs", ("workload", "one GPU", "two GPUs", "ratio"), "step_1gpu_ms", "step_2gpu_ms")
     out += ["", "### The first request of a restarted process", "",
             "A second process over the kernel cache the first one filled (`COSMOS3_KERNEL_CACHE`, "
-            "`cosmos3_kernels/persist.py`): its first request against its warm one, bf16. These runs lacked "
-            "flash-attn-4 and QuACK, so their warm figures are not comparable with the bf16 rows above, which had "
-            "them.", ""]
+            "`cosmos3_kernels/persist.py`), bf16, with the GPU extras installed: its first request against its warm "
+            "one. \"restarted\": the request comes as soon as the model is loaded (the kernel libraries are imported "
+            "at load); \"after the start-up warm-up\": the app's background warm-up over the mode's sizes "
+            "(`engine/serving/warmup.py`, from the cache) ran first, as on a Space a user arriving after it sees; the "
+            "warm-up held the GPU for the seconds shown. The target is the restarted row's.", ""]
     out += _first_request_table(current)
     out += ["", "### The reasoner: constrained decoding", "",
             "Decode tokens/s of the reasoner's free decode against the grammar-constrained one (llguidance), "

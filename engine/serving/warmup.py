@@ -10,9 +10,9 @@ later requests of any prompt reuse them. Measured effect: docs/perf-log/2026-12-
 
 After a restart the compiled kernels and the dispatch decisions come from the kernel cache folder
 (`cosmos3_kernels.persist`, `COSMOS3_KERNEL_CACHE`), so the same warm requests then replay only what a process
-must do itself: CUDA graph captures, cuDNN's plans and the VAE's algorithm choices. Measured (one H200, without
-flash-attn-4; docs/perf-log/2026-12-04-super-and-restart.md): the first Edge T2V 480p request of a second process
-1.11x its warm one (1.67x from an empty cache), Nano T2I 1024 1.98x (4.23x): what is left is that per-process work.
+must do itself: CUDA graph captures, cuDNN's plans and the VAE's algorithm choices (the kernel libraries' imports are
+paid at load, `engine.pipeline.fast_path.load_kernels`). What a restarted process's first request costs, with and
+without this warm-up before it: docs/PERFORMANCE.md, "The first request of a restarted process".
 
 Which modes: `DEFAULT_MODES` per family (the measured reasons are beside it); `COSMOS3_WARMUP=t2i,t2v`
 names them instead, and `COSMOS3_WARMUP=off` (or `none`, `0`, empty) turns warm-up off. Where: only on
