@@ -107,6 +107,7 @@ def _worker_main(rank: int, world: int, port: int, root: str, backend: str, weig
         device = torch.device("cpu")
     try:
         from ..model.loader import load_in_process
+        from ..pipeline.fast_path import load_kernels
         from ..pipeline.run import generate
         from .group import GroupContext
 
@@ -120,6 +121,7 @@ def _worker_main(rank: int, world: int, port: int, root: str, backend: str, weig
         else:
             model = load_in_process(root, device=str(device), config=config)
         model.parallel = context
+        load_kernels(model)  # as engine.load_model: the kernel libraries' imports before the first job
     except Exception as exc:  # noqa: BLE001 - reported to the app, which fails the load with it
         outbox.put(("load_failed", rank, None, _picklable(exc)))
         return
