@@ -270,13 +270,17 @@ def load_kernels(model) -> dict[str, str | None]:
     Measured on the H200 with the GPU extras: flash-attn-4's and QuACK's imports were most of a restarted
     process's first request (Nano T2I 1024: 6.0 s against 1.6 s warm; docs/perf-log/2026-12-04-super-and-restart.md).
     Triton's own per-process cache key is computed here too (`cosmos3_kernels.persist.load_triton_key`).
+    The libraries only where dispatch is in "auto": a forced mode runs our own kernels, never a library's.
     Returns "op/backend" (and "triton/cache key") -> None where it loaded, else why not (empty where nothing was
     prepared)."""
     options = FastPathOptions.for_model(model)
     if not options.enabled or model.device is None or torch.device(model.device).type != "cuda":
         return {}
     dispatcher_for(model, options.kernels)
-    return {"triton/cache key": load_triton_key(), **registry.load_libraries()}
+    said = {"triton/cache key": load_triton_key()}
+    if options.kernels == "auto":
+        said.update(registry.load_libraries())
+    return said
 
 
 class FastGenTower:

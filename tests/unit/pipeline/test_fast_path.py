@@ -299,3 +299,28 @@ def test_gen_block_is_shared_only_from_a_videos_gen_length(model, monkeypatch):
     finally:
         model.fast_path = None
     assert not calls
+
+
+@pytest.mark.parametrize("mode", ["auto", "triton", "torch"])
+def test_load_kernels_imports_the_libraries_only_where_dispatch_may_choose_them(monkeypatch, mode):
+    # A forced mode runs our own kernels, never a library's: importing flash-attn-4 or QuACK there would only slow
+    # the start. No GPU: the dispatcher, Triton's key and the imports are stand-ins that record their calls.
+    from types import SimpleNamespace
+
+    from cosmos3_kernels import registry
+    from engine.pipeline import fast_path
+
+    opened = []
+    monkeypatch.setattr(fast_path, "dispatcher_for", lambda model, kernels: opened.append(kernels))
+    monkeypatch.setattr(fast_path, "load_triton_key", lambda: None)
+    monkeypatch.setattr(registry, "load_libraries", lambda: {"some_op/some_library": None})
+    model = SimpleNamespace(fast_path=fast_path.FastPathOptions(enabled=True, kernels=mode),
+                            device=torch.device("cuda", 0))
+    said = fast_path.load_kernels(model)
+    assert opened == [mode] and said["triton/cache key"] is None
+    assert ("some_op/some_library" in said) == (mode == "auto")
+    # Nothing at all on the CPU or with the fast path off.
+    assert fast_path.load_kernels(SimpleNamespace(fast_path=model.fast_path, device=torch.device("cpu"))) == {}
+    off = fast_path.FastPathOptions(enabled=False, kernels=mode)
+    assert fast_path.load_kernels(SimpleNamespace(fast_path=off, device=torch.device("cuda", 0))) == {}
+    assert opened == [mode]
