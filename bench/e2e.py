@@ -17,7 +17,7 @@ import os
 import pstats
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -104,18 +104,21 @@ def _commit() -> str | None:
 
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30,
-                             cwd=Path(__file__).resolve().parents[1])
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0 or not out.stdout.strip():
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=30,
+                                 cwd=Path(__file__).resolve().parents[1])
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
         return None
     # The device copies a working tree over its own checkout of the landed main, so HEAD alone can name a commit the
     # tree is not: say so (set BENCH_COMMIT there to name the tree's commit).
-    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                             timeout=30, cwd=Path(__file__).resolve().parents[1])
-    return out.stdout.strip() + ("+uncommitted changes" if changed.returncode == 0 and changed.stdout.strip() else "")
+    return head + ("+uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 # The packages besides torch whose versions set a run's numbers (the header records and prints them where installed).
@@ -375,11 +378,9 @@ def run(model, names, *, warm: bool = True, log=print, rows: list | None = None,
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
             profiler = cProfile.Profile() if profile_cold and run_name == "cold" else None
+            with profiler or nullcontext():
+                row[run_name] = timed_generate(model, request)
             if profiler is not None:
-                profiler.enable()
-            row[run_name] = timed_generate(model, request)
-            if profiler is not None:
-                profiler.disable()
                 row[run_name]["cprofile"] = profile_text(profiler)
             if torch.cuda.is_available():
                 row[run_name]["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
